@@ -1,0 +1,31 @@
+"""tensorscope: open, diff and scan model files without executing them.
+
+Public API:
+    open(path) -> ModelFile        list tensors, read values zero-copy (``model.read(name)``)
+    scan(*paths) -> ScanReport     static safety scan of pickles and archives
+    diff(a, b) -> DiffResult       compare two models of any formats down to the values
+    TensorInfo, ModelFile          the common model
+"""
+from __future__ import annotations
+
+from .errors import FormatError, LimitExceeded, TensorNotFound, TensorscopeError, UnknownFormat
+from .formats import identify
+from .formats import open_model as open
+from .model import Anomaly, Evidence, ModelFile, TensorInfo
+
+__version__ = "0.1.0"
+
+__all__ = ["open", "identify", "scan", "diff", "TensorInfo", "ModelFile", "Evidence", "Anomaly",
+           "TensorscopeError", "FormatError", "LimitExceeded", "UnknownFormat", "TensorNotFound"]
+
+
+def scan(*paths, **kwargs):
+    """Static safety scan; see `tensorscope.scan.scan_paths`."""
+    from .scanner import scan_paths
+    return scan_paths(*paths, **kwargs)
+
+
+def diff(a, b, **kwargs):
+    """Compare two models; see `tensorscope.diffing.diff_models`."""
+    from .diffing import diff_models
+    return diff_models(a, b, **kwargs)

@@ -1,0 +1,83 @@
+"""The error hierarchy: every failure on bad input is a `TensorscopeError`.
+
+Messages say what, where and why: ``truncated pickle in archive/data.pkl at byte 1834:
+BINUNICODE wants 91 bytes, 7 remain``. The CLI prints ``str(err)`` on one line and exits 2.
+"""
+from __future__ import annotations
+
+__all__ = ["TensorscopeError", "FormatError", "LimitExceeded", "UnknownFormat", "TensorNotFound"]
+
+
+class TensorscopeError(Exception):
+    """Root of every error tensorscope raises on purpose."""
+
+
+class FormatError(TensorscopeError, ValueError):
+    """The bytes do not follow the format they claim.
+
+    Attributes:
+        format: the format being parsed (``"pickle"``, ``"zip"``, ``"safetensors"`` ...).
+        file: path of the file, when known.
+        member: archive member or sub-object (``archive/data.pkl``), when relevant.
+        offset: absolute byte offset of the problem in ``file``, when known.
+        reason: the bare reason, without the location prefix.
+    """
+
+    def __init__(self, reason: str, *, format: str = "", file: str | None = None,
+                 member: str | None = None, offset: int | None = None):
+        self.reason = reason
+        self.format = format
+        self.file = file
+        self.member = member
+        self.offset = offset
+        super().__init__(self._render())
+
+    def _render(self) -> str:
+        where = []
+        if self.file:
+            where.append(str(self.file))
+        if self.member:
+            where.append(self.member)
+        place = ":".join(where)
+        if self.offset is not None:
+            place = f"{place} at byte {self.offset}" if place else f"at byte {self.offset}"
+        head = f"{self.format}: " if self.format else ""
+        return f"{head}{place}: {self.reason}" if place else f"{head}{self.reason}"
+
+    def located(self, *, file: str | None = None, member: str | None = None,
+                offset_base: int = 0) -> "FormatError":
+        """Fill in the location known by an outer layer (a container knows the file and member
+        that a pickle came from, and where that member starts)."""
+        if file and not self.file:
+            self.file = file
+        if member and not self.member:
+            self.member = member
+        if self.offset is not None and offset_base:
+            self.offset += offset_base
+        self.args = (self._render(),)
+        return self
+
+    def __str__(self) -> str:  # args may have been updated by located()
+        return self.args[0] if self.args else self._render()
+
+
+class LimitExceeded(FormatError):
+    """A resource limit (opcodes, memo, stack, header size ...) was crossed: hostile or absurd input."""
+
+    def __init__(self, resource: str, limit: int, actual: int | None = None, **where):
+        self.resource = resource
+        self.limit = limit
+        self.actual = actual
+        got = f" (got {actual})" if actual is not None else ""
+        super().__init__(f"{resource} exceeds the limit of {limit}{got}", **where)
+
+
+class UnknownFormat(TensorscopeError):
+    """No parser recognises the file."""
+
+
+class TensorNotFound(TensorscopeError, KeyError):
+    """A tensor name that the model does not hold."""
+
+    def __str__(self) -> str:
+        return self.args[0] if self.args else "tensor not found"

@@ -1,0 +1,113 @@
+"""Which format is this? An ordered registry of parsers, decided by content, never by name.
+
+Each parser module in `tensorscope.parsers` exposes ``FORMAT`` (its name), ``sniff(head, size)``
+(a cheap test over the first `HEAD_BYTES` bytes) and ``open_source(src) -> ModelFile``. Zip
+archives are read once and handed to the zip-based parser that their members call for. Folders
+(DCP checkpoints, sharded checkpoints, Hugging Face snapshots) are recognised by their files.
+
+`identify` returns every candidate in rank order, so a polyglot stays visible; `open` opens the
+first, which is the one the format's own loader would pick (torch.load tries zip first).
+"""
+from __future__ import annotations
+
+import importlib
+import os
+from typing import Any
+
+from .errors import FormatError, TensorscopeError, UnknownFormat
+from .model import ModelFile
+from .source import ByteSource
+
+__all__ = ["open_model", "identify", "FILE_PARSERS", "HEAD_BYTES"]
+
+HEAD_BYTES = 4096
+
+# Order matters: the first match wins, as in torch.load (zip, then legacy pickle stream).
+# Modules are imported lazily so that a missing optional piece never breaks the others.
+FILE_PARSERS: list[str] = [
+    "zip_dispatch",   # PK.. : torch zip, TorchScript, .pt2, .npz (decided by members)
+    "safetensors",    # u64 header length + '{'
+    "gguf",           # b"GGUF"
+    "numpy_fmt",      # b"\x93NUMPY"
+    "onnx_pb",        # protobuf ModelProto (checked structurally)
+    "torch_legacy",   # pickle stream starting with the legacy magic number
+    "plain_pickle",   # any other pickle (joblib-style .pkl): objects, no tensors layout
+]
+
+DIR_PARSERS: list[str] = ["dcp", "sharded"]
+
+
+def _parser(name: str):
+    return importlib.import_module(f"tensorscope.parsers.{name}")
+
+
+def _available(names: list[str]):
+    for name in names:
+        try:
+            yield name, _parser(name)
+        except ModuleNotFoundError as e:  # a format not built yet stays out of the registry
+            if e.name and e.name.endswith(name):
+                continue
+            raise
+
+
+def identify(path: str | os.PathLike) -> list[str]:
+    """Formats whose signature matches, best first (empty when none does)."""
+    path = os.fspath(path)
+    if os.path.isdir(path):
+        return [mod.FORMAT for _, mod in _available(DIR_PARSERS) if mod.sniff_dir(path)]
+    with open(path, "rb") as f:
+        head = f.read(HEAD_BYTES)
+        size = os.fstat(f.fileno()).st_size
+    return [mod.FORMAT for _, mod in _available(FILE_PARSERS) if mod.sniff(head, size)]
+
+
+def open_model(path: str | os.PathLike, *, format: str | None = None) -> ModelFile:
+    """Open a model file or folder without executing anything.
+
+    Args:
+        path: a file (any supported format, any extension) or a folder (DCP checkpoint, sharded
+            checkpoint with ``*.index.json``, Hugging Face snapshot).
+        format: force a parser by its ``FORMAT`` name instead of detecting.
+
+    Returns:
+        The `ModelFile`.
+
+    Raises:
+        FileNotFoundError: the path does not exist.
+        UnknownFormat: no parser recognises the content.
+        FormatError: the content is recognised but malformed (message names the place).
+    """
+    path = os.fspath(path)
+    if not os.path.exists(path):
+        raise FileNotFoundError(f"{path}: no such file or directory")
+    if os.path.isdir(path):
+        for _, mod in _available(DIR_PARSERS):
+            if (format is None or mod.FORMAT == format) and mod.sniff_dir(path):
+                return mod.open_dir(path)
+        raise UnknownFormat(f"{path}: folder holds no model this tool recognises "
+                            "(no *.index.json, DCP .metadata or model file)")
+    src = ByteSource(path)
+    try:
+        head = src.head(HEAD_BYTES)
+        if src.size == 0:
+            raise FormatError("empty file", file=path)
+        for _, mod in _available(FILE_PARSERS):
+            if format is not None and format not in getattr(mod, "FORMATS", (mod.FORMAT,)):
+                continue
+            if format is not None or mod.sniff(head, src.size):
+                model = mod.open_source(src)
+                model.sources.setdefault(path, src)
+                return model
+        raise UnknownFormat(f"{path}: not a model file this tool recognises "
+                            f"(starts with {head[:8]!r}, {src.size} bytes)")
+    except BaseException:
+        src.close()
+        raise
+
+
+def describe_error(err: BaseException) -> str:
+    """One line for any failure: our errors carry their place; others get a generic prefix."""
+    if isinstance(err, (TensorscopeError, FileNotFoundError, IsADirectoryError, PermissionError)):
+        return str(err)
+    return f"internal error ({type(err).__name__}): {err}"

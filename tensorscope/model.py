@@ -1,0 +1,313 @@
+"""The common model every parser produces and every consumer reads.
+
+`TensorInfo` is one immutable record per tensor, the same for every format. `ModelFile` is one
+opened model: its tensors in saved order, its metadata, the inert object tree of its pickles and
+the evidence (pickles seen, anomalies) that the scanner judges.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Any, Callable, Iterator, Mapping
+
+import numpy as np
+
+from . import dtypes
+from .errors import FormatError, TensorNotFound
+from .source import ByteSource
+
+__all__ = ["TensorInfo", "Chunk", "Anomaly", "PickleRecord", "Evidence", "ModelFile",
+           "contiguous_stride"]
+
+_EMPTY: Mapping[str, Any] = MappingProxyType({})
+
+
+def contiguous_stride(shape: tuple[int, ...]) -> tuple[int, ...]:
+    """C-order strides in elements."""
+    stride, acc = [], 1
+    for dim in reversed(shape):
+        stride.append(acc)
+        acc *= max(dim, 1)
+    return tuple(reversed(stride))
+
+
+@dataclass(frozen=True, slots=True)
+class Chunk:
+    """One piece of a tensor stored apart from the rest (DCP shards, GGUF splits).
+
+    ``offsets``/``sizes`` place the piece in the global tensor; ``tensor`` says where its bytes are.
+    """
+
+    offsets: tuple[int, ...]
+    sizes: tuple[int, ...]
+    tensor: "TensorInfo"
+
+
+@dataclass(frozen=True, slots=True)
+class TensorInfo:
+    """One tensor, in any format.
+
+    Invariants: ``len(shape) == len(stride)``; ``stride`` and ``storage_offset`` count elements;
+    ``byte_offset`` is the absolute offset, in ``file``, of the element at index (0, ..., 0) (it
+    already includes ``storage_offset``), or None when the values are not stored plainly in a file
+    (meta tensors, ONNX typed fields, chunked tensors); ``nbytes`` is the number of bytes the
+    elements take when contiguous. Instances are hashable and compare by value (``extras`` aside).
+
+    Attributes:
+        name: dotted path through the saved object (``layers.0.attn.q_proj.weight``).
+        dtype: canonical dtype name (see `tensorscope.dtypes`).
+        shape, stride: element counts.
+        storage_offset: elements from the start of the storage to element (0, ..., 0).
+        byte_offset: see above.
+        nbytes: contiguous size in bytes.
+        file: path of the file holding the bytes.
+        storage_key: the storage this tensor views (torch ``data/<key>``), when there is one.
+        storage_nbytes: size of that storage's record on disk, the bound for reads.
+        path: the name's components (keys may themselves contain dots).
+        source_format: the format that produced this record.
+        role: ``parameter``, ``buffer``, ``constant``, ``tensor`` (plain), ``input`` ...
+        chunks: pieces of a tensor stored in several places (DCP), else empty.
+        extras: format specifics (quantization, requires_grad, ONNX location ...).
+    """
+
+    name: str
+    dtype: str
+    shape: tuple[int, ...]
+    stride: tuple[int, ...] | None = None
+    storage_offset: int = 0
+    byte_offset: int | None = None
+    nbytes: int = -1
+    file: str = ""
+    storage_key: str | None = None
+    storage_nbytes: int | None = None
+    path: tuple[str, ...] = ()
+    source_format: str = ""
+    role: str = "tensor"
+    chunks: tuple[Chunk, ...] = ()
+    extras: Mapping[str, Any] = field(default=_EMPTY, compare=False, hash=False)
+
+    def __post_init__(self):
+        set_ = object.__setattr__
+        shape = tuple(int(d) for d in self.shape)
+        set_(self, "shape", shape)
+        stride = contiguous_stride(shape) if self.stride is None else tuple(int(s) for s in self.stride)
+        if len(stride) != len(shape):
+            raise ValueError(f"tensor {self.name!r}: stride {stride} does not match shape {shape}")
+        set_(self, "stride", stride)
+        dtypes.spec(self.dtype)  # unknown dtype names are a programming error
+        if self.nbytes < 0:
+            set_(self, "nbytes", dtypes.nbytes_for(self.dtype, self.numel))
+        if not self.path:
+            set_(self, "path", (self.name,))
+        if not isinstance(self.extras, MappingProxyType):
+            set_(self, "extras", MappingProxyType(dict(self.extras)))
+
+    @property
+    def numel(self) -> int:
+        return math.prod(self.shape)
+
+    @property
+    def is_contiguous(self) -> bool:
+        return all(d <= 1 or s == c for d, s, c in zip(self.shape, self.stride, contiguous_stride(self.shape)))
+
+    @property
+    def span_bytes(self) -> int:
+        """Bytes from the first element to one past the last one addressed through the strides."""
+        if self.numel == 0:
+            return 0
+        s = dtypes.spec(self.dtype)
+        last = sum((d - 1) * st for d, st in zip(self.shape, self.stride))
+        if s.kind == "block" or s.packed:
+            return self.nbytes
+        return (last + 1) * s.itemsize
+
+    def to_dict(self) -> dict[str, Any]:
+        """The stable JSON form (see README, "JSON schema")."""
+        d = {
+            "name": self.name, "dtype": self.dtype, "shape": list(self.shape),
+            "stride": list(self.stride), "storage_offset": self.storage_offset,
+            "byte_offset": self.byte_offset, "nbytes": self.nbytes, "numel": self.numel,
+            "file": self.file, "storage_key": self.storage_key, "role": self.role,
+            "path": list(self.path), "format": self.source_format,
+        }
+        if self.chunks:
+            d["chunks"] = [{"offsets": list(c.offsets), "sizes": list(c.sizes), "file": c.tensor.file,
+                            "byte_offset": c.tensor.byte_offset, "nbytes": c.tensor.nbytes}
+                           for c in self.chunks]
+        if self.extras:
+            d["extras"] = _jsonable(dict(self.extras))
+        return d
+
+
+def _jsonable(v):
+    if isinstance(v, dict):
+        return {str(k): _jsonable(x) for k, x in v.items()}
+    if isinstance(v, (list, tuple)):
+        return [_jsonable(x) for x in v]
+    if isinstance(v, (str, int, float, bool)) or v is None:
+        return v
+    if isinstance(v, TensorInfo):
+        return v.name
+    return str(v)
+
+
+@dataclass(frozen=True, slots=True)
+class Anomaly:
+    """Something structurally odd a parser noticed and did not silently fix (evidence for `scan`).
+
+    ``kind`` is a stable identifier (``zip.duplicate_name``, ``zip.local_central_mismatch`` ...).
+    """
+
+    kind: str
+    message: str
+    file: str = ""
+    member: str | None = None
+    offset: int | None = None
+
+    def __str__(self) -> str:
+        where = ":".join(x for x in (self.file, self.member or "") if x)
+        at = f" at byte {self.offset}" if self.offset is not None else ""
+        return f"{where}{at}: {self.message}" if where else self.message
+
+
+@dataclass(slots=True)
+class PickleRecord:
+    """One pickle stream a parser ran through the VM: where it was and what the VM saw.
+
+    ``result`` is the VM's `PickleResult` (globals, calls, error, end offset). ``offset`` is the
+    absolute offset of the stream's first byte in ``file`` (VM positions are relative to it).
+    """
+
+    file: str
+    member: str | None
+    offset: int
+    length: int
+    result: Any
+    role: str = "data"  # data, constants, metadata, legacy.main, npy.object ...
+
+
+@dataclass(slots=True)
+class Evidence:
+    """What the scanner judges: every pickle run, every anomaly, every embedded code file."""
+
+    pickles: list[PickleRecord] = field(default_factory=list)
+    anomalies: list[Anomaly] = field(default_factory=list)
+    code: dict[str, str] = field(default_factory=dict)  # TorchScript code/ files: member -> text
+
+    def add(self, kind: str, message: str, **where) -> None:
+        self.anomalies.append(Anomaly(kind, message, **where))
+
+    def extend(self, other: "Evidence") -> None:
+        self.pickles.extend(other.pickles)
+        self.anomalies.extend(other.anomalies)
+        self.code.update(other.code)
+
+
+class ModelFile:
+    """One opened model: tensors in saved order, metadata, object tree, evidence.
+
+    Values are read with `read`, which returns a read-only numpy view over the file's memory map
+    (a copy only where the format forces one: chunked tensors, typed ONNX fields, complex32).
+    Close it (or use ``with``) to release the maps; views keep their map alive while they exist.
+    """
+
+    def __init__(self, format: str, path: str, tensors: list[TensorInfo] | None = None, *,
+                 metadata: dict[str, Any] | None = None, objects: Any = None,
+                 evidence: Evidence | None = None, sources: dict[str, ByteSource] | None = None,
+                 files: list[str] | None = None, extras: dict[str, Any] | None = None):
+        self.format = format
+        self.path = path
+        self.tensors: list[TensorInfo] = list(tensors or [])
+        self.metadata: dict[str, Any] = metadata if metadata is not None else {}
+        self.objects = objects
+        self.evidence = evidence if evidence is not None else Evidence()
+        self.sources: dict[str, ByteSource] = sources if sources is not None else {}
+        self.files = files if files is not None else [path]
+        # Free-form, format-specific content for the UI: TorchScript code, ONNX graph summary ...
+        self.extras: dict[str, Any] = extras if extras is not None else {}
+        # Readers for tensors whose values are not a plain strided view (set by parsers).
+        self.custom_readers: dict[str, Callable[[], np.ndarray]] = {}
+        self._index: dict[str, TensorInfo] | None = None
+
+    # -- lookup -------------------------------------------------------------------------------
+    def _by_name(self) -> dict[str, TensorInfo]:
+        if self._index is None or len(self._index) != len(self.tensors):
+            self._index = {}
+            for t in self.tensors:
+                self._index.setdefault(t.name, t)
+        return self._index
+
+    def tensor(self, name: str) -> TensorInfo:
+        try:
+            return self._by_name()[name]
+        except KeyError:
+            raise TensorNotFound(f"{self.path}: no tensor named {name!r}") from None
+
+    def __contains__(self, name: str) -> bool:
+        return name in self._by_name()
+
+    def __iter__(self) -> Iterator[TensorInfo]:
+        return iter(self.tensors)
+
+    def __len__(self) -> int:
+        return len(self.tensors)
+
+    @property
+    def names(self) -> list[str]:
+        return [t.name for t in self.tensors]
+
+    @property
+    def num_params(self) -> int:
+        return sum(t.numel for t in self.tensors)
+
+    @property
+    def total_bytes(self) -> int:
+        return sum(t.nbytes for t in self.tensors)
+
+    # -- values ---------------------------------------------------------------------------------
+    def source(self, file: str) -> ByteSource:
+        src = self.sources.get(file)
+        if src is None:
+            src = self.sources[file] = ByteSource(file)
+        return src
+
+    def read(self, name_or_info: str | TensorInfo) -> np.ndarray:
+        """The tensor's values as a read-only numpy array.
+
+        A zero-copy view over the memory map with the stored shape, strides and dtype whenever
+        the bytes are stored plainly. Packed sub-byte and block-quantized dtypes come back as their
+        raw bytes (uint8). Raises FormatError when the stored bytes do not cover the tensor.
+        """
+        info = name_or_info if isinstance(name_or_info, TensorInfo) else self.tensor(name_or_info)
+        custom = self.custom_readers.get(info.name)
+        if custom is not None:
+            return custom()
+        from .reader import strided_view
+        return strided_view(self, info)
+
+    # -- lifetime ----------------------------------------------------------------------------------
+    def close(self) -> None:
+        for src in self.sources.values():
+            src.close()
+        self.sources.clear()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"<ModelFile {self.format} {self.path!r}: {len(self.tensors)} tensors>"
+
+    def summary(self) -> dict[str, Any]:
+        by_dtype: dict[str, dict[str, int]] = {}
+        for t in self.tensors:
+            d = by_dtype.setdefault(t.dtype, {"tensors": 0, "params": 0, "bytes": 0})
+            d["tensors"] += 1
+            d["params"] += t.numel
+            d["bytes"] += t.nbytes
+        return {"format": self.format, "path": self.path, "files": list(self.files),
+                "tensors": len(self.tensors), "params": self.num_params,
+                "bytes": self.total_bytes, "by_dtype": by_dtype}

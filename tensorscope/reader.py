@@ -1,0 +1,170 @@
+"""Zero-copy values: numpy views over the memory map, and chunk-wise statistics.
+
+`strided_view` turns a `TensorInfo` into a read-only ``np.ndarray`` that shares memory with the
+file's map. `iter_chunks` walks any tensor in bounded-size pieces (for stats, diff, convert), and
+`tensor_stats` computes min/max/mean/std/NaN/Inf/zeros in float64 without materialising a copy of
+the whole tensor.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Iterator
+
+import numpy as np
+
+from . import dtypes
+from .errors import FormatError
+
+if TYPE_CHECKING:
+    from .model import ModelFile, TensorInfo
+
+__all__ = ["strided_view", "assemble_chunks", "iter_flat_chunks", "TensorStats", "tensor_stats",
+           "CHUNK_BYTES"]
+
+CHUNK_BYTES = 16 << 20  # 16 MiB pieces keep peak memory flat whatever the tensor size
+
+
+def strided_view(model: "ModelFile", info: "TensorInfo") -> np.ndarray:
+    """A read-only numpy view of ``info`` over its file's memory map (no copy)."""
+    if info.chunks:
+        return assemble_chunks(model, info)
+    spec = dtypes.spec(info.dtype)
+    where = dict(format=info.source_format or "read", file=info.file, member=info.storage_key)
+    if info.byte_offset is None:
+        raise FormatError(f"tensor {info.name!r} has no stored bytes to read", **where)
+    src = model.source(info.file)
+    if spec.kind in ("block", "string", "object") or spec.packed:
+        # No element-wise layout numpy knows: expose the stored bytes.
+        raw = src.view(info.byte_offset, info.nbytes, f"tensor {info.name!r}", fmt=where["format"],
+                       member=info.storage_key)
+        arr = np.frombuffer(raw, dtype=np.uint8)
+        return arr
+    span = info.span_bytes
+    src.check(info.byte_offset, span, f"tensor {info.name!r}", fmt=where["format"],
+              member=info.storage_key)
+    if info.storage_nbytes is not None and info.numel:
+        start_in_storage = info.storage_offset * spec.itemsize
+        if start_in_storage + span > info.storage_nbytes:
+            raise FormatError(
+                f"tensor {info.name!r} needs bytes [{start_in_storage}, {start_in_storage + span}) of its "
+                f"storage but the storage record holds {info.storage_nbytes} bytes", **where)
+    if spec.name == "complex32":
+        np_dtype, itemsize, shape = np.dtype(np.float16), 2, info.shape + (2,)
+        strides = tuple(s * 4 for s in info.stride) + (2,)
+    else:
+        np_dtype, itemsize, shape = spec.numpy, spec.itemsize, info.shape
+        strides = tuple(s * itemsize for s in info.stride)
+    if info.numel == 0:
+        return np.empty(shape, dtype=np_dtype)
+    # np.ndarray over the map: shares memory; the map is read-only so the view is too.
+    arr = np.ndarray(shape, dtype=np_dtype, buffer=src.raw, offset=info.byte_offset, strides=strides)
+    if arr.flags.writeable:
+        arr.flags.writeable = False
+    return arr
+
+
+def assemble_chunks(model: "ModelFile", info: "TensorInfo") -> np.ndarray:
+    """Copy a chunked tensor (DCP shards) into one array; each chunk is read through its view."""
+    spec = dtypes.spec(info.dtype)
+    out = np.zeros(info.shape, dtype=spec.numpy if spec.numpy is not None else np.uint8)
+    for chunk in info.chunks:
+        piece = strided_view(model, chunk.tensor)
+        index = tuple(slice(o, o + s) for o, s in zip(chunk.offsets, chunk.sizes))
+        if piece.shape != tuple(chunk.sizes):
+            raise FormatError(f"chunk of {info.name!r} at {chunk.offsets} has shape {piece.shape}, "
+                              f"expected {tuple(chunk.sizes)}", format=info.source_format,
+                              file=chunk.tensor.file)
+        out[index] = piece
+    out.flags.writeable = False
+    return out
+
+
+def iter_flat_chunks(arr: np.ndarray, chunk_bytes: int = CHUNK_BYTES) -> Iterator[np.ndarray]:
+    """Yield 1-D pieces of ``arr`` in C order, each at most ~chunk_bytes, copying only a piece at a
+    time when ``arr`` is not contiguous."""
+    if arr.size == 0:
+        return
+    if arr.ndim == 0:
+        yield arr.reshape(1)
+        return
+    per = max(1, chunk_bytes // max(arr.itemsize, 1))
+    if arr.flags.c_contiguous:
+        flat = arr.reshape(-1)
+        for i in range(0, flat.size, per):
+            yield flat[i:i + per]
+        return
+    # Split along the leading axis so each piece is a bounded sub-block.
+    row = math.prod(arr.shape[1:]) or 1
+    rows = max(1, per // row)
+    if rows == 1 and row > per and arr.ndim > 1:
+        for i in range(arr.shape[0]):
+            yield from iter_flat_chunks(arr[i], chunk_bytes)
+        return
+    for i in range(0, arr.shape[0], rows):
+        yield np.ascontiguousarray(arr[i:i + rows]).reshape(-1)
+
+
+@dataclass(frozen=True, slots=True)
+class TensorStats:
+    numel: int
+    min: float | None
+    max: float | None
+    mean: float | None
+    std: float | None
+    nan: int
+    inf: int
+    zeros: int
+
+    @property
+    def zero_fraction(self) -> float:
+        return self.zeros / self.numel if self.numel else 0.0
+
+    def to_dict(self) -> dict:
+        return {"numel": self.numel, "min": self.min, "max": self.max, "mean": self.mean,
+                "std": self.std, "nan": self.nan, "inf": self.inf, "zeros": self.zeros}
+
+
+def numeric(arr: np.ndarray) -> np.ndarray:
+    """A piece converted to float64 (complex: magnitude) for statistics and comparison."""
+    if arr.dtype.kind == "c":
+        return np.abs(arr).astype(np.float64)
+    return arr.astype(np.float64)
+
+
+def tensor_stats(arr: np.ndarray, chunk_bytes: int = CHUNK_BYTES) -> TensorStats:
+    """min, max, mean, std (population), NaN/Inf/zero counts over finite values, chunk by chunk."""
+    n = nan = inf = zeros = 0
+    count = 0
+    total = 0.0
+    m2 = 0.0
+    mean = 0.0
+    lo = math.inf
+    hi = -math.inf
+    per = max(1, chunk_bytes // 8)  # float64 working copy per chunk stays bounded
+    for piece in iter_flat_chunks(arr, per * max(arr.itemsize, 1)):
+        x = numeric(piece)
+        n += x.size
+        isnan = np.isnan(x)
+        isinf = np.isinf(x)
+        nan += int(isnan.sum())
+        inf += int(isinf.sum())
+        finite = x[~(isnan | isinf)] if (nan or inf) else x
+        zeros += int(np.count_nonzero(finite == 0))
+        if finite.size == 0:
+            continue
+        lo = min(lo, float(finite.min()))
+        hi = max(hi, float(finite.max()))
+        # Chan's parallel update keeps the variance exact across chunks.
+        c_n = finite.size
+        c_mean = float(finite.mean())
+        c_m2 = float(((finite - c_mean) ** 2).sum())
+        delta = c_mean - mean
+        new = count + c_n
+        mean += delta * c_n / new
+        m2 += c_m2 + delta * delta * count * c_n / new
+        count = new
+        total += c_mean * c_n
+    if count == 0:
+        return TensorStats(n, None, None, None, None, nan, inf, zeros)
+    return TensorStats(n, lo, hi, mean, math.sqrt(m2 / count), nan, inf, zeros)

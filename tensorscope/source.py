@@ -1,0 +1,90 @@
+"""`ByteSource`: one read-only memory map per file, with bounds-checked slices.
+
+Parsers take bytes only through a ByteSource, so every read is checked against the real file size
+before it happens and nothing ever reads a whole file into memory.
+"""
+from __future__ import annotations
+
+import mmap
+import os
+
+from .errors import FormatError
+
+__all__ = ["ByteSource"]
+
+
+class ByteSource:
+    """A read-only view of one file (or of an in-memory buffer, for nested blobs and tests).
+
+    Attributes:
+        path: the file's path (``"<memory>"`` for buffers).
+        size: its size in bytes.
+        buffer: a memoryview of the whole content, backed by a read-only mmap for files.
+    """
+
+    def __init__(self, path: str | os.PathLike, *, data: bytes | memoryview | None = None):
+        self.path = os.fspath(path)
+        self._mmap: mmap.mmap | None = None
+        if data is not None:
+            self.buffer = memoryview(data).cast("B")
+        else:
+            with open(self.path, "rb") as f:
+                size = os.fstat(f.fileno()).st_size
+                if size == 0:
+                    self.buffer = memoryview(b"")
+                else:
+                    self._mmap = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+                    self.buffer = memoryview(self._mmap)
+        self.size = len(self.buffer)
+
+    @classmethod
+    def from_bytes(cls, data: bytes | memoryview, name: str = "<memory>") -> "ByteSource":
+        return cls(name, data=data)
+
+    @property
+    def raw(self):
+        """The object numpy views are made over (the mmap itself, or the bytes)."""
+        return self._mmap if self._mmap is not None else self.buffer
+
+    def check(self, offset: int, length: int, what: str = "data", *, fmt: str = "",
+              member: str | None = None) -> None:
+        """Raise FormatError unless ``[offset, offset+length)`` lies inside the file."""
+        if offset < 0 or length < 0 or offset > self.size or length > self.size - offset:
+            remain = max(0, self.size - offset) if offset >= 0 else 0
+            raise FormatError(f"{what} wants {length} bytes at offset {offset}, the file has "
+                              f"{self.size} bytes ({remain} remain)", format=fmt,
+                              file=self.path, member=member, offset=offset)
+
+    def view(self, offset: int, length: int, what: str = "data", *, fmt: str = "",
+             member: str | None = None) -> memoryview:
+        """Zero-copy slice, bounds-checked."""
+        self.check(offset, length, what, fmt=fmt, member=member)
+        return self.buffer[offset:offset + length]
+
+    def read(self, offset: int, length: int, what: str = "data", **kw) -> bytes:
+        """A copy of a small slice (headers, names); never use it for tensor data."""
+        return bytes(self.view(offset, length, what, **kw))
+
+    def head(self, n: int = 64) -> bytes:
+        return bytes(self.buffer[:n])
+
+    def close(self) -> None:
+        try:
+            self.buffer.release()
+        except (BufferError, ValueError):
+            pass  # numpy views still hold the map; it is freed with them
+        if self._mmap is not None:
+            try:
+                self._mmap.close()
+            except BufferError:
+                pass
+            self._mmap = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"ByteSource({self.path!r}, size={self.size})"
