@@ -85,7 +85,7 @@ class TensorInfo:
     source_format: str = ""
     role: str = "tensor"
     chunks: tuple[Chunk, ...] = ()
-    extras: Mapping[str, Any] = field(default=_EMPTY, compare=False, hash=False)
+    extras: Mapping[str, Any] = field(default_factory=dict, compare=False, hash=False)
 
     def __post_init__(self):
         set_ = object.__setattr__
