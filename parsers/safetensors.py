@@ -1,0 +1,356 @@
+"""safetensors: an 8-byte length, a JSON header, then the raw little-endian tensor bytes.
+
+Format (normative, as read by the Rust reference ``safetensors`` 0.8, checked byte by byte):
+
+- Bytes 0-8 MUST hold ``N``, a little-endian u64: the header length. A file shorter than 8 bytes
+  is invalid; ``N`` MUST NOT exceed ``MAX_HEADER_SIZE`` (100 000 000) and ``8 + N`` MUST NOT
+  exceed the file size.
+- Bytes ``[8, 8+N)`` MUST be UTF-8 JSON text whose value is an object. Writers pad it with
+  spaces so that data starts at a multiple of 8; leading and trailing JSON whitespace is allowed,
+  anything else (NUL padding, a BOM) is not. NaN/Infinity literals and lone surrogate escapes
+  are not JSON and are rejected.
+- The key ``__metadata__`` MAY appear once; its value MUST be null or an object of string to
+  string (user metadata). Every other key names a tensor whose value MUST be an object with
+  ``dtype`` (one of `DTYPES`), ``shape`` (array of unsigned integers, possibly empty for a 0-d
+  tensor, possibly containing 0 for an empty tensor) and ``data_offsets`` (``[begin, end]``,
+  unsigned integers relative to byte ``8+N``). Each of these three fields MUST appear once;
+  other fields are ignored by the reference reader (we record them as anomalies).
+- A tensor name MAY appear twice in the header: the reference reader keeps the last one. We do
+  the same and record ``safetensors.duplicate_name``, since another reader may keep the first.
+- Sorted by ``data_offsets``, the tensors MUST tile the data region exactly: each begins where
+  the previous one ended (no hole, no overlap, ``end >= begin``), and the last ends at the end
+  of the file. "The byte buffer needs to be entirely indexed, and cannot contain holes. This
+  prevents the creation of polyglot files."
+- ``end - begin`` MUST equal ``prod(shape) * bits(dtype) / 8``, computed without overflow (u64),
+  and for sub-byte dtypes (F4, F6_*) ``prod(shape) * bits`` MUST be a multiple of 8.
+- Header order is normally data order (writers sort by dtype size, then name); older writers
+  used name order. Tensors are listed here in data order, as the reference reader indexes them.
+
+Dtypes: ``F4`` counts fp4 values in its header shape, while torch's ``float4_e2m1fn_x2`` packs
+two per element (a torch ``[3, 4]`` is saved as ``F4 [3, 8]``). We report what
+``safetensors.torch`` loads: ``float4_e2m1fn_x2`` with the last dimension halved, so that a
+.pt <-> .safetensors diff aligns. When the header shape cannot be expressed that way (0-d, or an
+odd last dimension), the tensor is listed as ``float4_e2m1fn`` with the header shape. The header
+dtype and shape are always kept in ``TensorInfo.extras``.
+
+Values are zero-copy: ``byte_offset = 8 + N + begin``.
+
+Public API: `FORMAT`, `sniff`, `open_source`, `DTYPES`, `MAX_HEADER_SIZE`, `SafetensorsError`.
+"""
+from __future__ import annotations
+
+import json
+import math
+import struct
+from typing import Any
+
+from tensorscope.errors import FormatError, LimitExceeded
+from tensorscope.model import ModelFile, TensorInfo
+from tensorscope.source import ByteSource
+
+__all__ = ["FORMAT", "sniff", "open_source", "DTYPES", "MAX_HEADER_SIZE", "SafetensorsError"]
+
+FORMAT = "safetensors"
+
+HEADER_LEN = struct.Struct("<Q")  # u64 LE header length N at offset 0
+MAX_HEADER_SIZE = 100_000_000      # the Rust reference's MAX_HEADER_SIZE
+_U64_LIMIT = 1 << 64               # shapes and offsets are usize (u64) in the reference reader
+_JSON_WS = b" \t\n\r"
+_MAX_FIELD_ANOMALIES = 10          # unknown-field warnings are bounded (onnx habit)
+
+# header dtype -> (canonical dtype, bits per value). The Rust Dtype enum of safetensors 0.8.
+DTYPES: dict[str, tuple[str, int]] = {
+    "BOOL": ("bool", 8),
+    "F4": ("float4_e2m1fn", 4),          # see module docstring: usually float4_e2m1fn_x2
+    "F6_E2M3": ("float6_e2m3fn", 6),
+    "F6_E3M2": ("float6_e3m2fn", 6),
+    "U8": ("uint8", 8),
+    "I8": ("int8", 8),
+    "F8_E5M2": ("float8_e5m2", 8),
+    "F8_E4M3": ("float8_e4m3fn", 8),
+    "F8_E8M0": ("float8_e8m0fnu", 8),
+    "F8_E4M3FNUZ": ("float8_e4m3fnuz", 8),
+    "F8_E5M2FNUZ": ("float8_e5m2fnuz", 8),
+    "I16": ("int16", 16),
+    "U16": ("uint16", 16),
+    "F16": ("float16", 16),
+    "BF16": ("bfloat16", 16),
+    "I32": ("int32", 32),
+    "U32": ("uint32", 32),
+    "F32": ("float32", 32),
+    "C64": ("complex64", 64),
+    "F64": ("float64", 64),
+    "I64": ("int64", 64),
+    "U64": ("uint64", 64),
+}
+
+_TENSOR_FIELDS = ("dtype", "shape", "data_offsets")
+
+
+class SafetensorsError(FormatError):
+    """A safetensors file that the reference reader would reject."""
+
+    def __init__(self, reason: str, **where):
+        super().__init__(reason, format=FORMAT, **where)
+
+
+def sniff(head: bytes, size: int) -> bool:
+    """True when the first bytes look like a safetensors header: a plausible N, then ``{``."""
+    if len(head) < 9 or size < 10:
+        return False
+    (n,) = HEADER_LEN.unpack_from(head)
+    if not 2 <= n <= size - 8:
+        return False
+    body = head[8:8 + n].lstrip(_JSON_WS)
+    return body[:1] == b"{"
+
+
+class _Obj(dict):
+    """A JSON object that remembers the keys it saw more than once (json keeps the last)."""
+
+    __slots__ = ("dups",)
+
+
+def _object_hook(pairs: list[tuple[str, Any]]) -> _Obj:
+    obj = _Obj()
+    obj.dups = []
+    for key, value in pairs:
+        _check_str(key)
+        if isinstance(value, str):
+            _check_str(value)
+        if key in obj:
+            obj.dups.append(key)
+        obj[key] = value
+    return obj
+
+
+class _BadJSON(ValueError):
+    pass
+
+
+def _check_str(s: str) -> None:
+    # Python's json accepts "\ud800" (a lone surrogate); serde_json and UTF-8 do not.
+    try:
+        s.encode("utf-8")
+    except UnicodeEncodeError:
+        raise _BadJSON(f"lone surrogate escape in string {s!r}") from None
+
+
+def _reject_constant(name: str):
+    raise _BadJSON(f"{name} is not valid JSON")
+
+
+def _parse_header(src: ByteSource) -> tuple[int, _Obj]:
+    """Read N and the JSON header. Returns (N, header object)."""
+    path = src.path
+    if src.size < 8:
+        raise SafetensorsError(f"file has {src.size} bytes; the header length alone needs 8",
+                               file=path, offset=0)
+    (n,) = HEADER_LEN.unpack(src.read(0, 8, "header length", fmt=FORMAT))
+    if n > MAX_HEADER_SIZE:
+        raise LimitExceeded("header length", MAX_HEADER_SIZE, n, format=FORMAT, file=path, offset=0)
+    if 8 + n > src.size:
+        raise SafetensorsError(f"header length {n} runs past the end of the file "
+                               f"({src.size} bytes, {8 + n} needed)", file=path, offset=0)
+    raw = src.view(8, n, "header", fmt=FORMAT)
+    try:
+        text = str(raw, "utf-8")
+    except UnicodeDecodeError as e:
+        raise SafetensorsError(f"header is not valid UTF-8 ({e.reason})", file=path,
+                               offset=8 + e.start) from None
+    try:
+        header = json.loads(text, object_pairs_hook=_object_hook, parse_constant=_reject_constant)
+    except json.JSONDecodeError as e:
+        at = 8 + len(text[:e.pos].encode("utf-8"))
+        raise SafetensorsError(f"header is not valid JSON: {e.msg}", file=path, offset=at) from None
+    except _BadJSON as e:
+        raise SafetensorsError(f"header is not valid JSON: {e}", file=path, offset=8) from None
+    except RecursionError:
+        raise SafetensorsError("header JSON nests too deeply", file=path, offset=8) from None
+    if not isinstance(header, dict):
+        raise SafetensorsError(f"header must be a JSON object, not {_json_type(header)}",
+                               file=path, offset=8)
+    return n, header
+
+
+def _json_type(v: Any) -> str:
+    if v is None:
+        return "null"
+    if isinstance(v, bool):
+        return "a boolean"
+    if isinstance(v, (int, float)):
+        return f"a number ({v!r})"
+    if isinstance(v, str):
+        return "a string"
+    if isinstance(v, list):
+        return "an array"
+    return "an object"
+
+
+def _is_u64(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool) and 0 <= v < _U64_LIMIT
+
+
+def _tensor_entry(name: str, entry: Any, path: str) -> tuple[str, list[int], int, int, list[str]]:
+    """Check one tensor's header entry; returns (header dtype, shape, begin, end, unknown fields)."""
+    def bad(reason: str) -> SafetensorsError:
+        return SafetensorsError(f"tensor {name!r}: {reason}", file=path, offset=8)
+
+    if not isinstance(entry, dict):
+        raise bad(f"entry must be an object with dtype, shape and data_offsets, not {_json_type(entry)}")
+    for dup in entry.dups:
+        if dup in _TENSOR_FIELDS:
+            raise bad(f"field {dup!r} appears twice")
+    for field in _TENSOR_FIELDS:
+        if field not in entry:
+            raise bad(f"missing field {field!r}")
+    dtype = entry["dtype"]
+    if not isinstance(dtype, str):
+        raise bad(f"dtype must be a string, not {_json_type(dtype)}")
+    if dtype not in DTYPES:
+        raise bad(f"unknown dtype {dtype!r} (known: {', '.join(DTYPES)})")
+    shape = entry["shape"]
+    if not isinstance(shape, list) or not all(_is_u64(d) for d in shape):
+        raise bad(f"shape must be an array of unsigned integers, not {json.dumps(shape)[:80]}")
+    offsets = entry["data_offsets"]
+    if (not isinstance(offsets, list) or len(offsets) != 2
+            or not all(_is_u64(o) for o in offsets)):
+        raise bad(f"data_offsets must be [begin, end] unsigned integers, not {json.dumps(offsets)[:80]}")
+    unknown = [k for k in entry if k not in _TENSOR_FIELDS]
+    return dtype, shape, offsets[0], offsets[1], unknown
+
+
+def _user_metadata(value: Any, path: str) -> dict[str, str] | None:
+    if value is None:
+        return None
+    if not isinstance(value, dict):
+        raise SafetensorsError(f"__metadata__ must be an object of strings, not {_json_type(value)}",
+                               file=path, offset=8)
+    for k, v in value.items():
+        if not isinstance(v, str):
+            raise SafetensorsError(f"__metadata__[{k!r}] must be a string, not {_json_type(v)}",
+                                   file=path, offset=8)
+    return dict(value)
+
+
+def _canonical(name: str, st_dtype: str, shape: list[int]) -> tuple[str, tuple[int, ...]]:
+    """Our dtype and shape for a header dtype and shape (F4: what safetensors.torch loads)."""
+    dtype, _bits = DTYPES[st_dtype]
+    if st_dtype == "F4" and shape and shape[-1] % 2 == 0:
+        return "float4_e2m1fn_x2", tuple(shape[:-1]) + (shape[-1] // 2,)
+    return dtype, tuple(shape)
+
+
+def open_source(src: ByteSource) -> ModelFile:
+    """Parse a safetensors file's header and list its tensors (reads no tensor bytes).
+
+    Args:
+        src: the file.
+
+    Returns:
+        A `ModelFile` whose tensors are in data order; ``metadata["__metadata__"]`` holds the
+        user metadata when the header has any, ``metadata["safetensors"]`` the layout.
+
+    Raises:
+        SafetensorsError: whatever the reference reader rejects, with the file, the byte offset
+            and the tensor name where one applies.
+        LimitExceeded: a header length above `MAX_HEADER_SIZE`.
+
+    Example:
+        >>> model = open_source(ByteSource("model.safetensors"))  # doctest: +SKIP
+        >>> model.read("embed.weight").shape                       # doctest: +SKIP
+    """
+    path = src.path
+    n, header = _parse_header(src)
+    data_start = 8 + n
+    model = ModelFile(FORMAT, path)
+    ev = model.evidence
+
+    if "__metadata__" in header.dups:
+        raise SafetensorsError("key '__metadata__' appears twice", file=path, offset=8)
+    user_meta = _user_metadata(header.get("__metadata__"), path)
+    if user_meta is not None:
+        dups = header["__metadata__"].dups
+        for key in dict.fromkeys(dups):
+            ev.add("safetensors.duplicate_metadata_key",
+                   f"__metadata__ key {key!r} appears more than once; readers keep the last value",
+                   file=path, offset=8)
+
+    for name in dict.fromkeys(header.dups):
+        if name != "__metadata__":
+            ev.add("safetensors.duplicate_name",
+                   f"tensor {name!r} appears more than once in the header; the reference reader "
+                   "keeps the last entry, another reader may keep the first", file=path, offset=8)
+
+    entries = []
+    unknown_count = 0
+    for order, (name, entry) in enumerate(header.items()):
+        if name == "__metadata__":
+            continue
+        st_dtype, shape, begin, end, unknown = _tensor_entry(name, entry, path)
+        if unknown:
+            unknown_count += 1
+            if unknown_count <= _MAX_FIELD_ANOMALIES:
+                ev.add("safetensors.unknown_field",
+                       f"tensor {name!r} has fields the reference reader ignores: "
+                       f"{', '.join(repr(k[:100]) for k in unknown[:10])}", file=path, offset=8)
+        entries.append((begin, end, order, name, st_dtype, shape))
+    if unknown_count > _MAX_FIELD_ANOMALIES:
+        ev.add("safetensors.unknown_field",
+               f"{unknown_count - _MAX_FIELD_ANOMALIES} more tensors have unknown fields",
+               file=path, offset=8)
+
+    # The reference reader sorts by data_offsets, then requires them to tile the data region.
+    entries.sort(key=lambda e: (e[0], e[1]))
+    expected = 0
+    prev_name = None
+    tensors = []
+    for begin, end, _order, name, st_dtype, shape in entries:
+        if end < begin:
+            raise SafetensorsError(f"tensor {name!r}: invalid offsets, end {end} < begin {begin}",
+                                   file=path, offset=data_start + begin)
+        if begin > expected:
+            raise SafetensorsError(
+                f"tensor {name!r}: invalid offsets, data begins at {begin} but the previous tensor "
+                f"ends at {expected}: a hole of {begin - expected} bytes (the data must be "
+                "entirely indexed)", file=path, offset=data_start + expected)
+        if begin < expected:
+            raise SafetensorsError(
+                f"tensor {name!r}: invalid offsets, data [{begin}, {end}) overlaps tensor "
+                f"{prev_name!r} which ends at {expected}", file=path, offset=data_start + begin)
+        _bits = DTYPES[st_dtype][1]
+        numel = math.prod(shape)
+        if numel >= _U64_LIMIT or numel * _bits // 8 >= _U64_LIMIT:
+            raise SafetensorsError(f"tensor {name!r}: shape {shape} x {st_dtype} overflows u64",
+                                   file=path, offset=data_start + begin)
+        if (numel * _bits) % 8:
+            raise SafetensorsError(
+                f"tensor {name!r}: {numel} values of {st_dtype} take {numel * _bits} bits, not a "
+                "whole number of bytes", file=path, offset=data_start + begin)
+        nbytes = numel * _bits // 8
+        if end - begin != nbytes:
+            raise SafetensorsError(
+                f"tensor {name!r}: shape {shape} x {st_dtype} needs {nbytes} bytes but "
+                f"data_offsets [{begin}, {end}) span {end - begin}", file=path,
+                offset=data_start + begin)
+        dtype, our_shape = _canonical(name, st_dtype, shape)
+        tensors.append(TensorInfo(
+            name=name, dtype=dtype, shape=our_shape, byte_offset=data_start + begin,
+            nbytes=nbytes, file=path, storage_nbytes=nbytes, source_format=FORMAT,
+            extras={"safetensors_dtype": st_dtype, "header_shape": list(shape),
+                    "data_offsets": [begin, end]}))
+        expected = end
+        prev_name = name
+    if data_start + expected != src.size:
+        left = src.size - data_start - expected
+        what = (f"{left} bytes after the last tensor are not indexed by any tensor" if left > 0
+                else f"the tensors need {-left} bytes more than the file holds")
+        raise SafetensorsError(f"incomplete metadata, file not fully covered: {what}",
+                               file=path, offset=data_start + expected)
+
+    model.tensors = tensors
+    if user_meta is not None:
+        model.metadata["__metadata__"] = user_meta
+    model.metadata["safetensors"] = {"header_length": n, "data_offset": data_start,
+                                     "tensors": len(tensors)}
+    return model
