@@ -1,0 +1,749 @@
+"""Compare two models of any formats, tensor by tensor, down to the values, in bounded memory.
+
+`diff_models(a, b)` aligns the tensors of two `ModelFile`s by name, finds the names that only a
+wrapper prefix or a rename separates, and compares every aligned pair: dtype, shape, layout, and
+the values themselves. The models may be of different formats (a ``.pt`` against its
+``.safetensors`` conversion): what is compared is what a loader would return.
+
+Alignment (in this order; every step is reported, none is silent):
+
+1. ``strip_prefix``: each given prefix is removed from the names of both sides that start with it.
+2. ``maps``: ``(OLD, NEW)`` rewrites a leading ``OLD`` into ``NEW``, on both sides, so that both
+   end up in one vocabulary.
+3. Wrapper prefixes (``detect_prefix``): training tools prefix every key (``module.`` from DDP,
+   ``_orig_mod.`` from ``torch.compile``, ``model.`` from a Lightning module). When every name of a
+   side shares a leading dotted prefix and removing it matches strictly more names than before,
+   it is removed and reported in ``DiffResult.prefix_a`` / ``prefix_b``.
+4. Renames (``detect_renames``): a removed and an added tensor with the same dtype, shape and
+   size whose bytes hash alike (BLAKE2b, streamed) are one tensor under a new name ("renamed").
+   Only candidates of equal (dtype, shape) are ever read.
+
+Per aligned pair:
+
+- ``dtype``, ``shape`` differences are structural changes ("changed"). Shapes that differ get no
+  value comparison.
+- ``stride`` differences (compared over dimensions of size > 1) are a layout change: they are listed
+  in ``changes`` but leave the status "same" when the values are the same, since a loader returns
+  the same logical tensor.
+- Values, same dtype and shape: the stored bytes are compared first, chunk by chunk, in logical C
+  order (memory-compare speed, no float conversion). Identical bytes mean "same"
+  (``identical_bytes=True``, ``compared_as="bytes"``; the float statistics are 0 and ``cosine`` is
+  None because nothing was converted). Otherwise, and whenever the dtypes differ, both sides are
+  streamed in lockstep and compared in float64 (complex128 when either side is complex).
+- Packed sub-byte, block-quantized, quantized, complex32, string and object dtypes are compared
+  by bytes only: ``identical_bytes`` is set, the statistics are None.
+- Tensors without readable values (meta tensors) get ``values=None``.
+
+Statistics (over positions where both values are finite; NaN and Inf are counted apart):
+
+- ``max_abs`` = max |a-b| (equals torch's ``(a.double()-b.double()).abs().max()`` without NaN/Inf);
+- ``max_rel`` = max |a-b|/|b|, where a position with a == b counts 0 and b == 0 != a counts inf
+  (torch.testing.assert_close's "relative difference", taken over all positions);
+- ``mean_abs`` = mean |a-b|; ``rms`` = sqrt(mean |a-b|^2);
+- ``cosine`` = sum(a*b) / (|a| |b|) (complex: the real part of sum(conj(a)*b)); None when a side is
+  all zero or nothing is finite;
+- ``mismatched`` = positions where ``torch.isclose(a, b, rtol, atol, equal_nan=False)`` is false in
+  float64: not (a == b or (|a-b| finite and |a-b| <= atol + rtol*|b|)). NaN never matches (not
+  even NaN), so ``mismatched`` includes ``nan_mismatch`` (positions where either side is NaN) and
+  ``inf_mismatch`` (positions with an Inf on a side, no NaN, and a != b);
+- the status is "changed" with "values" in ``changes`` when ``mismatched > 0`` (or, for bytes-only
+  dtypes, when the bytes differ). Bytes that differ within tolerance (-0.0 against 0.0, a tiny
+  perturbation) keep the status "same", with ``identical_bytes=False`` and the statistics shown.
+
+Exit code: 0 when every tensor is "same" (after prefix stripping), 1 otherwise. Metadata
+differences (format names, versions, safetensors ``__metadata__``) are reported, never counted.
+
+Memory stays flat: values are read through zero-copy views chunk by chunk (``chunk_bytes`` of
+stored bytes for the byte compare, a quarter of that in float64 working elements), and pages of the
+memory maps that were compared are handed back to the kernel as the walk goes (``MADV_DONTNEED``),
+so the resident set does not grow with the files.
+
+JSON schema (``DiffResult.to_dict()``; keys sorted by the CLI; non-finite floats as the strings
+``"inf"``, ``"-inf"``, ``"nan"``)::
+
+    {
+      "a_path": str, "b_path": str, "a_format": str, "b_format": str,
+      "prefix_a": str, "prefix_b": str,          # detected wrapper prefixes ("" when none)
+      "strip_prefix": [str], "maps": [[OLD, NEW]],
+      "atol": float, "rtol": float, "values_compared": bool,
+      "identical": bool, "exit_code": 0 | 1,
+      "counts": {"same": int, "changed": int, "added": int, "removed": int, "renamed": int},
+      "metadata": [{"key": str, "a": any | null, "b": any | null}],   # null: key absent on that side
+      "entries": [{
+        "status": "same" | "changed" | "added" | "removed" | "renamed",
+        "name": str,                               # name_a, or name_b for added tensors
+        "name_a": str | null, "name_b": str | null,
+        "a": {"dtype": str, "shape": [int], "stride": [int], "nbytes": int} | null,
+        "b": {...same...} | null,
+        "changes": [str],                          # "dtype float32 -> bfloat16", "shape [2, 3] -> [3, 2]",
+                                                   # "stride [3, 1] -> [1, 2]", "values", "name x -> y"
+        "values": null | {
+          "numel": int, "identical_bytes": bool, "compared_as": "bytes" | "float64" | "complex128",
+          "max_abs": float | null, "max_rel": float | null, "mean_abs": float | null,
+          "rms": float | null, "cosine": float | null,
+          "mismatched": int | null, "nan_mismatch": int, "inf_mismatch": int
+        }
+      }]
+    }
+"""
+from __future__ import annotations
+
+import hashlib
+import math
+import mmap
+import os
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterator, Sequence
+
+import numpy as np
+
+from . import dtypes
+from .model import ModelFile, TensorInfo
+from .reader import iter_flat_chunks
+
+__all__ = ["ValueDiff", "TensorDiff", "DiffResult", "diff_models", "compare_values", "STATUSES"]
+
+STATUSES = ("same", "changed", "added", "removed", "renamed")
+
+# Kinds whose elements numpy can convert to float64 one by one.
+_NUMERIC_KINDS = ("float", "int", "uint", "bool", "complex")
+
+
+# ------------------------------------------------------------------------------------------------
+# Result records
+# ------------------------------------------------------------------------------------------------
+
+def _num(x: float | None):
+    """A float for JSON: non-finite values become strings (JSON has no inf/nan)."""
+    if x is None:
+        return None
+    if math.isnan(x):
+        return "nan"
+    if math.isinf(x):
+        return "inf" if x > 0 else "-inf"
+    return x
+
+
+@dataclass
+class ValueDiff:
+    """How the values of one aligned pair differ (see the module docstring for each definition).
+
+    Attributes:
+        numel: elements compared.
+        identical_bytes: the stored bytes of both sides are equal (same dtype and shape only).
+        max_abs, max_rel, mean_abs, rms: over positions where both sides are finite; 0.0 when the
+            bytes are identical; None for bytes-only dtypes or when no position is finite.
+        cosine: None when undefined (a zero side, nothing finite) or not computed (identical bytes).
+        mismatched: positions outside ``atol + rtol*|b|`` as ``torch.isclose`` counts them (NaN and
+            Inf mismatches included); None for bytes-only dtypes whose bytes differ.
+        nan_mismatch: positions where either side is NaN.
+        inf_mismatch: positions with an Inf on either side (no NaN) whose values differ.
+        compared_as: ``"bytes"``, ``"float64"`` or ``"complex128"``.
+    """
+
+    numel: int
+    identical_bytes: bool
+    max_abs: float | None = None
+    max_rel: float | None = None
+    mean_abs: float | None = None
+    rms: float | None = None
+    cosine: float | None = None
+    mismatched: int | None = 0
+    nan_mismatch: int = 0
+    inf_mismatch: int = 0
+    compared_as: str = "bytes"
+
+    @property
+    def differs(self) -> bool:
+        """True when the values are not the same within tolerance."""
+        if self.identical_bytes:
+            return False
+        return self.mismatched is None or self.mismatched > 0
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"numel": self.numel, "identical_bytes": self.identical_bytes,
+                "max_abs": _num(self.max_abs), "max_rel": _num(self.max_rel),
+                "mean_abs": _num(self.mean_abs), "rms": _num(self.rms), "cosine": _num(self.cosine),
+                "mismatched": self.mismatched, "nan_mismatch": self.nan_mismatch,
+                "inf_mismatch": self.inf_mismatch, "compared_as": self.compared_as}
+
+
+def _brief(t: TensorInfo | None) -> dict[str, Any] | None:
+    if t is None:
+        return None
+    return {"dtype": t.dtype, "shape": list(t.shape), "stride": list(t.stride), "nbytes": t.nbytes}
+
+
+@dataclass
+class TensorDiff:
+    """One tensor of A, of B, or of both, and how they differ.
+
+    ``status`` is one of `STATUSES`. ``changes`` lists every difference found, in words
+    (``"dtype float32 -> bfloat16"``, ``"shape (2, 3) -> (3, 2)"``, ``"stride ..."``, ``"values"``,
+    ``"name x -> y"``); a layout-only change ("stride") leaves the status "same".
+    """
+
+    status: str
+    name_a: str | None
+    name_b: str | None
+    a: TensorInfo | None
+    b: TensorInfo | None
+    changes: list[str] = field(default_factory=list)
+    values: ValueDiff | None = None
+
+    @property
+    def name(self) -> str:
+        """The name in A, or in B for an added tensor."""
+        return self.name_a if self.name_a is not None else self.name_b  # type: ignore[return-value]
+
+    @property
+    def structural(self) -> bool:
+        """Added, removed, renamed, or a dtype/shape change: what a loader would trip on."""
+        if self.status in ("added", "removed", "renamed"):
+            return True
+        return any(c.startswith(("dtype ", "shape ")) for c in self.changes)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"status": self.status, "name": self.name, "name_a": self.name_a,
+                "name_b": self.name_b, "a": _brief(self.a), "b": _brief(self.b),
+                "changes": list(self.changes),
+                "values": None if self.values is None else self.values.to_dict()}
+
+
+@dataclass
+class DiffResult:
+    """Everything `diff_models` found. ``entries`` follow A's order; added tensors come last."""
+
+    a_path: str
+    b_path: str
+    a_format: str
+    b_format: str
+    entries: list[TensorDiff]
+    prefix_a: str = ""
+    prefix_b: str = ""
+    metadata: list[tuple[str, Any, Any]] = field(default_factory=list)
+    atol: float = 1e-8
+    rtol: float = 1e-5
+    values_compared: bool = True
+    strip_prefix: tuple[str, ...] = ()
+    maps: tuple[tuple[str, str], ...] = ()
+
+    @property
+    def counts(self) -> dict[str, int]:
+        out = dict.fromkeys(STATUSES, 0)
+        for e in self.entries:
+            out[e.status] += 1
+        return out
+
+    @property
+    def identical(self) -> bool:
+        """Every tensor is "same" (within tolerance, after the reported prefix stripping)."""
+        return all(e.status == "same" for e in self.entries)
+
+    @property
+    def exit_code(self) -> int:
+        return 0 if self.identical else 1
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"a_path": self.a_path, "b_path": self.b_path, "a_format": self.a_format,
+                "b_format": self.b_format, "prefix_a": self.prefix_a, "prefix_b": self.prefix_b,
+                "strip_prefix": list(self.strip_prefix), "maps": [list(m) for m in self.maps],
+                "atol": self.atol, "rtol": self.rtol, "values_compared": self.values_compared,
+                "identical": self.identical, "exit_code": self.exit_code, "counts": self.counts,
+                "metadata": [{"key": k, "a": _jsonable(va), "b": _jsonable(vb)}
+                             for k, va, vb in self.metadata],
+                "entries": [e.to_dict() for e in self.entries]}
+
+
+def _jsonable(v):
+    if isinstance(v, dict):
+        return {str(k): _jsonable(x) for k, x in v.items()}
+    if isinstance(v, (list, tuple)):
+        return [_jsonable(x) for x in v]
+    if isinstance(v, float):
+        return _num(v)
+    if isinstance(v, (str, int, bool)) or v is None:
+        return v
+    return str(v)
+
+
+# ------------------------------------------------------------------------------------------------
+# Memory: hand compared pages of the maps back to the kernel
+# ------------------------------------------------------------------------------------------------
+
+_PAGE = mmap.PAGESIZE
+
+
+class _PageReleaser:
+    """Drops the pages of a model's memory maps once they have been compared.
+
+    Reading a file through a shared read-only map makes its pages part of our resident set; without
+    this, diffing two 2 GB files would end at ~4 GB RSS. ``MADV_DONTNEED`` on such a map only drops
+    our mapping of the pages (the page cache keeps them), so a later access re-reads them correctly.
+    """
+
+    def __init__(self, model: ModelFile):
+        self.model = model
+        self.maps: dict[str, tuple[mmap.mmap, int, int]] = {}  # file -> (map, base address, size)
+
+    def _map(self, file: str):
+        got = self.maps.get(file)
+        if got is None:
+            src = self.model.sources.get(file)
+            raw = getattr(src, "raw", None) if src is not None else None
+            if not isinstance(raw, mmap.mmap) or not hasattr(raw, "madvise"):
+                return None
+            base = np.frombuffer(raw, dtype=np.uint8, count=1).ctypes.data if len(raw) else 0
+            got = self.maps[file] = (raw, base, len(raw))
+        return got
+
+    def release_range(self, file: str, offset: int, length: int) -> None:
+        got = self._map(file)
+        if got is None or length <= 0:
+            return
+        raw, _, size = got
+        lo = max(0, offset) // _PAGE * _PAGE
+        hi = min(size, offset + length)
+        if hi <= lo:
+            return
+        try:
+            raw.madvise(mmap.MADV_DONTNEED, lo, hi - lo)
+        except (OSError, ValueError):
+            pass  # advice only: a refused hint costs memory, never correctness
+
+    def release_piece(self, file: str, piece: np.ndarray) -> None:
+        """Release the pages under ``piece`` when it is a view into ``file``'s map (not a copy)."""
+        got = self._map(file)
+        if got is None:
+            return
+        _, base, size = got
+        addr = piece.__array_interface__["data"][0]
+        if base <= addr < base + size:
+            self.release_range(file, addr - base, piece.nbytes)
+
+    def release_tensor(self, info: TensorInfo) -> None:
+        if info.byte_offset is not None and info.file:
+            self.release_range(info.file, info.byte_offset, info.span_bytes)
+
+
+# ------------------------------------------------------------------------------------------------
+# Streaming comparison
+# ------------------------------------------------------------------------------------------------
+
+def _aligned(it_a: Iterator[np.ndarray], it_b: Iterator[np.ndarray]):
+    """Pair up two streams of 1-D pieces holding the same number of elements, piece sizes aside."""
+    pa = pb = None
+    ia = ib = 0
+    while True:
+        while pa is None or ia >= len(pa):
+            pa = next(it_a, None)
+            ia = 0
+            if pa is None:
+                return
+        while pb is None or ib >= len(pb):
+            pb = next(it_b, None)
+            ib = 0
+            if pb is None:
+                return
+        n = min(len(pa) - ia, len(pb) - ib)
+        yield pa[ia:ia + n], pb[ib:ib + n]
+        ia += n
+        ib += n
+
+
+def _numeric(t: TensorInfo) -> bool:
+    s = dtypes.spec(t.dtype)
+    return s.kind in _NUMERIC_KINDS and not s.packed and s.numpy is not None
+
+
+def _as_bytes(piece: np.ndarray) -> np.ndarray:
+    return piece.view(np.uint8) if piece.dtype != np.uint8 else piece
+
+
+class _Walker:
+    """Streams the values of one pair of views, releasing map pages and reporting progress."""
+
+    def __init__(self, rel_a: _PageReleaser, rel_b: _PageReleaser,
+                 progress: Callable[[int], None] | None, chunk_bytes: int):
+        self.rel_a, self.rel_b = rel_a, rel_b
+        self.progress = progress
+        self.chunk_bytes = max(64, int(chunk_bytes))
+
+    def pieces(self, va, vb, ia: TensorInfo, ib: TensorInfo, chunk_bytes: int):
+        for pa, pb in _aligned(iter_flat_chunks(va, chunk_bytes), iter_flat_chunks(vb, chunk_bytes)):
+            yield pa, pb
+            self.rel_a.release_piece(ia.file, pa)
+            self.rel_b.release_piece(ib.file, pb)
+            if self.progress is not None:
+                self.progress(pa.nbytes + pb.nbytes)
+
+    def same_bytes(self, va, vb, ia, ib) -> bool:
+        for pa, pb in self.pieces(va, vb, ia, ib, self.chunk_bytes):
+            if not np.array_equal(_as_bytes(pa), _as_bytes(pb)):
+                return False
+        return True
+
+    def floats(self, va, vb, ia, ib, atol: float, rtol: float) -> ValueDiff:
+        cplx = va.dtype.kind == "c" or vb.dtype.kind == "c"
+        work = np.complex128 if cplx else np.float64
+        # Each piece becomes ~8 float64 temporaries: keep them to a fraction of chunk_bytes.
+        elems = max(1, self.chunk_bytes // 32)
+        acc = _Accumulator(atol, rtol)
+        for pa, pb in self.pieces(va, vb, ia, ib, elems * max(va.itemsize, vb.itemsize, 1)):
+            acc.add(pa.astype(work), pb.astype(work))
+        return acc.result(va.size, "complex128" if cplx else "float64")
+
+
+class _Accumulator:
+    """Running sums for the float statistics, one chunk at a time."""
+
+    def __init__(self, atol: float, rtol: float):
+        self.atol, self.rtol = float(atol), float(rtol)
+        self.max_abs = -math.inf
+        self.max_rel = -math.inf
+        self.sum_abs = self.sum_sq = 0.0
+        self.dot = self.xx = self.yy = 0.0
+        self.count = 0
+        self.mismatched = self.nan = self.inf = 0
+
+    def add(self, x: np.ndarray, y: np.ndarray) -> None:
+        with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
+            ad = np.abs(x - y)
+            ay = np.abs(y)
+            # torch.isclose: a == b, or a finite error within atol + rtol*|b| (NaN never matches).
+            close = (x == y) | (np.isfinite(ad) & (ad <= self.atol + self.rtol * ay))
+            self.mismatched += int(close.size - np.count_nonzero(close))
+            fx, fy = np.isfinite(x), np.isfinite(y)
+            both = fx & fy
+            if not both.all():
+                nan = np.isnan(x) | np.isnan(y)
+                self.nan += int(np.count_nonzero(nan))
+                self.inf += int(np.count_nonzero(~both & ~nan & (x != y)))
+                x, y, ad, ay = x[both], y[both], ad[both], ay[both]
+            if ad.size == 0:
+                return
+            self.count += ad.size
+            self.max_abs = max(self.max_abs, float(ad.max()))
+            rel = np.where(ad == 0, 0.0, ad / ay)
+            self.max_rel = max(self.max_rel, float(rel.max()))
+            self.sum_abs += float(ad.sum())
+            self.sum_sq += float(np.dot(ad, ad))
+            if x.dtype.kind == "c":
+                self.dot += float(np.vdot(x, y).real)
+                self.xx += float(np.vdot(x, x).real)
+                self.yy += float(np.vdot(y, y).real)
+            else:
+                self.dot += float(np.dot(x, y))
+                self.xx += float(np.dot(x, x))
+                self.yy += float(np.dot(y, y))
+
+    def result(self, numel: int, compared_as: str) -> ValueDiff:
+        if self.count == 0:
+            return ValueDiff(numel, False, mismatched=self.mismatched, nan_mismatch=self.nan,
+                             inf_mismatch=self.inf, compared_as=compared_as)
+        cosine = None
+        if self.xx > 0 and self.yy > 0 and math.isfinite(self.xx) and math.isfinite(self.yy):
+            cosine = self.dot / (math.sqrt(self.xx) * math.sqrt(self.yy))
+        return ValueDiff(numel, False, max_abs=self.max_abs, max_rel=self.max_rel,
+                         mean_abs=self.sum_abs / self.count,
+                         rms=math.sqrt(self.sum_sq / self.count), cosine=cosine,
+                         mismatched=self.mismatched, nan_mismatch=self.nan, inf_mismatch=self.inf,
+                         compared_as=compared_as)
+
+
+def _readable(model: ModelFile, t: TensorInfo) -> bool:
+    return t.byte_offset is not None or bool(t.chunks) or t.name in model.custom_readers
+
+
+def compare_values(ma: ModelFile, ta: TensorInfo, mb: ModelFile, tb: TensorInfo, *,
+                   atol: float = 1e-8, rtol: float = 1e-5, chunk_bytes: int = 16 << 20,
+                   progress: Callable[[int], None] | None = None) -> ValueDiff | None:
+    """Compare the values of ``ta`` (in ``ma``) and ``tb`` (in ``mb``), which must have one shape.
+
+    Returns None when either side has no readable values or the dtypes cannot be compared
+    element-wise (two different bytes-only dtypes).
+    """
+    if ta.shape != tb.shape:
+        raise ValueError(f"compare_values: shapes differ ({ta.shape} vs {tb.shape})")
+    if not (_readable(ma, ta) and _readable(mb, tb)):
+        return None
+    rel_a, rel_b = _PageReleaser(ma), _PageReleaser(mb)
+    walker = _Walker(rel_a, rel_b, progress, chunk_bytes)
+    try:
+        return _compare(walker, ma, ta, mb, tb, atol, rtol)
+    finally:
+        rel_a.release_tensor(ta)
+        rel_b.release_tensor(tb)
+
+
+def _compare(walker: _Walker, ma, ta, mb, tb, atol, rtol) -> ValueDiff | None:
+    numeric = _numeric(ta) and _numeric(tb)
+    if ta.dtype == tb.dtype:
+        va, vb = ma.read(ta), mb.read(tb)
+        if va.shape != vb.shape or va.dtype != vb.dtype:  # bytes-only views of different sizes
+            return ValueDiff(ta.numel, False, mismatched=None)
+        if walker.same_bytes(va, vb, ta, tb):
+            return ValueDiff(ta.numel, True, 0.0, 0.0, 0.0, 0.0, None, 0, 0, 0, "bytes")
+        if not numeric:
+            return ValueDiff(ta.numel, False, mismatched=None, compared_as="bytes")
+        return walker.floats(va, vb, ta, tb, atol, rtol)
+    if not numeric:
+        return None
+    return walker.floats(ma.read(ta), mb.read(tb), ta, tb, atol, rtol)
+
+
+# ------------------------------------------------------------------------------------------------
+# Alignment
+# ------------------------------------------------------------------------------------------------
+
+def _rewrite(name: str, strip: Sequence[str], maps: Sequence[tuple[str, str]]) -> str:
+    for p in strip:
+        if p and name.startswith(p):
+            name = name[len(p):]
+    for old, new in maps:
+        if name.startswith(old):
+            name = new + name[len(old):]
+            break
+    return name
+
+
+def _common_prefixes(names: Sequence[str]) -> list[str]:
+    """Every dotted prefix shared by all ``names`` that leaves each name non-empty, shortest first."""
+    if not names:
+        return [""]
+    parts = [n.split(".")[:-1] for n in names]
+    common: list[str] = []
+    for level in zip(*parts):
+        if any(p != level[0] for p in level):
+            break
+        common.append(level[0])
+    return ["".join(c + "." for c in common[:i]) for i in range(len(common) + 1)]
+
+
+def _strip(names: Sequence[str], prefix: str) -> set[str]:
+    n = len(prefix)
+    return {x[n:] for x in names} if n else set(names)
+
+
+def detect_prefixes(names_a: Sequence[str], names_b: Sequence[str]) -> tuple[str, str]:
+    """The wrapper prefixes to strip from A's and B's names ("" for none).
+
+    A prefix counts only when every name of its side carries it and stripping it matches strictly
+    more names; among equal matches the shortest prefixes win (no stripping when nothing gains).
+    """
+    best = (len(set(names_a) & set(names_b)), 0, "", "")
+    for pa in _common_prefixes(names_a):
+        sa = _strip(names_a, pa)
+        for pb in _common_prefixes(names_b):
+            if pa and pb:
+                continue  # both sides wrapped alike: a shared prefix is the names themselves
+            hits = len(sa & _strip(names_b, pb))
+            if hits > best[0]:
+                best = (hits, len(pa) + len(pb), pa, pb)
+    return best[2], best[3]
+
+
+def _keyed(tensors: Sequence[TensorInfo], strip, maps, prefix: str) -> dict[str, TensorInfo]:
+    out: dict[str, TensorInfo] = {}
+    for t in tensors:
+        key = _rewrite(t.name, strip, maps)
+        if prefix and key.startswith(prefix):
+            key = key[len(prefix):]
+        if key in out:  # two names collapsed into one key: keep the later one under its own name
+            key = t.name
+        out.setdefault(key, t)
+    return out
+
+
+# ------------------------------------------------------------------------------------------------
+# Metadata
+# ------------------------------------------------------------------------------------------------
+
+_MISSING = object()
+
+
+def _flatten(d: Any, prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    if isinstance(d, dict):
+        for k, v in d.items():
+            key = f"{prefix}.{k}" if prefix else str(k)
+            if isinstance(v, dict) and v:
+                out.update(_flatten(v, key))
+            else:
+                out[key] = v
+    return out
+
+
+def _metadata_diff(ma: ModelFile, mb: ModelFile) -> list[tuple[str, Any, Any]]:
+    rows: list[tuple[str, Any, Any]] = []
+    if ma.format != mb.format:
+        rows.append(("format", ma.format, mb.format))
+    fa, fb = _flatten(dict(ma.metadata or {})), _flatten(dict(mb.metadata or {}))
+    for key in sorted(set(fa) | set(fb)):
+        va, vb = fa.get(key, _MISSING), fb.get(key, _MISSING)
+        if va is _MISSING or vb is _MISSING or va != vb:
+            rows.append((key, None if va is _MISSING else va, None if vb is _MISSING else vb))
+    return rows
+
+
+# ------------------------------------------------------------------------------------------------
+# The diff
+# ------------------------------------------------------------------------------------------------
+
+def _layout_differs(a: TensorInfo, b: TensorInfo) -> bool:
+    if a.numel == 0:
+        return False
+    return any(d > 1 and sa != sb for d, sa, sb in zip(a.shape, a.stride, b.stride))
+
+
+def _content_hash(walker_rel: _PageReleaser, model: ModelFile, t: TensorInfo, chunk_bytes: int,
+                  progress) -> bytes:
+    h = hashlib.blake2b(digest_size=32)
+    try:
+        for piece in iter_flat_chunks(model.read(t), chunk_bytes):
+            h.update(_as_bytes(np.ascontiguousarray(piece)))
+            walker_rel.release_piece(t.file, piece)
+            if progress is not None:
+                progress(piece.nbytes)
+    finally:
+        walker_rel.release_tensor(t)
+    return h.digest()
+
+
+def _find_renames(ma, mb, removed: list[TensorInfo], added: list[TensorInfo], rel_a, rel_b,
+                  chunk_bytes, progress) -> list[tuple[TensorInfo, TensorInfo]]:
+    def group(ts, model):
+        g: dict[tuple, list[TensorInfo]] = {}
+        for t in ts:
+            if _readable(model, t):
+                g.setdefault((t.dtype, t.shape, t.nbytes), []).append(t)
+        return g
+
+    ga, gb = group(removed, ma), group(added, mb)
+    pairs = []
+    for key in ga.keys() & gb.keys():
+        by_hash: dict[bytes, list[TensorInfo]] = {}
+        for t in gb[key]:
+            by_hash.setdefault(_content_hash(rel_b, mb, t, chunk_bytes, progress), []).append(t)
+        for t in ga[key]:
+            hit = by_hash.get(_content_hash(rel_a, ma, t, chunk_bytes, progress))
+            if hit:
+                pairs.append((t, hit.pop(0)))
+    return pairs
+
+
+def _fmt_shape(shape) -> str:
+    return "(" + ", ".join(str(d) for d in shape) + ")"
+
+
+def _pair(ma, ta, mb, tb, walker: _Walker, values: bool, atol, rtol) -> TensorDiff:
+    changes: list[str] = []
+    if ta.dtype != tb.dtype:
+        changes.append(f"dtype {ta.dtype} -> {tb.dtype}")
+    if ta.shape != tb.shape:
+        changes.append(f"shape {_fmt_shape(ta.shape)} -> {_fmt_shape(tb.shape)}")
+    elif _layout_differs(ta, tb):
+        changes.append(f"stride {_fmt_shape(ta.stride)} -> {_fmt_shape(tb.stride)}")
+    vd = None
+    if values and ta.shape == tb.shape and _readable(ma, ta) and _readable(mb, tb):
+        try:
+            vd = _compare(walker, ma, ta, mb, tb, atol, rtol)
+        finally:
+            walker.rel_a.release_tensor(ta)
+            walker.rel_b.release_tensor(tb)
+        if vd is not None and vd.differs:
+            changes.append("values")
+    structural = any(not c.startswith("stride ") for c in changes)
+    return TensorDiff("changed" if structural else "same", ta.name, tb.name, ta, tb, changes, vd)
+
+
+def diff_models(a, b, *, atol: float = 1e-8, rtol: float = 1e-5, values: bool = True,
+                strip_prefix: Sequence[str] = (), maps: Sequence[tuple[str, str]] = (),
+                detect_prefix: bool = True, detect_renames: bool = True,
+                progress: Callable[[int], None] | None = None,
+                chunk_bytes: int = 16 << 20) -> DiffResult:
+    """Compare two models tensor by tensor.
+
+    Args:
+        a, b: paths (opened with `tensorscope.open` and closed before returning) or open
+            `ModelFile` objects (left open).
+        atol, rtol: tolerance as in ``torch.isclose``: mismatch when |a-b| > atol + rtol*|b|.
+        values: compare values (False: dtype/shape/layout only, no tensor byte is read and no
+            rename is looked for).
+        strip_prefix: prefixes removed from the names of both sides before aligning.
+        maps: ``(OLD, NEW)`` leading-prefix rewrites applied to the names of both sides.
+        detect_prefix: find and strip a wrapper prefix carried by every name of one side.
+        detect_renames: pair removed and added tensors whose bytes are equal.
+        progress: called with the number of bytes read after each chunk.
+        chunk_bytes: stored bytes compared per step (peak memory is a small multiple of it).
+
+    Returns:
+        The `DiffResult`.
+
+    Raises:
+        TensorscopeError: a file cannot be opened or a tensor's bytes cannot be read.
+
+    Example:
+        >>> r = diff_models("old.pt", "new.safetensors", atol=1e-6)   # doctest: +SKIP
+        >>> r.counts, r.exit_code                                      # doctest: +SKIP
+    """
+    opened: list[ModelFile] = []
+    try:
+        ma = _as_model(a, opened)
+        mb = _as_model(b, opened)
+        return _diff(ma, mb, atol=atol, rtol=rtol, values=values, strip=tuple(strip_prefix),
+                     maps=tuple((str(o), str(n)) for o, n in maps), detect_prefix=detect_prefix,
+                     detect_renames=detect_renames, progress=progress, chunk_bytes=chunk_bytes)
+    finally:
+        for m in opened:
+            m.close()
+
+
+def _as_model(x, opened: list[ModelFile]) -> ModelFile:
+    if isinstance(x, ModelFile):
+        return x
+    from .formats import open_model
+    m = open_model(os.fspath(x))
+    opened.append(m)
+    return m
+
+
+def _diff(ma: ModelFile, mb: ModelFile, *, atol, rtol, values, strip, maps, detect_prefix,
+          detect_renames, progress, chunk_bytes) -> DiffResult:
+    names_a = [_rewrite(t.name, strip, maps) for t in ma.tensors]
+    names_b = [_rewrite(t.name, strip, maps) for t in mb.tensors]
+    pa, pb = detect_prefixes(names_a, names_b) if detect_prefix else ("", "")
+    ka = _keyed(ma.tensors, strip, maps, pa)
+    kb = _keyed(mb.tensors, strip, maps, pb)
+
+    rel_a, rel_b = _PageReleaser(ma), _PageReleaser(mb)
+    walker = _Walker(rel_a, rel_b, progress, chunk_bytes)
+    entries: list[TensorDiff] = []
+    removed = [t for k, t in ka.items() if k not in kb]
+    added = [t for k, t in kb.items() if k not in ka]
+    renamed: dict[str, TensorInfo] = {}  # A name -> B tensor
+    if values and detect_renames and removed and added:
+        for ta, tb in _find_renames(ma, mb, removed, added, rel_a, rel_b, chunk_bytes, progress):
+            renamed[ta.name] = tb
+    renamed_b = {t.name for t in renamed.values()}
+
+    for key, ta in ka.items():
+        tb = kb.get(key)
+        if tb is not None:
+            entries.append(_pair(ma, ta, mb, tb, walker, values, atol, rtol))
+        elif ta.name in renamed:
+            tb = renamed[ta.name]
+            entries.append(TensorDiff("renamed", ta.name, tb.name, ta, tb,
+                                      [f"name {ta.name} -> {tb.name}"],
+                                      ValueDiff(ta.numel, True, 0.0, 0.0, 0.0, 0.0, None, 0, 0, 0,
+                                                "bytes")))
+        else:
+            entries.append(TensorDiff("removed", ta.name, None, ta, None))
+    for key, tb in kb.items():
+        if key not in ka and tb.name not in renamed_b:
+            entries.append(TensorDiff("added", None, tb.name, None, tb))
+
+    return DiffResult(a_path=ma.path, b_path=mb.path, a_format=ma.format, b_format=mb.format,
+                      entries=entries, prefix_a=pa, prefix_b=pb, metadata=_metadata_diff(ma, mb),
+                      atol=float(atol), rtol=float(rtol), values_compared=bool(values),
+                      strip_prefix=tuple(strip), maps=tuple(maps))
