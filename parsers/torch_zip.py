@@ -1,0 +1,161 @@
+"""PyTorch zip checkpoints (``torch.save``, the default since 1.6): read without torch.
+
+Spec (torch 2.13; FORMATS.md has the verified byte facts):
+- The file MUST be a zip whose first central-directory entry names the archive prefix ``P/``
+  (the file stem at save time, or ``archive``). Records are STORED; each record's data is aligned
+  (64 bytes by default) by padding the LOCAL header's extra field, so the data offset is
+  ``local_header + 30 + name_len + local_extra_len`` — never the central directory's extra length.
+- ``P/data.pkl`` is the object pickle (protocol 2 by default). Storages are persistent ids
+  ``('storage', cls, key, location, numel)`` whose bytes are the record ``P/data/<key>``.
+- ``P/version`` (text, "3"), ``P/byteorder`` ("little"/"big"; absent before 1.x: little),
+  ``P/.format_version``, ``P/.storage_alignment``, ``P/.data/serialization_id`` MAY be present.
+- Tensors are views over whole storages; reads go through the record's size as the bound.
+
+Public: ``FORMAT``, ``open_zip(src, archive) -> ModelFile`` (called by `zip_dispatch`).
+"""
+from __future__ import annotations
+
+from tensorscope.errors import FormatError
+from tensorscope.model import ModelFile, PickleRecord
+from tensorscope.source import ByteSource
+
+from . import pickle_vm, torch_pickle
+from .torch_pickle import StorageRef
+from .zipfmt import ZipArchive
+
+__all__ = ["FORMAT", "open_zip", "archive_metadata", "load_pickle_member", "SMALL_RECORD_MAX"]
+
+FORMAT = "torch-zip"
+SMALL_RECORD_MAX = 64 << 10  # text records (version, byteorder ...) are a few bytes
+
+
+def _small_text(archive: ZipArchive, name: str) -> str | None:
+    member = archive.get(name)
+    if member is None or member.error:
+        return None
+    if member.size > SMALL_RECORD_MAX:
+        return None
+    try:
+        return archive.read_bytes(member, SMALL_RECORD_MAX).decode("utf-8", "replace").strip()
+    except FormatError:
+        return None
+
+
+def archive_metadata(archive: ZipArchive, prefix: str) -> dict:
+    """The archive's own records: version, byteorder, format version, alignment, serialization id."""
+    meta = {"archive_prefix": prefix}
+    for key, record in (("version", "version"), ("version", ".data/version"),
+                        ("byteorder", "byteorder"), ("format_version", ".format_version"),
+                        ("storage_alignment", ".storage_alignment"),
+                        ("serialization_id", ".data/serialization_id")):
+        if key in meta:
+            continue
+        text = _small_text(archive, f"{prefix}/{record}")
+        if text is not None:
+            meta[key] = text
+    return meta
+
+
+def make_storage_resolver(archive: ZipArchive, prefix: str, data_dir: str = "data",
+                          storages: dict | None = None):
+    """A ``persistent_load`` mapping storage pids to records ``P/<data_dir>/<key>`` of this zip.
+
+    Storages are memoised by key: several tensors viewing one storage share one StorageRef.
+    A missing record does not stop the listing: the storage carries the error, reads fail.
+    """
+    storages = {} if storages is None else storages
+    src = archive.source
+
+    def persistent_load(pid, pos):
+        dtype, key, location, numel, cls = torch_pickle.parse_storage_pid(pid, pos)
+        if key in storages:
+            return storages[key]
+        name = f"{prefix}/{data_dir}/{key}"
+        storage = StorageRef(key, dtype, numel, location, file=src.path, member=name)
+        member = archive.get(name)
+        if member is None:
+            storage.error = f"record {name} is missing"
+        elif member.error:
+            storage.error = member.error
+        elif not member.is_stored:
+            storage.error = f"record {name} is compressed (method {member.method}): not readable in place"
+        else:
+            storage.data_offset = member.data_offset
+            storage.nbytes = member.size
+        storages[key] = storage
+        return storage
+
+    return persistent_load, storages
+
+
+def load_pickle_member(archive: ZipArchive, name: str, *, persistent_load=None, hooks=None,
+                       role: str = "data") -> tuple[object, PickleRecord]:
+    """Run the VM over one pickle record of the zip; errors carry file, member and absolute offset."""
+    src = archive.source
+    member = archive.get(name)
+    if member is None:
+        raise FormatError(f"no {name} record in the archive", format="torch-zip", file=src.path)
+    if member.is_stored and not member.error:
+        data = archive.data(member)
+        base = member.data_offset
+    else:
+        data = archive.read_bytes(member)  # a compressed pickle: torch itself refuses it
+        base = 0
+    result = pickle_vm.run(data, persistent_load=persistent_load, hooks=hooks, file=src.path,
+                           member=name, base_offset=base)
+    record = PickleRecord(src.path, name, base, len(data), result, role=role)
+    return result, record
+
+
+def open_zip(src: ByteSource, archive: ZipArchive) -> ModelFile:
+    prefix = archive.torch_prefix()
+    if prefix is None:
+        raise FormatError("zip archive has no top-level folder: not a torch.save archive",
+                          format=FORMAT, file=src.path)
+    pkl = f"{prefix}/data.pkl"
+    if archive.get(pkl) is None:
+        raise FormatError(f"zip archive has no {pkl}: not a torch.save archive "
+                          f"(first members: {', '.join(archive.names()[:5])})", format=FORMAT,
+                          file=src.path)
+    model = ModelFile(FORMAT, src.path, sources={src.path: src})
+    model.evidence.anomalies.extend(archive.anomalies)
+    persistent_load, storages = make_storage_resolver(archive, prefix)
+    result, record = load_pickle_member(archive, pkl, persistent_load=persistent_load,
+                                        hooks=torch_pickle.rebuild_hooks())
+    model.evidence.pickles.append(record)
+    result.raise_for_error()
+    model.objects = result.value
+    model.metadata = archive_metadata(archive, prefix)
+    model.metadata["pickle_protocol"] = result.protocol
+    model.tensors = build_tensor_list(result.value, FORMAT, src.path, model)
+    if model.metadata.get("byteorder", "little") not in ("little",):
+        _install_byteswap_readers(model)
+    return model
+
+
+def build_tensor_list(root, fmt: str, file: str, model: ModelFile) -> list:
+    """Name every tensor in ``root`` and check each against its storage record."""
+    tensors = []
+    for path, raw, ref in torch_pickle.named_tensors(root):
+        info = torch_pickle.to_tensor_info(path, raw, ref, fmt=fmt, file=file)
+        s = ref.storage
+        if s is not None and s.error:
+            model.evidence.add("torch.storage_unreadable", f"tensor {info.name!r}: {s.error}",
+                               file=s.file, member=s.member)
+        elif not torch_pickle.tensor_fits(ref):
+            model.evidence.add(
+                "torch.tensor_out_of_storage",
+                f"tensor {info.name!r} addresses bytes past the end of its storage record "
+                f"({s.nbytes} bytes)", file=s.file, member=s.member)
+        tensors.append(info)
+    return tensors
+
+
+def _install_byteswap_readers(model: ModelFile) -> None:
+    """Big-endian archives: reads return a byte-swapped copy in native order (documented copy)."""
+    from tensorscope.reader import strided_view
+    for info in model.tensors:
+        def reader(info=info):
+            view = strided_view(model, info)
+            return view.byteswap() if view.dtype.itemsize > 1 else view
+        model.custom_readers[info.name] = reader

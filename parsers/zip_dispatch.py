@@ -1,0 +1,66 @@
+"""Zip-based formats: read the archive once, then hand it to the parser its members call for.
+
+torch.load treats any file starting with ``PK\\x03\\x04`` as a zip (``_is_zipfile``), whatever
+its name, so this is the first entry of the registry. Within a zip:
+- ``<P>/archive_format`` = "pt2" or ``<P>/models/*.json`` -> torch.export ``.pt2``;
+- ``<P>/constants.pkl`` or ``<P>/code/`` -> TorchScript;
+- ``<P>/data.pkl`` -> torch.save archive;
+- every member ``*.npy`` -> NumPy ``.npz``.
+"""
+from __future__ import annotations
+
+import importlib
+
+from tensorscope.errors import FormatError
+from tensorscope.model import ModelFile
+from tensorscope.source import ByteSource
+
+from . import zipfmt
+
+FORMAT = "zip"
+FORMATS = ("zip", "torch-zip", "torchscript", "pt2", "npz")
+
+
+def sniff(head: bytes, size: int) -> bool:
+    return zipfmt.sniff(head, size)
+
+
+def classify(archive: zipfmt.ZipArchive) -> str:
+    """The zip-based format an archive holds (by member names, as the loaders look them up)."""
+    names = archive.names()
+    prefix = archive.torch_prefix()
+    if prefix is not None:
+        fmt = archive.get(f"{prefix}/archive_format")
+        if fmt is not None or any(n.startswith(f"{prefix}/models/") and n.endswith(".json") for n in names):
+            return "pt2"
+        if archive.get(f"{prefix}/constants.pkl") is not None or any(
+                n.startswith(f"{prefix}/code/") for n in names):
+            return "torchscript"
+        if archive.get(f"{prefix}/data.pkl") is not None:
+            return "torch-zip"
+    if names and all(n.endswith(".npy") for n in names):
+        return "npz"
+    return "zip"
+
+
+_MODULES = {"torch-zip": "torch_zip", "torchscript": "torchscript", "pt2": "torch_export",
+            "npz": "numpy_fmt"}
+
+
+def open_source(src: ByteSource) -> ModelFile:
+    archive = zipfmt.read_zip(src)
+    kind = classify(archive)
+    module_name = _MODULES.get(kind)
+    if module_name is None:
+        raise FormatError(f"zip archive holds no model this tool recognises "
+                          f"(no data.pkl, TorchScript code, .pt2 layout or .npy members; first "
+                          f"members: {', '.join(archive.names()[:5]) or 'none'})",
+                          format="zip", file=src.path)
+    try:
+        module = importlib.import_module(f"tensorscope.parsers.{module_name}")
+    except ModuleNotFoundError as e:
+        if e.name != f"tensorscope.parsers.{module_name}":
+            raise
+        # A container not built yet: its data.pkl still reads as a plain torch archive.
+        module = importlib.import_module("tensorscope.parsers.torch_zip")
+    return module.open_zip(src, archive)

@@ -1,0 +1,77 @@
+"""The `tensorscope` command: a thin argparse layer over the library.
+
+Each subcommand lives in `tensorscope.commands.<name>` with ``HELP``, ``DESCRIPTION``,
+``add_arguments(parser)`` and ``run(args) -> int``. Exit codes follow diff(1):
+0 clean / identical, 1 findings / differences, 2 error (one line on stderr, never a traceback).
+"""
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+from . import __version__
+from .formats import describe_error
+
+__all__ = ["main", "COMMANDS", "EXIT_CLEAN", "EXIT_FINDINGS", "EXIT_ERROR"]
+
+EXIT_CLEAN, EXIT_FINDINGS, EXIT_ERROR = 0, 1, 2
+COMMANDS = ["inspect", "diff", "scan", "convert", "tui"]
+
+
+def _command_modules():
+    for name in COMMANDS:
+        try:
+            yield name, importlib.import_module(f"tensorscope.commands.{name}")
+        except ModuleNotFoundError as e:
+            if e.name == f"tensorscope.commands.{name}":
+                continue  # a command not built yet
+            raise
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message):  # usage errors exit 2 with one line, like the rest
+        self.print_usage(sys.stderr)
+        print(f"{self.prog}: error: {message}", file=sys.stderr)
+        raise SystemExit(EXIT_ERROR)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="tensorscope",
+                     description="Open, diff and scan model files without executing them.")
+    parser.add_argument("--version", action="version", version=f"tensorscope {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+    for name, mod in _command_modules():
+        p = sub.add_parser(name, help=mod.HELP, description=getattr(mod, "DESCRIPTION", mod.HELP),
+                           formatter_class=argparse.RawDescriptionHelpFormatter)
+        mod.add_arguments(p)
+        p.set_defaults(_run=mod.run)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as e:
+        return int(e.code or 0)
+    if not getattr(args, "_run", None):
+        parser.print_help(sys.stderr)
+        return EXIT_ERROR
+    try:
+        return int(args._run(args))
+    except KeyboardInterrupt:
+        print("tensorscope: interrupted", file=sys.stderr)
+        return EXIT_ERROR
+    except BrokenPipeError:
+        return EXIT_CLEAN
+    except (RecursionError, MemoryError) as e:  # defence in depth: still one line, exit 2
+        print(f"tensorscope: error: {describe_error(e)}", file=sys.stderr)
+        return EXIT_ERROR
+    except Exception as e:  # noqa: BLE001 — the boundary where every error becomes one line
+        print(f"tensorscope: error: {describe_error(e)}", file=sys.stderr)
+        return EXIT_ERROR
+
+
+if __name__ == "__main__":
+    sys.exit(main())
