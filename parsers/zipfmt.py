@@ -1,0 +1,959 @@
+"""The tolerant zip reader under every zip-based format (torch.save, TorchScript, .pt2, .npz, DCP blobs).
+
+Format (PKWARE APPNOTE 6.3.x), as the readers that matter apply it:
+
+- An archive MUST end with an end-of-central-directory record (EOCD, ``PK\\x05\\x06``, 22 bytes + a
+  comment of up to 65535 bytes). Readers find it by scanning BACKWARDS from the end of the file
+  over at most 65535 + 22 bytes and take the LAST signature that has 22 bytes after it (miniz
+  ``mz_zip_reader_locate_header_sig``; CPython ``zipfile._EndRecData`` does the same with
+  ``rfind``). A fake EOCD inside the comment therefore wins; we record any other plausible EOCD.
+- A ZIP64 archive MAY put a locator (``PK\\x06\\x07``, 20 bytes) right before the EOCD, pointing at
+  a zip64 EOCD record (``PK\\x06\\x06``, 56 bytes + extensible data). When present, its counts,
+  size and offset replace the 32-bit ones (both miniz and zipfile always prefer them). torch
+  writes this record in every archive (miniz ``MZ_ZIP_FLAG_WRITE_ZIP64``).
+- The central directory (CD) holds one 46-byte entry (``PK\\x01\\x02``) per member + name + extra
+  + comment. When csize/usize/local-header-offset are 0xFFFFFFFF (or the disk 0xFFFF), the real
+  values are in the zip64 extra field 0x0001, holding ONLY the sentinel fields, in the order
+  usize, csize, header offset, disk.
+- Each member's data starts at ``header_offset + 30 + LOCAL name_len + LOCAL extra_len``: the
+  local header's lengths, not the central ones (torch pads the LOCAL extra with a ``FB`` record to
+  align data; its central extra is empty). PyTorch's ``getRecordOffset`` computes exactly this.
+- With general-purpose flag bit 3 the local CRC and sizes MAY be 0 and a data descriptor
+  (optional ``PK\\x07\\x08`` + crc + csize + usize, sizes 4 or 8 bytes) follows the data. torch
+  writes flag 0x0808 that way for every non-empty record: this is normal, not an anomaly.
+- Names are UTF-8 when flag bit 11 is set, else cp437 (zipfile decodes so; miniz and PyTorch
+  compare the raw bytes).
+
+How PyTorch's reader differs from Python's zipfile (where attacks live, recorded as anomalies):
+
+- Bytes prepended to the archive: zipfile computes ``concat = eocd_pos - cd_size - cd_offset``
+  and shifts every offset by it; miniz takes the offsets as absolute (and so fails to open a
+  ``cat header.jpg model.pt`` file). We read such a file the zipfile way, set `prepended`, and
+  record ``zip.prepended_bytes`` saying that PyTorch would not open it.
+- Entry count: miniz reads exactly the EOCD count of entries; zipfile reads entries until the CD
+  size is used up. We list every entry in the CD; `ZipArchive.get` looks only among the first
+  ``EOCD count`` ones, as miniz does.
+- Duplicate names: zipfile's ``NameToInfo`` keeps the LAST entry of a name. miniz (opened by
+  PyTorch without ``MZ_ZIP_FLAG_DO_NOT_SORT_CENTRAL_DIRECTORY``) heap-sorts the CD by ASCII-
+  lowercased name and binary-searches it, case-INSENSITIVELY: which duplicate it returns depends
+  on the heap sort. `ZipArchive.get` replays that sort and search, so it returns PyTorch's pick.
+- zipfile truncates a name at its first NUL and refuses a member whose local name differs from
+  the central one; miniz ignores the local name.
+
+Anomaly kinds (``tensorscope.model.Anomaly.kind``): ``zip.duplicate_name``,
+``zip.local_name_mismatch``, ``zip.local_header_mismatch``, ``zip.compressed_member``,
+``zip.encrypted_member``, ``zip.data_out_of_range``, ``zip.overlapping_members``,
+``zip.unaccounted_bytes``, ``zip.prepended_bytes``, ``zip.trailing_bytes``, ``zip.multiple_eocd``,
+``zip.bad_crc``, ``zip.cd_count_mismatch``, ``zip.non_utf8_name``, ``zip.absolute_or_parent_path``,
+``zip.comment``, and beyond the shared list: ``zip.bad_local_header`` (no local header signature
+where the CD points: member unreadable), ``zip.bad_zip64`` (zip64 locator/record/extra field
+missing or inconsistent), ``zip.bad_extra_field`` (extra field lengths overrun),
+``zip.nul_in_name`` (zipfile truncates the name there), ``zip.stored_size_mismatch`` (a STORED
+member whose compressed and uncompressed sizes differ: miniz rejects the whole archive).
+
+Public API: `read_zip`, `sniff`, `ZipArchive` (`get`, `names`, `data`, `read_bytes`,
+`verify_crc`, `torch_prefix`), `ZipMember`.
+
+Cost: O(central directory). Listing reads the EOCD region, the CD, each local header and each
+data descriptor; member data only for the optional CRC check of STORED members <= 1 MiB.
+"""
+from __future__ import annotations
+
+import bz2
+import lzma
+import struct
+import zlib
+from dataclasses import dataclass, field
+
+from tensorscope.errors import FormatError, LimitExceeded
+from tensorscope.model import Anomaly
+from tensorscope.source import ByteSource
+
+__all__ = ["ZipMember", "ZipArchive", "read_zip", "sniff", "FORMAT",
+           "METHOD_STORED", "METHOD_DEFLATED", "METHOD_BZIP2", "METHOD_LZMA"]
+
+FORMAT = "zip"
+
+# --- binary layouts (APPNOTE section numbers) ---------------------------------------------------
+# 4.3.16 end of central directory record
+EOCD = struct.Struct("<4s4H2LH")          # sig, disk, cd_disk, n_this_disk, n_total, cd_size, cd_offset, comment_len
+MAGIC_EOCD = b"PK\x05\x06"
+# 4.3.15 zip64 end of central directory locator
+EOCD64_LOCATOR = struct.Struct("<4sLQL")  # sig, cd_disk, eocd64_offset, total_disks
+MAGIC_EOCD64_LOCATOR = b"PK\x06\x07"
+# 4.3.14 zip64 end of central directory record (fixed part)
+EOCD64 = struct.Struct("<4sQ2H2L4Q")      # sig, record_size, made_by, needed, disk, cd_disk, n_this, n_total, cd_size, cd_offset
+MAGIC_EOCD64 = b"PK\x06\x06"
+# 4.3.12 central directory file header
+CENTRAL = struct.Struct("<4s4B4HL2L5H2L")
+MAGIC_CENTRAL = b"PK\x01\x02"
+(_CD_SIG, _CD_MADE_VER, _CD_MADE_SYS, _CD_NEED_VER, _CD_NEED_SYS, _CD_FLAGS, _CD_METHOD, _CD_TIME,
+ _CD_DATE, _CD_CRC, _CD_CSIZE, _CD_USIZE, _CD_NAME_LEN, _CD_EXTRA_LEN, _CD_COMMENT_LEN, _CD_DISK,
+ _CD_INT_ATTR, _CD_EXT_ATTR, _CD_OFFSET) = range(19)
+# 4.3.7 local file header
+LOCAL = struct.Struct("<4s2B4HL2L2H")
+MAGIC_LOCAL = b"PK\x03\x04"
+(_LH_SIG, _LH_NEED_VER, _LH_NEED_SYS, _LH_FLAGS, _LH_METHOD, _LH_TIME, _LH_DATE, _LH_CRC,
+ _LH_CSIZE, _LH_USIZE, _LH_NAME_LEN, _LH_EXTRA_LEN) = range(12)
+# 4.3.9 data descriptor
+MAGIC_DESCRIPTOR = b"PK\x07\x08"
+EXTRA_HEADER = struct.Struct("<HH")      # id, size
+EXTRA_ZIP64 = 0x0001
+
+METHOD_STORED, METHOD_DEFLATED, METHOD_BZIP2, METHOD_LZMA = 0, 8, 12, 14
+FLAG_ENCRYPTED = 0x0001
+FLAG_DESCRIPTOR = 0x0008
+FLAG_STRONG_ENCRYPTION = 0x0040
+FLAG_UTF8 = 0x0800
+FLAG_MASKED_LOCAL = 0x2000              # local header values masked (central directory encryption)
+U32_MAX = 0xFFFF_FFFF
+U16_MAX = 0xFFFF
+MAX_COMMENT = 0xFFFF
+SMALL_CRC_LIMIT = 1 << 20               # check_small_crc reads STORED members up to 1 MiB
+_CHUNK = 1 << 20                         # decompression input chunk
+
+
+def sniff(head: bytes, size: int) -> bool:
+    """True iff the file starts like a zip: a local header (torch.load's ``_is_zipfile`` test) or
+    the EOCD of an empty archive."""
+    return head[:4] in (MAGIC_LOCAL, MAGIC_EOCD)
+
+
+@dataclass(frozen=True, slots=True)
+class ZipMember:
+    """One central-directory entry, located in the file.
+
+    Attributes:
+        name: decoded name (UTF-8 if flag bit 11 else cp437, as zipfile does; undecodable UTF-8
+            bytes are kept as surrogate escapes). Not truncated at NUL (zipfile would).
+        raw_name: the name bytes in the central directory (what miniz/PyTorch compare).
+        index: position in the central directory.
+        header_offset: absolute offset of the LOCAL header (the CD value + `ZipArchive.prepended`).
+        data_offset: absolute offset of the data: header_offset + 30 + LOCAL name_len + LOCAL
+            extra_len (PyTorch's ``getRecordOffset``). Equals header_offset + 30 when the local
+            header could not be read (see ``error``).
+        compressed_size, size, crc32, method, flags: from the central directory (zip64 applied).
+        local_name: the name in the local header, None when it could not be read.
+        error: why this member's data cannot be trusted or read, None when it can.
+    """
+
+    name: str
+    raw_name: bytes
+    index: int
+    header_offset: int
+    data_offset: int
+    compressed_size: int
+    size: int
+    crc32: int
+    method: int
+    flags: int
+    local_name: bytes | None = None
+    error: str | None = None
+
+    @property
+    def is_stored(self) -> bool:
+        return self.method == METHOD_STORED
+
+    @property
+    def is_encrypted(self) -> bool:
+        return bool(self.flags & (FLAG_ENCRYPTED | FLAG_STRONG_ENCRYPTION))
+
+    @property
+    def is_dir(self) -> bool:
+        return self.name.endswith("/")
+
+    @property
+    def data_end(self) -> int:
+        return self.data_offset + self.compressed_size
+
+
+@dataclass(slots=True)
+class ZipArchive:
+    """A parsed archive: members in central-directory order, anomalies, and the layout.
+
+    Attributes:
+        source: the ByteSource read.
+        members: every central-directory entry, in order (including those beyond the EOCD count).
+        anomalies: what a forensic reader should know (see the module docstring for the kinds).
+        eocd_offset: absolute offset of the EOCD record used.
+        cd_offset: absolute offset of the central directory (after the prepended shift).
+        cd_size: its size in bytes.
+        comment: the archive comment (as much of it as the file holds).
+        zip64: True when a zip64 EOCD record was used.
+        prepended: the shift applied to every CD offset (zipfile's ``concat``): 0 normally, N when
+            N bytes were put in front of an archive whose offsets were not adjusted.
+        eocd_count: the entry count the EOCD (or zip64 record) declares; miniz sees only that many.
+        miniz_error: why PyTorch's reader (miniz ``mz_zip_reader_init``) would refuse to open this
+            archive at all, None when it would open it.
+    """
+
+    source: ByteSource
+    members: list[ZipMember]
+    anomalies: list[Anomaly]
+    eocd_offset: int
+    cd_offset: int
+    cd_size: int
+    comment: bytes
+    zip64: bool
+    prepended: int = 0
+    eocd_count: int = 0
+    miniz_error: str | None = None
+    _miniz_index: dict[bytes, list[int]] | None = field(default=None, repr=False)
+    _miniz_sorted: list[int] | None = field(default=None, repr=False)
+    _crc_checked: set[int] = field(default_factory=set, repr=False)
+
+    # -- lookup ----------------------------------------------------------------------------------
+    def names(self) -> list[str]:
+        """Every member's decoded name, central-directory order (duplicates included)."""
+        return [m.name for m in self.members]
+
+    def get(self, name: str | bytes) -> ZipMember | None:
+        """The member PyTorch's reader (miniz) returns for ``name`` (the full name, prefix included).
+
+        miniz matches ASCII-case-insensitively among the first `eocd_count` entries, through a
+        binary search of the heap-sorted directory: for duplicate names this is NOT zipfile's
+        choice (the last one). The disagreement is recorded as ``zip.duplicate_name`` by
+        `read_zip`. Returns None when miniz would not find the name.
+        """
+        raw = name.encode("utf-8", "surrogateescape") if isinstance(name, str) else bytes(name)
+        raw = raw.split(b"\0", 1)[0]  # miniz takes a C string
+        key = raw.lower()
+        index = self._miniz_lookup_table()
+        candidates = index.get(key)
+        if not candidates:
+            return None
+        if len(candidates) == 1:
+            return self.members[candidates[0]]
+        return self.members[self._miniz_binary_search(key)]
+
+    def _visible(self) -> int:
+        return min(self.eocd_count, len(self.members))
+
+    def _miniz_lookup_table(self) -> dict[bytes, list[int]]:
+        if self._miniz_index is None:
+            table: dict[bytes, list[int]] = {}
+            for m in self.members[:self._visible()]:
+                table.setdefault(m.raw_name.lower(), []).append(m.index)
+            self._miniz_index = table
+        return self._miniz_index
+
+    def _miniz_binary_search(self, key: bytes) -> int:
+        """Replay miniz's heap sort + binary search (only needed when names collide)."""
+        if self._miniz_sorted is None:
+            keys = [m.raw_name.lower() for m in self.members[:self._visible()]]
+            self._miniz_sorted = _miniz_heap_sort(keys)
+        order = self._miniz_sorted
+        lo, hi = 0, len(order) - 1
+        while lo <= hi:
+            mid = lo + ((hi - lo) >> 1)
+            other = self.members[order[mid]].raw_name.lower()
+            if other == key:
+                return order[mid]
+            if other < key:
+                lo = mid + 1
+            else:
+                hi = mid - 1
+        raise AssertionError("unreachable: key is known to be present")  # pragma: no cover
+
+    def torch_prefix(self) -> str | None:
+        """The archive prefix as PyTorch computes it: the text before the first '/' of the FIRST
+        central-directory entry's name (None when there is no entry or no '/': torch.load then
+        fails with "file in archive is not in a subdirectory")."""
+        if not self.members:
+            return None
+        raw = self.members[0].raw_name
+        cut = raw.find(b"/")
+        if cut < 0:
+            return None
+        return raw[:cut].decode("utf-8", "surrogateescape")
+
+    # -- data ------------------------------------------------------------------------------------
+    def _fail(self, member: ZipMember, reason: str, offset: int | None = None) -> FormatError:
+        return FormatError(reason, format=FORMAT, file=self.source.path, member=member.name,
+                           offset=member.header_offset if offset is None else offset)
+
+    def data(self, member: ZipMember) -> memoryview:
+        """The member's stored bytes (compressed bytes for a compressed member), zero-copy.
+
+        Raises:
+            FormatError: the member has an ``error`` or its data lies outside the file.
+        """
+        if member.error:
+            raise self._fail(member, member.error)
+        if member.data_offset + member.compressed_size > self.source.size:
+            raise self._fail(member, f"data ({member.compressed_size} bytes) runs past the end of "
+                                     f"the file ({self.source.size} bytes)", member.data_offset)
+        return self.source.buffer[member.data_offset:member.data_offset + member.compressed_size]
+
+    def read_bytes(self, member: ZipMember, max_size: int = 256 << 20) -> bytes:
+        """The member's uncompressed content, a copy. STORED, DEFLATE, BZIP2 and LZMA.
+
+        The output is capped at ``max_size`` bytes whatever the headers claim (zip bombs).
+
+        Raises:
+            LimitExceeded: the content is (or decompresses to) more than ``max_size`` bytes.
+            FormatError: unreadable member, unsupported method, corrupt stream, or a
+                decompressed size different from the central directory's.
+        """
+        raw = self.data(member)
+        where = dict(format=FORMAT, file=self.source.path, member=member.name,
+                     offset=member.data_offset)
+        if member.is_encrypted:
+            raise self._fail(member, "member is encrypted")
+        if member.method == METHOD_STORED:
+            if len(raw) > max_size:
+                raise LimitExceeded("member size", max_size, len(raw), **where)
+            return bytes(raw)
+        out = bytearray()
+        try:
+            for piece in _decompress(member.method, raw, max_size + 1, member, self):
+                out += piece
+                if len(out) > max_size:
+                    raise LimitExceeded("decompressed member size", max_size, None, **where)
+        except (zlib.error, OSError, EOFError, lzma.LZMAError, ValueError) as e:
+            raise FormatError(f"corrupt compressed data (method {member.method}): {e}",
+                              **where) from None
+        if len(out) != member.size:
+            raise FormatError(f"decompressed to {len(out)} bytes, the central directory says "
+                              f"{member.size}", **where)
+        return bytes(out)
+
+    def verify_crc(self, member: ZipMember, max_size: int = 1 << 62) -> bool:
+        """Compute the member's CRC-32 (reads all its data) and compare with the central
+        directory. A mismatch is recorded once as ``zip.bad_crc``. Returns True when they match.
+
+        Raises:
+            FormatError/LimitExceeded: as `read_bytes` for unreadable or oversized members.
+        """
+        if member.is_stored:
+            raw = self.data(member)
+            crc = 0
+            for start in range(0, len(raw), _CHUNK):
+                crc = zlib.crc32(raw[start:start + _CHUNK], crc)
+        else:
+            crc = zlib.crc32(self.read_bytes(member, max_size))
+        ok = crc == member.crc32
+        if not ok and member.index not in self._crc_checked:
+            self.anomalies.append(_bad_crc(self.source.path, member, crc))
+        self._crc_checked.add(member.index)
+        return ok
+
+
+def _bad_crc(path: str, member: ZipMember, actual: int) -> Anomaly:
+    hint = (" (torch writes 0 when torch.utils.serialization.config.save.compute_crc32 is False)"
+            if member.crc32 == 0 else "")
+    return Anomaly("zip.bad_crc", f"CRC-32 of the data is {actual:#010x}, the central directory "
+                   f"says {member.crc32:#010x}{hint}; Python's zipfile refuses to read it",
+                   file=path, member=member.name, offset=member.data_offset)
+
+
+def _decompress(method: int, raw: memoryview, cap: int, member: ZipMember, archive: ZipArchive):
+    """Yield decompressed pieces, never more than ``cap`` bytes in total."""
+    if method == METHOD_DEFLATED:
+        d = zlib.decompressobj(-15)
+        produced = 0
+        for start in range(0, len(raw), _CHUNK):
+            data = raw[start:start + _CHUNK]
+            while data and produced < cap:
+                piece = d.decompress(data, cap - produced)
+                produced += len(piece)
+                yield piece
+                data = d.unconsumed_tail
+            if produced >= cap or d.eof:
+                return
+        if produced < cap:
+            yield d.flush()
+        return
+    if method == METHOD_BZIP2:
+        d = bz2.BZ2Decompressor()
+    elif method == METHOD_LZMA:
+        # APPNOTE 5.8.8: 2-byte version, 2-byte properties size, properties, raw LZMA1 stream.
+        if len(raw) < 4:
+            raise ValueError("LZMA header truncated")
+        psize, = struct.unpack_from("<H", raw, 2)
+        if 4 + psize > len(raw):
+            raise ValueError("LZMA properties truncated")
+        props = bytes(raw[4:4 + psize])
+        filt = lzma._decode_filter_properties(lzma.FILTER_LZMA1, props)  # as zipfile does
+        d = lzma.LZMADecompressor(lzma.FORMAT_RAW, filters=[filt])
+        raw = raw[4 + psize:]
+    else:
+        raise archive._fail(member, f"unsupported compression method {method}")
+    produced = 0
+    for start in range(0, len(raw), _CHUNK):
+        data = bytes(raw[start:start + _CHUNK])
+        while produced < cap and not d.eof:
+            piece = d.decompress(data, cap - produced)
+            data = b""
+            produced += len(piece)
+            yield piece
+            if d.needs_input:
+                break
+        if produced >= cap or d.eof:
+            return
+
+
+# --- miniz's sorted central directory ---------------------------------------------------------------
+def _miniz_heap_sort(keys: list[bytes]) -> list[int]:
+    """miniz ``mz_zip_reader_sort_central_dir_offsets_by_filename``: a heap sort (unstable) of
+    entry indices by ASCII-lowercased name; ties in the lowercased bytes break by length, which
+    Python's bytes ordering reproduces."""
+    size = len(keys)
+    idx = list(range(size))
+    if size <= 1:
+        return idx
+
+    def less(a: int, b: int) -> bool:
+        return keys[a] < keys[b]
+
+    def sift(root: int, end: int) -> None:
+        while True:
+            child = (root << 1) + 1
+            if child >= end:
+                break
+            if child + 1 < end and less(idx[child], idx[child + 1]):
+                child += 1
+            if not less(idx[root], idx[child]):
+                break
+            idx[root], idx[child] = idx[child], idx[root]
+            root = child
+
+    for start in range((size - 2) >> 1, -1, -1):
+        sift(start, size)
+    for end in range(size - 1, 0, -1):
+        idx[end], idx[0] = idx[0], idx[end]
+        sift(0, end)
+    return idx
+
+
+# --- reading -------------------------------------------------------------------------------------
+class _Reader:
+    """One pass over an archive; `read_zip` wraps it."""
+
+    def __init__(self, src: ByteSource, max_members: int, check_small_crc: bool):
+        self.src = src
+        self.size = src.size
+        self.max_members = max_members
+        self.check_small_crc = check_small_crc
+        self.anomalies: list[Anomaly] = []
+        self.miniz_error: str | None = None
+
+    def add(self, kind: str, message: str, member: str | None = None,
+            offset: int | None = None) -> None:
+        self.anomalies.append(Anomaly(kind, message, file=self.src.path, member=member,
+                                      offset=offset))
+
+    def miniz_fails(self, reason: str) -> None:
+        if self.miniz_error is None:
+            self.miniz_error = reason
+
+    def error(self, reason: str, offset: int | None = None) -> FormatError:
+        return FormatError(reason, format=FORMAT, file=self.src.path, offset=offset)
+
+    def fits(self, offset: int, length: int) -> bool:
+        return 0 <= offset and 0 <= length and length <= self.size - offset
+
+    def bytes_at(self, offset: int, length: int) -> bytes:
+        return bytes(self.src.buffer[offset:offset + length])
+
+    # -- EOCD ------------------------------------------------------------------------------------
+    def find_eocd(self) -> tuple[int, list[int]]:
+        """The EOCD miniz and zipfile pick (last signature with 22 bytes after it, within the
+        last 64 KiB + 22), plus every other EOCD signature in that window."""
+        if self.size < EOCD.size:
+            raise self.error(f"not a zip archive: {self.size} bytes, fewer than the "
+                             f"{EOCD.size} of an end-of-central-directory record")
+        start = max(0, self.size - (MAX_COMMENT + EOCD.size))
+        window = self.bytes_at(start, self.size - start)
+        found: list[int] = []  # every signature in the window, last first
+        end = len(window)
+        while (pos := window.rfind(MAGIC_EOCD, 0, end)) >= 0:
+            found.append(start + pos)
+            end = pos + len(MAGIC_EOCD) - 1
+        usable = [p for p in found if self.size - p >= EOCD.size]
+        if not usable:
+            raise self.error("not a zip archive: no end-of-central-directory record "
+                             f"(PK\\x05\\x06) in the last {self.size - start} bytes")
+        return usable[0], usable[1:]
+
+    def read(self) -> ZipArchive:
+        eocd_pos, others = self.find_eocd()
+        (_, disk, cd_disk, n_this, n_total, cd_size, cd_offset,
+         comment_len) = EOCD.unpack(self.bytes_at(eocd_pos, EOCD.size))
+        tail = self.size - eocd_pos - EOCD.size
+        comment = self.bytes_at(eocd_pos + EOCD.size, min(comment_len, tail))
+        eocd_end = eocd_pos + EOCD.size + len(comment)
+        if comment_len > tail:
+            self.add("zip.comment", f"archive comment claims {comment_len} bytes, only {tail} "
+                     "remain in the file", offset=eocd_pos)
+        elif comment:
+            self.add("zip.comment", f"archive comment of {len(comment)} bytes: "
+                     f"{comment[:80]!r}{'...' if len(comment) > 80 else ''}",
+                     offset=eocd_pos + EOCD.size)
+
+        # zip64: locator right before the EOCD, record where the locator says (miniz) or right
+        # before the locator (zipfile's assumption, which survives prepended bytes).
+        zip64 = False
+        z64_pos: int | None = None      # zip64 record used
+        z64_end = loc_pos = -1           # end of that record; locator position
+        if eocd_pos >= EOCD64_LOCATOR.size and self.bytes_at(
+                eocd_pos - EOCD64_LOCATOR.size, 4) == MAGIC_EOCD64_LOCATOR:
+            loc_pos = eocd_pos - EOCD64_LOCATOR.size
+            _, loc_disk, rel, total_disks = EOCD64_LOCATOR.unpack(
+                self.bytes_at(loc_pos, EOCD64_LOCATOR.size))
+            if loc_disk != 0 or total_disks > 1:
+                self.miniz_fails("zip64 locator describes a multi-disk archive")
+            for cand in (rel, loc_pos - EOCD64.size):
+                if self.fits(cand, EOCD64.size) and cand + EOCD64.size <= loc_pos and \
+                        self.bytes_at(cand, 4) == MAGIC_EOCD64:
+                    z64_pos = cand
+                    break
+            if z64_pos is None:
+                self.add("zip.bad_zip64", f"zip64 locator points to byte {rel}, where there is "
+                         "no zip64 end-of-central-directory record", offset=loc_pos)
+                self.miniz_fails("zip64 locator points to no zip64 record")
+            else:
+                if z64_pos != rel:
+                    self.miniz_fails(f"zip64 locator points to byte {rel}, the record is at "
+                                     f"{z64_pos}")
+                (_, rec_size, _, _, disk, cd_disk, n_this, n_total, cd_size,
+                 cd_offset) = EOCD64.unpack(self.bytes_at(z64_pos, EOCD64.size))
+                zip64 = True
+                z64_end = z64_pos + 12 + rec_size
+                if rec_size < EOCD64.size - 12 or z64_end > loc_pos:
+                    self.add("zip.bad_zip64", f"zip64 record size field {rec_size} does not fit "
+                             f"between the record and the locator", offset=z64_pos)
+                    z64_end = loc_pos
+                    if rec_size < EOCD64.size - 12:
+                        self.miniz_fails("zip64 record too small")
+        if n_this != n_total or disk or cd_disk:
+            self.add("zip.cd_count_mismatch", f"EOCD says {n_this} entries on this disk, "
+                     f"{n_total} in total (disk {disk}, CD disk {cd_disk}); multi-disk archives "
+                     "are not supported by PyTorch's reader", offset=eocd_pos)
+            self.miniz_fails("multi-disk archive")
+
+        # Where the CD should end: at the zip64 record, or at the EOCD.
+        cd_end_expected = z64_pos if zip64 else eocd_pos
+        concat = cd_end_expected - cd_size - cd_offset
+        start_dir, prepended = self.locate_cd(cd_offset, cd_size, concat, n_total, eocd_pos)
+        if not self.fits(start_dir, cd_size):
+            raise self.error(f"truncated central directory: {cd_size} bytes at offset "
+                             f"{start_dir}, the file has {self.size} bytes", offset=start_dir)
+        if cd_size < n_total * CENTRAL.size:
+            self.miniz_fails("central directory smaller than its entry count allows")
+
+        members = self.read_cd(start_dir, cd_size, n_total, prepended)
+        if len(members) != n_total:
+            self.add("zip.cd_count_mismatch", f"EOCD declares {n_total} entries, the central "
+                     f"directory holds {len(members)}: PyTorch's reader (miniz) reads "
+                     f"{n_total}, Python's zipfile reads {len(members)}", offset=eocd_pos)
+            if n_total > len(members):
+                self.miniz_fails(f"EOCD declares {n_total} entries, the directory holds "
+                                 f"{len(members)}")
+
+        archive = ZipArchive(self.src, members, self.anomalies, eocd_pos, start_dir, cd_size,
+                             comment, zip64, prepended, n_total)
+        self.check_duplicates(archive)
+        self.check_layout(members, start_dir, cd_size, z64_pos, z64_end, loc_pos, eocd_pos,
+                          eocd_end, prepended)
+        self.check_other_eocds(others, eocd_pos)
+        if self.check_small_crc:
+            for m in members:
+                if (m.error is None and m.is_stored and not m.is_encrypted
+                        and m.compressed_size <= SMALL_CRC_LIMIT):
+                    archive.verify_crc(m)
+        archive.miniz_error = self.miniz_error
+        return archive
+
+    def locate_cd(self, cd_offset: int, cd_size: int, concat: int, n_total: int,
+                  eocd_pos: int) -> tuple[int, int]:
+        """Pick the CD start: miniz reads it at ``cd_offset``; zipfile at ``cd_offset + concat``."""
+        if concat == 0:
+            return cd_offset, 0
+
+        def has_cd(at: int) -> bool:
+            if cd_size == 0 and n_total == 0:
+                return self.fits(at, 0)
+            return self.fits(at, 4) and self.bytes_at(at, 4) == MAGIC_CENTRAL
+
+        miniz_ok = has_cd(cd_offset) and self.fits(cd_offset, cd_size)
+        zipfile_ok = concat > 0 and has_cd(cd_offset + concat)
+        if miniz_ok:
+            if zipfile_ok:
+                self.add("zip.prepended_bytes", f"two central directories: PyTorch's reader reads "
+                         f"one at byte {cd_offset}, Python's zipfile one at byte "
+                         f"{cd_offset + concat}; this reader follows PyTorch", offset=cd_offset)
+            return cd_offset, 0
+        if zipfile_ok:
+            self.add("zip.prepended_bytes", f"{concat} bytes precede the archive and its offsets "
+                     f"are not adjusted: Python's zipfile shifts them by {concat}, PyTorch's "
+                     "reader (miniz) takes them as absolute and cannot open the archive",
+                     offset=0)
+            self.miniz_fails(f"central directory offsets are off by {concat} prepended bytes")
+            return cd_offset + concat, concat
+        raise self.error(f"no central directory at byte {cd_offset} (EOCD at {eocd_pos} declares "
+                         f"{cd_size} bytes at offset {cd_offset})", offset=cd_offset)
+
+    # -- central directory -----------------------------------------------------------------------
+    def read_cd(self, start: int, cd_size: int, n_total: int,
+                prepended: int) -> list[ZipMember]:
+        cd = self.src.buffer[start:start + cd_size]
+        members: list[ZipMember] = []
+        pos = 0
+        while pos < cd_size:
+            i = len(members)
+            at = start + pos
+            if cd_size - pos < CENTRAL.size or bytes(cd[pos:pos + 4]) != MAGIC_CENTRAL:
+                what = ("truncated" if cd_size - pos < CENTRAL.size else
+                        f"bad signature {bytes(cd[pos:pos + 4])!r} in")
+                if i >= n_total:  # miniz never looks past its count; zipfile fails here
+                    self.add("zip.unaccounted_bytes", f"{cd_size - pos} bytes at the end of the "
+                             f"central directory are not an entry ({what} entry #{i}); Python's "
+                             "zipfile refuses the archive", offset=at)
+                    break
+                raise self.error(f"{what} central directory entry #{i}", offset=at)
+            if i >= self.max_members:
+                raise LimitExceeded("zip members", self.max_members, None, format=FORMAT,
+                                    file=self.src.path, offset=at)
+            fields = CENTRAL.unpack_from(cd, pos)
+            var_len = fields[_CD_NAME_LEN] + fields[_CD_EXTRA_LEN] + fields[_CD_COMMENT_LEN]
+            if CENTRAL.size + var_len > cd_size - pos:
+                raise self.error(f"central directory entry #{i} ({CENTRAL.size + var_len} bytes) "
+                                 f"runs past the end of the central directory", offset=at)
+            p = pos + CENTRAL.size
+            raw_name = bytes(cd[p:p + fields[_CD_NAME_LEN]])
+            p += fields[_CD_NAME_LEN]
+            extra = bytes(cd[p:p + fields[_CD_EXTRA_LEN]])
+            members.append(self.make_member(i, at, fields, raw_name, extra, prepended,
+                                            (start, start + cd_size)))
+            pos += CENTRAL.size + var_len
+        return members
+
+    def decode_name(self, raw: bytes, flags: int, at: int) -> str:
+        if flags & FLAG_UTF8:
+            try:
+                name = raw.decode("utf-8")
+            except UnicodeDecodeError:
+                name = raw.decode("utf-8", "surrogateescape")
+                self.add("zip.non_utf8_name", f"name {raw!r} is flagged UTF-8 but is not valid "
+                         "UTF-8 (Python's zipfile raises UnicodeDecodeError)", member=name,
+                         offset=at)
+            return name
+        name = raw.decode("cp437")
+        if not raw.isascii():
+            self.add("zip.non_utf8_name", f"name {raw!r} has no UTF-8 flag: Python's zipfile "
+                     f"decodes it as cp437 ({name!r}), PyTorch compares the raw bytes",
+                     member=name, offset=at)
+        return name
+
+    def make_member(self, i: int, at: int, f: tuple, raw_name: bytes, extra: bytes,
+                    prepended: int, cd_span: tuple[int, int]) -> ZipMember:
+        flags, method = f[_CD_FLAGS], f[_CD_METHOD]
+        name = self.decode_name(raw_name, flags, at)
+        if b"\0" in raw_name:
+            self.add("zip.nul_in_name", f"name {raw_name!r} contains a NUL byte: Python's zipfile "
+                     f"truncates it to {name.split(chr(0))[0]!r}", member=name, offset=at)
+        parts = name.replace("\\", "/").split("/")
+        if name.startswith(("/", "\\")) or (len(name) > 1 and name[1] == ":") or ".." in parts:
+            self.add("zip.absolute_or_parent_path", f"name {name!r} is absolute or climbs out of "
+                     "the extraction folder (path traversal when extracted, CWE-22)",
+                     member=name, offset=at)
+
+        usize, csize, offset, disk = f[_CD_USIZE], f[_CD_CSIZE], f[_CD_OFFSET], f[_CD_DISK]
+        fields64 = self.parse_extra(extra, name, at, "central")
+        needs = [usize == U32_MAX, csize == U32_MAX, offset == U32_MAX, disk == U16_MAX]
+        if any(needs):
+            z = fields64.get(EXTRA_ZIP64)
+            values = []
+            if z is not None:
+                pos = 0
+                for need, width in zip(needs, (8, 8, 8, 4)):
+                    if need and pos + width <= len(z):
+                        values.append(int.from_bytes(z[pos:pos + width], "little"))
+                        pos += width
+                    elif need:
+                        values.append(None)
+                    else:
+                        values.append(-1)
+            if z is None or None in values:
+                self.add("zip.bad_zip64", "sizes or offset hold the zip64 sentinel 0xFFFFFFFF "
+                         "but the zip64 extra field (0x0001) lacks them", member=name, offset=at)
+                self.miniz_fails(f"entry #{i} lacks its zip64 extra field")
+            else:
+                if needs[0]:
+                    usize = values[0]
+                if needs[1]:
+                    csize = values[1]
+                if needs[2]:
+                    offset = values[2]
+                if needs[3]:
+                    disk = values[3]
+        if disk not in (0, U16_MAX):
+            self.miniz_fails(f"entry #{i} is on disk {disk}")
+
+        header_offset = offset + prepended
+        error: str | None = None
+        local_name: bytes | None = None
+        data_offset = header_offset + LOCAL.size
+        crc = f[_CD_CRC]
+
+        if method == METHOD_STORED and csize != usize:
+            self.add("zip.stored_size_mismatch", f"STORED member with compressed size {csize} and "
+                     f"size {usize}: PyTorch's reader (miniz) rejects the whole archive",
+                     member=name, offset=at)
+            self.miniz_fails(f"entry #{i} is STORED with differing sizes")
+        elif usize and not csize:
+            self.miniz_fails(f"entry #{i} has size {usize} but no compressed bytes")
+        if method != METHOD_STORED:
+            self.add("zip.compressed_member", f"member is compressed (method {method}); torch "
+                     "never compresses, and a compressed member cannot be memory-mapped",
+                     member=name, offset=at)
+        if flags & (FLAG_ENCRYPTED | FLAG_STRONG_ENCRYPTION | FLAG_MASKED_LOCAL):
+            self.add("zip.encrypted_member", f"member is flagged encrypted (flags {flags:#06x})",
+                     member=name, offset=at)
+            error = "member is encrypted"
+            if flags & FLAG_MASKED_LOCAL:
+                self.miniz_fails(f"entry #{i} has masked local headers")
+
+        if not self.fits(header_offset, LOCAL.size):
+            error = (f"local header at byte {header_offset} lies outside the file "
+                     f"({self.size} bytes)")
+            self.add("zip.data_out_of_range", error, member=name, offset=at)
+            self.miniz_fails(f"entry #{i} points outside the file")
+        else:
+            lf = LOCAL.unpack(self.bytes_at(header_offset, LOCAL.size))
+            if lf[_LH_SIG] != MAGIC_LOCAL:
+                error = (f"no local file header at byte {header_offset} "
+                         f"(found {lf[_LH_SIG]!r})")
+                self.add("zip.bad_local_header", error, member=name, offset=header_offset)
+            else:
+                lname_len, lextra_len = lf[_LH_NAME_LEN], lf[_LH_EXTRA_LEN]
+                data_offset = header_offset + LOCAL.size + lname_len + lextra_len
+                if not self.fits(header_offset + LOCAL.size, lname_len + lextra_len):
+                    error = (f"local header name/extra ({lname_len}+{lextra_len} bytes) run past "
+                             f"the end of the file")
+                    self.add("zip.data_out_of_range", error, member=name, offset=header_offset)
+                else:
+                    local_name = self.bytes_at(header_offset + LOCAL.size, lname_len)
+                    if local_name != raw_name:
+                        self.add("zip.local_name_mismatch", f"local header names {local_name!r}, "
+                                 f"the central directory {raw_name!r}: PyTorch uses the central "
+                                 "name, Python's zipfile refuses the member", member=name,
+                                 offset=header_offset)
+                    lextra = self.bytes_at(header_offset + LOCAL.size + lname_len, lextra_len)
+                    self.compare_local(lf, lextra, flags, method, crc, csize, usize, name,
+                                       header_offset)
+                if error is None and not self.fits(data_offset, csize):
+                    error = (f"data ({csize} bytes at byte {data_offset}) runs past the end of "
+                             f"the file ({self.size} bytes)")
+                    self.add("zip.data_out_of_range", error, member=name, offset=data_offset)
+                    self.miniz_fails(f"entry #{i} data runs past the end of the file")
+                elif error is None and header_offset < cd_span[1] and data_offset + csize > cd_span[0]:
+                    error = (f"data ({data_offset}..{data_offset + csize}) runs into the central "
+                             f"directory ({cd_span[0]}..{cd_span[1]})")
+                    self.add("zip.data_out_of_range", error, member=name, offset=data_offset)
+        return ZipMember(name, raw_name, i, header_offset, data_offset, csize, usize, crc,
+                         method, flags, local_name, error)
+
+    def parse_extra(self, extra: bytes, name: str, at: int, where: str) -> dict[int, bytes]:
+        """Extra-field records by id (first of each id). Overruns are recorded, not fatal."""
+        out: dict[int, bytes] = {}
+        pos = 0
+        while pos + EXTRA_HEADER.size <= len(extra):
+            tag, length = EXTRA_HEADER.unpack_from(extra, pos)
+            body = extra[pos + 4:pos + 4 + length]
+            if len(body) != length:
+                self.add("zip.bad_extra_field", f"{where} extra field {tag:#06x} claims {length} "
+                         f"bytes, {len(body)} remain (Python's zipfile raises BadZipFile)",
+                         member=name, offset=at)
+                break
+            out.setdefault(tag, body)
+            pos += 4 + length
+        else:
+            if pos != len(extra):
+                self.add("zip.bad_extra_field", f"{len(extra) - pos} stray bytes at the end of the "
+                         f"{where} extra field", member=name, offset=at)
+        return out
+
+    def compare_local(self, lf: tuple, lextra: bytes, flags: int, method: int, crc: int,
+                      csize: int, usize: int, name: str, header_offset: int) -> None:
+        diffs = []
+        if lf[_LH_METHOD] != method:
+            diffs.append(f"method {lf[_LH_METHOD]} vs {method}")
+        if lf[_LH_FLAGS] != flags:
+            diffs.append(f"flags {lf[_LH_FLAGS]:#06x} vs {flags:#06x}")
+        l_crc, l_csize, l_usize = lf[_LH_CRC], lf[_LH_CSIZE], lf[_LH_USIZE]
+        if U32_MAX in (l_csize, l_usize):
+            z = self.parse_extra(lextra, name, header_offset, "local").get(EXTRA_ZIP64, b"")
+            # Local zip64 extra: usize then csize, both always present (APPNOTE 4.5.3).
+            if len(z) >= 16:
+                l_usize = int.from_bytes(z[0:8], "little")
+                l_csize = int.from_bytes(z[8:16], "little")
+        # With a data descriptor (bit 3) the local CRC and sizes are 0 (torch: flag 0x0808):
+        # compare them only when the writer filled them in.
+        deferred = lf[_LH_FLAGS] & FLAG_DESCRIPTOR
+        if not (deferred and l_crc == 0) and l_crc != crc:
+            diffs.append(f"crc {l_crc:#010x} vs {crc:#010x}")
+        if not (deferred and l_csize == 0 and l_usize == 0):
+            if l_csize != csize:
+                diffs.append(f"compressed size {l_csize} vs {csize}")
+            if l_usize != usize:
+                diffs.append(f"size {l_usize} vs {usize}")
+        if diffs:
+            self.add("zip.local_header_mismatch", "local header disagrees with the central "
+                     f"directory (local vs central): {', '.join(diffs)}", member=name,
+                     offset=header_offset)
+
+    # -- cross-member checks --------------------------------------------------------------------
+    def check_duplicates(self, archive: ZipArchive) -> None:
+        visible = archive.members[:archive._visible()]
+        groups: dict[bytes, list[int]] = {}
+        for m in visible:
+            groups.setdefault(m.raw_name.lower(), []).append(m.index)
+        seen: set[tuple[int, ...]] = set()
+        py_last: dict[str, int] = {}
+        py_groups: dict[str, list[int]] = {}
+        for m in archive.members:
+            key = m.name.split("\0", 1)[0]  # zipfile's ZipInfo truncates at NUL
+            py_last[key] = m.index
+            py_groups.setdefault(key, []).append(m.index)
+        for key, idxs in groups.items():
+            if len(idxs) < 2:
+                continue
+            seen.add(tuple(idxs))
+            first = archive.members[idxs[0]]
+            pick = archive.get(first.raw_name)
+            names = sorted({archive.members[j].name for j in idxs})
+            case = " (differing only in letter case)" if len(names) > 1 else ""
+            py = py_last.get(first.name.split("\0", 1)[0])
+            self.add("zip.duplicate_name", f"{len(idxs)} central-directory entries named "
+                     f"{names[0]!r}{case} at indices {idxs}: PyTorch's reader (miniz, sorted "
+                     f"case-insensitive lookup) picks #{pick.index if pick else None}, Python's "
+                     f"zipfile picks #{py} (the last of that exact name)", member=first.name,
+                     offset=archive.members[idxs[-1]].header_offset)
+        for key, idxs in py_groups.items():
+            if len(idxs) > 1 and tuple(idxs) not in seen:
+                self.add("zip.duplicate_name", f"{len(idxs)} entries are named {key!r} for "
+                         f"Python's zipfile (indices {idxs}); it picks #{idxs[-1]}", member=key,
+                         offset=archive.members[idxs[-1]].header_offset)
+
+    def descriptor_length(self, m: ZipMember) -> int:
+        """Bytes of the data descriptor after ``m``'s data, 0 when absent or not recognised."""
+        if not m.flags & FLAG_DESCRIPTOR:
+            return 0
+        end = m.data_end
+        for sig, width in ((True, 8), (True, 4), (False, 8), (False, 4)):
+            length = (4 if sig else 0) + 4 + 2 * width
+            if not self.fits(end, length):
+                continue
+            raw = self.bytes_at(end, length)
+            if sig:
+                if raw[:4] != MAGIC_DESCRIPTOR:
+                    continue
+                raw = raw[4:]
+            crc = int.from_bytes(raw[0:4], "little")
+            cs = int.from_bytes(raw[4:4 + width], "little")
+            us = int.from_bytes(raw[4 + width:4 + 2 * width], "little")
+            if crc == m.crc32 and cs == m.compressed_size and us == m.size:
+                return length
+        if m.size or m.compressed_size:
+            self.add("zip.local_header_mismatch", "flag bit 3 is set but no data descriptor "
+                     "matching the central directory follows the data", member=m.name,
+                     offset=end)
+        return 0
+
+    def check_layout(self, members: list[ZipMember], cd_start: int, cd_size: int,
+                     z64_pos: int | None, z64_end: int, loc_pos: int, eocd_pos: int,
+                     eocd_end: int, prepended: int) -> None:
+        """Every byte should belong to a local header + data (+ descriptor), the CD or the
+        trailer: report what overlaps and what is left over."""
+        spans: list[tuple[int, int, str, ZipMember | None]] = []
+        for m in members:
+            if m.error is None:  # unreadable members were reported already
+                spans.append((m.header_offset, m.data_end + self.descriptor_length(m),
+                              f"member {m.name!r}", m))
+        spans.append((cd_start, cd_start + cd_size, "central directory", None))
+        if z64_pos is not None:
+            spans.append((z64_pos, z64_end, "zip64 end-of-central-directory record", None))
+        if loc_pos >= 0 or (eocd_pos >= EOCD64_LOCATOR.size and self.bytes_at(
+                eocd_pos - EOCD64_LOCATOR.size, 4) == MAGIC_EOCD64_LOCATOR):
+            spans.append((eocd_pos - EOCD64_LOCATOR.size, eocd_pos, "zip64 locator", None))
+        spans.append((eocd_pos, eocd_end, "end-of-central-directory record", None))
+        spans.sort(key=lambda s: (s[0], s[1]))
+
+        # Overlaps between members (and members over the trailer structures).
+        reach_end, reach_what, reach_m = spans[0][1], spans[0][2], spans[0][3]
+        for start, end, what, m in spans[1:]:
+            if start < reach_end and m is not None and reach_m is not None:
+                self.add("zip.overlapping_members", f"{what} ({start}..{end}) overlaps "
+                         f"{reach_what} (..{reach_end})" + (
+                             "; both entries point at the same local header"
+                             if start == reach_m.header_offset else ""),
+                         member=m.name, offset=start)
+            elif start < reach_end and (m is not None or reach_m is not None):
+                mm = m if m is not None else reach_m
+                self.add("zip.data_out_of_range", f"{what} ({start}..{end}) overlaps "
+                         f"{reach_what} (..{reach_end})", member=mm.name, offset=start)
+            if end > reach_end:
+                reach_end, reach_what, reach_m = end, what, m
+
+        # Gaps: before the first structure, between structures, after the EOCD.
+        first = spans[0][0]
+        if first > 0:
+            if not prepended:  # a shifted archive was already reported by locate_cd
+                self.add("zip.prepended_bytes", f"{first} bytes before the first local header "
+                         f"(starting {self.bytes_at(0, min(first, 16))!r})", offset=0)
+        cursor = first
+        for start, end, what, _ in spans:
+            if start > cursor:
+                self.report_gap(cursor, start, what)
+            cursor = max(cursor, end)
+        if eocd_end < self.size:
+            self.add("zip.trailing_bytes", f"{self.size - eocd_end} bytes after the end-of-central-"
+                     f"directory record and its comment", offset=eocd_end)
+
+    def report_gap(self, start: int, end: int, before: str) -> None:
+        head = self.bytes_at(start, min(end - start, 4))
+        hidden = (" starting with a local file header signature: an entry the central directory "
+                  "does not list" if head == MAGIC_LOCAL else "")
+        self.add("zip.unaccounted_bytes", f"{end - start} bytes at {start}..{end} (before the "
+                 f"{before}) belong to no member or directory structure{hidden}", offset=start)
+
+    def check_other_eocds(self, others: list[int], eocd_pos: int) -> None:
+        for pos in others:
+            _, _, _, _, n_total, cd_size, cd_offset, _ = EOCD.unpack(self.bytes_at(pos, EOCD.size))
+            plausible = (n_total == 0 and cd_size == 0) or (
+                self.fits(cd_offset, 4) and cd_offset + cd_size <= pos
+                and self.bytes_at(cd_offset, 4) == MAGIC_CENTRAL)
+            if plausible:
+                self.add("zip.multiple_eocd", f"another end-of-central-directory record at byte "
+                         f"{pos} ({n_total} entries, CD at {cd_offset}); the one used is at "
+                         f"{eocd_pos}, a reader scanning differently may pick this one",
+                         offset=pos)
+
+
+def read_zip(src: ByteSource, *, max_members: int = 1_000_000,
+             check_small_crc: bool = True) -> ZipArchive:
+    """Read the central directory of the zip archive in ``src``, tolerantly.
+
+    Args:
+        src: the bytes (a file or an in-memory blob such as a DCP chunk).
+        max_members: refuse archives with more central-directory entries than this.
+        check_small_crc: verify the CRC-32 of STORED members of at most 1 MiB (cheap: pickles,
+            version records); larger members are checked only through `ZipArchive.verify_crc`.
+
+    Returns:
+        The `ZipArchive`, whose ``anomalies`` list what is odd; a member that cannot be read
+        carries an ``error`` and does not stop the listing.
+
+    Raises:
+        FormatError (format "zip"): no end-of-central-directory record, or a central directory
+            that cannot be found or read (offset given).
+        LimitExceeded: more than ``max_members`` entries.
+
+    Example:
+        >>> arc = read_zip(ByteSource("model.pt"))            # doctest: +SKIP
+        >>> arc.torch_prefix(), arc.get("model/data.pkl").data_offset   # doctest: +SKIP
+        ('model', 64)
+    """
+    return _Reader(src, max_members, check_small_crc).read()
