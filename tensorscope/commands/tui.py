@@ -1,0 +1,36 @@
+"""`tensorscope tui PATH [OTHER]`: browse a model (or diff two) in a terminal UI.
+
+Textual is imported only when this command runs, so the other commands never pay for it.
+"""
+from __future__ import annotations
+
+HELP = "browse a model in a terminal UI (tree, tensors, statistics, values; diff with two files)"
+DESCRIPTION = """\
+Open a model file or folder in an interactive terminal UI: a tree of modules with parameter and
+byte counts, the tensors under the selected module (filter with /, sort with o or by clicking a
+header), and for the highlighted tensor every metadata field, statistics (min, max, mean, std,
+NaN/Inf counts, zero fraction), a histogram and a window of its values (v). With a second file,
+the UI opens on the diff: tensors aligned side by side, coloured by status, with the difference
+statistics and a histogram of a - b for the highlighted pair. The static safety scan runs at
+startup; a red banner appears when a file is unsafe to load (s shows the findings, from any screen).
+Nothing in the files is executed. Keys: ? help, ctrl+p command palette, t theme, q quit.
+
+Example:
+  tensorscope tui model.safetensors
+  tensorscope tui checkpoint.pt
+  tensorscope tui old.pt new.pt
+"""
+
+
+def add_arguments(p) -> None:
+    p.add_argument("path", help="model file or folder to browse")
+    p.add_argument("other", nargs="?", default=None,
+                   help="second model: open the side-by-side diff of PATH and OTHER")
+    p.add_argument("--no-scan", action="store_true", help="skip the startup safety scan")
+
+
+def run(args) -> int:
+    from ..tui.app import make_app  # lazy: Textual loads only for this command
+
+    make_app(args.path, args.other, scan=not args.no_scan).run()
+    return 0

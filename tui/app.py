@@ -1,0 +1,166 @@
+"""The tensorscope Textual app and the `make_app` factory shared by the CLI and the tests.
+
+Startup: the file(s) are parsed in a thread worker (a loading screen shows meanwhile), then the
+browse screen (one path) or the diff screen (two paths) is pushed; a file that fails to parse
+gets the error screen with its one-line message. In parallel a second worker runs the static
+scan (`tensorscope.scan`) on every path; its result feeds the safety banner on every screen and
+the scan screen (``s`` from anywhere). Nothing here reads past the public `tensorscope` API.
+"""
+from __future__ import annotations
+
+import os
+
+from textual import work
+from textual.app import App
+from textual.binding import Binding
+from textual.signal import Signal
+
+from .commands import TensorscopeCommands
+from .formatting import basename, one_line
+from .messages import LoadFailed, ModelsLoaded, ScanFinished
+
+__all__ = ["TensorscopeApp", "make_app"]
+
+
+class TensorscopeApp(App):
+    """Browse, diff and scan model files in the terminal."""
+
+    CSS_PATH = "tensorscope.tcss"
+    TITLE = "tensorscope"
+    COMMANDS = App.COMMANDS | {TensorscopeCommands}
+    BINDINGS = [
+        Binding("s", "scan", "Scan"),
+        Binding("d", "diff", "Diff", show=False),
+        Binding("t", "toggle_theme", "Theme"),
+        Binding("question_mark", "help", "Help"),
+        Binding("q", "quit", "Quit"),
+    ]
+
+    def __init__(self, path: str | os.PathLike, other: str | os.PathLike | None = None,
+                 *, scan: bool = True):
+        super().__init__()
+        self.path = os.fspath(path)
+        self.other = os.fspath(other) if other is not None else None
+        self.models: list = []
+        self.load_error: str | None = None
+        self.scan_enabled = scan
+        self.scan_reports: list = []   # [(path, ScanReport)]
+        self.scan_error: str | None = None
+        self.scan_done = False
+        self.scan_updated: Signal = Signal(self, "scan-updated")
+
+    @property
+    def paths(self) -> list[str]:
+        return [self.path] + ([self.other] if self.other else [])
+
+    def on_mount(self) -> None:
+        from .screens.misc import LoadingScreen
+
+        self.push_screen(LoadingScreen([basename(p) for p in self.paths]))
+        self.load_models()
+        if self.scan_enabled:
+            self.run_scan()
+        else:
+            self.scan_done, self.scan_error = True, "disabled"
+
+    # -- workers ----------------------------------------------------------------------------------
+    @work(thread=True, exclusive=True, group="load")
+    def load_models(self) -> None:
+        import tensorscope
+
+        models = []
+        for p in self.paths:
+            try:
+                models.append(tensorscope.open(p))
+            except BaseException as err:  # shown on the error screen, never as a traceback
+                for m in models:
+                    m.close()
+                self.post_message(LoadFailed(p, one_line(err, *self.paths)))
+                return
+        self.post_message(ModelsLoaded(*models))
+
+    @work(thread=True, exclusive=True, group="scan")
+    def run_scan(self) -> None:
+        import tensorscope
+
+        reports = []
+        try:
+            for p in self.paths:
+                reports.append((p, tensorscope.scan(p)))
+        except ImportError as err:
+            self.post_message(ScanFinished([], f"scanner not available ({err})"))
+            return
+        except BaseException as err:
+            self.post_message(ScanFinished(reports, one_line(err, *self.paths)))
+            return
+        self.post_message(ScanFinished(reports))
+
+    # -- results ----------------------------------------------------------------------------------
+    def on_models_loaded(self, message: ModelsLoaded) -> None:
+        from .screens.browse import BrowseScreen
+        from .screens.diff import DiffScreen
+
+        self.models = [m for m in (message.a, message.b) if m is not None]
+        if message.b is not None:
+            self.switch_screen(DiffScreen(message.a, message.b))
+        else:
+            self.switch_screen(BrowseScreen(message.a))
+
+    def on_load_failed(self, message: LoadFailed) -> None:
+        from .screens.misc import ErrorScreen
+
+        self.load_error = message.message
+        self.switch_screen(ErrorScreen(basename(message.path), message.message))
+
+    def on_scan_finished(self, message: ScanFinished) -> None:
+        self.scan_reports = message.reports
+        self.scan_error = message.error
+        self.scan_done = True
+        self.scan_updated.publish(None)
+        if any(getattr(r, "unsafe", False) for _, r in self.scan_reports):
+            self.notify("unsafe to load: see the scan (s)", severity="error", timeout=4)
+
+    # -- actions ----------------------------------------------------------------------------------
+    def action_scan(self) -> None:
+        from .screens.scan import ScanScreen
+
+        if not isinstance(self.screen, ScanScreen):
+            self.push_screen(ScanScreen())
+
+    def action_diff(self) -> None:
+        from .screens.diff import DiffScreen
+
+        # Return to the diff screen (the base of the stack when two files are open).
+        while len(self.screen_stack) > 2 and not isinstance(self.screen, DiffScreen):
+            self.pop_screen()
+
+    def action_toggle_theme(self) -> None:
+        self.theme = "textual-light" if self.current_theme.dark else "textual-dark"
+
+    def action_help(self) -> None:
+        from .screens.misc import HelpScreen
+
+        if isinstance(self.screen, HelpScreen):
+            return
+        seen, rows = set(), []
+        for key, active in self.screen.active_bindings.items():
+            b = active.binding
+            if not b.description or (b.action, b.description) in seen:
+                continue
+            seen.add((b.action, b.description))
+            rows.append((b.key_display or self.get_key_display(b), b.description))
+        rows.append(("ctrl+p", "Command palette"))
+        self.push_screen(HelpScreen(rows))
+
+    def on_unmount(self) -> None:
+        for m in self.models:
+            try:
+                m.close()
+            except Exception:
+                pass
+
+
+def make_app(path: str | os.PathLike, other: str | os.PathLike | None = None, *,
+             scan: bool = True) -> TensorscopeApp:
+    """The app for one file (browse) or two (diff); used by ``tensorscope tui`` and the tests."""
+    return TensorscopeApp(path, other, scan=scan)

@@ -1,0 +1,176 @@
+"""Value work for the UI, in bounded memory and cancellable between chunks.
+
+`chunked_stats` merges `tensorscope.reader.tensor_stats` over the chunks of
+`tensorscope.reader.iter_flat_chunks` (Chan's update, exact across chunks) so a worker can stop
+between chunks; `histogram` and `diff_histogram` count values into fixed bins chunk by chunk, so
+memory never grows with the tensor; `preview_window` cuts a 2-D window for the value table.
+None of these copy more than one chunk at a time.
+"""
+from __future__ import annotations
+
+import math
+from typing import Callable, Iterator
+
+import numpy as np
+
+from tensorscope.reader import TensorStats, iter_flat_chunks, tensor_stats
+
+__all__ = ["Cancelled", "is_raw", "chunked_stats", "histogram", "diff_histogram", "paired_chunks",
+           "as_matrix", "preview_window", "HIST_BINS"]
+
+HIST_BINS = 40
+_CHUNK = 4 << 20  # float64 working copies stay at a few MiB per chunk
+
+
+class Cancelled(Exception):
+    """The worker was cancelled between two chunks."""
+
+
+def _check(cancelled: Callable[[], bool] | None) -> None:
+    if cancelled is not None and cancelled():
+        raise Cancelled()
+
+
+def is_raw(info, arr: np.ndarray) -> bool:
+    """True when ``read`` gave raw bytes (packed/block-quantized dtypes) or non-numeric values."""
+    if arr.dtype == np.uint8 and info.dtype != "uint8":
+        return True
+    return arr.dtype.kind not in "biufcV" or (arr.dtype.kind == "V" and arr.dtype.names is not None)
+
+
+def _float(piece: np.ndarray) -> np.ndarray:
+    if piece.dtype.kind == "c":
+        return np.abs(piece).astype(np.float64)
+    return piece.astype(np.float64)
+
+
+def chunked_stats(arr: np.ndarray, cancelled: Callable[[], bool] | None = None) -> TensorStats:
+    """`tensor_stats` over ``arr``, merged chunk by chunk; raises `Cancelled` between chunks."""
+    n = nan = inf = zeros = 0
+    count = 0
+    mean = m2 = 0.0
+    lo, hi = math.inf, -math.inf
+    for piece in iter_flat_chunks(arr, _CHUNK):
+        _check(cancelled)
+        s = tensor_stats(piece)
+        n += s.numel
+        nan += s.nan
+        inf += s.inf
+        zeros += s.zeros
+        c_n = s.numel - s.nan - s.inf
+        if not c_n or s.mean is None:
+            continue
+        lo, hi = min(lo, s.min), max(hi, s.max)
+        delta = s.mean - mean
+        new = count + c_n
+        mean += delta * c_n / new
+        m2 += s.std * s.std * c_n + delta * delta * count * c_n / new
+        count = new
+    if count == 0:
+        return TensorStats(n, None, None, None, None, nan, inf, zeros)
+    return TensorStats(n, lo, hi, mean, math.sqrt(m2 / count), nan, inf, zeros)
+
+
+def _bin_range(lo: float, hi: float) -> tuple[float, float]:
+    if lo == hi:  # a constant tensor still gets a visible bar in the middle
+        return lo - 0.5, hi + 0.5
+    return lo, hi
+
+
+def histogram(arr: np.ndarray, lo: float, hi: float, bins: int = HIST_BINS,
+              cancelled: Callable[[], bool] | None = None) -> list[int]:
+    """Counts of finite values of ``arr`` in ``bins`` equal bins over ``[lo, hi]``."""
+    rng = _bin_range(lo, hi)
+    counts = np.zeros(bins, dtype=np.int64)
+    for piece in iter_flat_chunks(arr, _CHUNK):
+        _check(cancelled)
+        x = _float(piece)
+        x = x[np.isfinite(x)]
+        counts += np.histogram(x, bins=bins, range=rng)[0]
+    return counts.tolist()
+
+
+def paired_chunks(a: np.ndarray, b: np.ndarray, chunk_elems: int = _CHUNK // 8
+                  ) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+    """Matching 1-D pieces of two arrays of the same shape (C order), one piece copied at a time."""
+    if a.shape != b.shape:
+        raise ValueError(f"shapes differ: {a.shape} vs {b.shape}")
+    if a.size == 0:
+        return
+    if a.ndim == 0:
+        yield a.reshape(1), b.reshape(1)
+        return
+    row = math.prod(a.shape[1:]) or 1
+    if row > chunk_elems and a.ndim > 1:
+        for i in range(a.shape[0]):
+            yield from paired_chunks(a[i], b[i], chunk_elems)
+        return
+    rows = max(1, chunk_elems // row)
+    for i in range(0, a.shape[0], rows):
+        yield (np.ascontiguousarray(a[i:i + rows]).reshape(-1),
+               np.ascontiguousarray(b[i:i + rows]).reshape(-1))
+
+
+def diff_histogram(a: np.ndarray, b: np.ndarray, bins: int = HIST_BINS,
+                   cancelled: Callable[[], bool] | None = None) -> tuple[list[int], float, float]:
+    """Histogram of ``a - b`` in float64 over finite differences; two chunked passes
+    (range, then counts). Returns ``(counts, lo, hi)``."""
+    lo, hi = math.inf, -math.inf
+    for x, y in paired_chunks(a, b):
+        _check(cancelled)
+        d = _float(x) - _float(y)
+        d = d[np.isfinite(d)]
+        if d.size:
+            lo, hi = min(lo, float(d.min())), max(hi, float(d.max()))
+    if lo > hi:
+        return [0] * bins, 0.0, 0.0
+    rng = _bin_range(lo, hi)
+    counts = np.zeros(bins, dtype=np.int64)
+    for x, y in paired_chunks(a, b):
+        _check(cancelled)
+        d = _float(x) - _float(y)
+        counts += np.histogram(d[np.isfinite(d)], bins=bins, range=rng)[0]
+    return counts.tolist(), lo, hi
+
+
+ROW_WIDTH_1D = 10  # a 1-D tensor is laid out in rows of 10, labelled by their first index
+
+
+def as_matrix(arr: np.ndarray) -> tuple[np.ndarray | None, int, str]:
+    """A 2-D view for the preview: ndim>2 takes leading indices 0, 1-D is shown in rows of
+    `ROW_WIDTH_1D` (returned as the 1-D array with ``width``); returns ``(view, width, label)``."""
+    if arr.ndim == 0:
+        return arr.reshape(1, 1), 1, "scalar"
+    if arr.ndim == 1:
+        return arr, ROW_WIDTH_1D, "1-D, 10 per row"
+    if arr.ndim == 2:
+        return arr, arr.shape[1], "2-D"
+    lead = (0,) * (arr.ndim - 2)
+    return arr[lead], arr.shape[-1], "[" + ", ".join("0" for _ in lead) + ", :, :]"
+
+
+def preview_window(arr: np.ndarray, row0: int, col0: int, rows: int, cols: int
+                   ) -> tuple[list[int], list[int], list[list]]:
+    """Row labels, column labels and the values (Python scalars) of a window of the matrix view."""
+    view, width, _ = as_matrix(arr)
+    if view.ndim == 1:
+        n = view.shape[0]
+        nrows = -(-n // width)
+        r_idx = list(range(row0, min(row0 + rows, nrows)))
+        c_idx = list(range(col0, min(col0 + cols, width)))
+        cells = []
+        for r in r_idx:
+            line = []
+            for c in c_idx:
+                k = r * width + c
+                line.append(view[k].item() if k < n else None)
+            cells.append(line)
+        return [r * width for r in r_idx], c_idx, cells
+    r_idx = list(range(row0, min(row0 + rows, view.shape[0])))
+    c_idx = list(range(col0, min(col0 + cols, view.shape[1])))
+    block = view[r_idx[0]:r_idx[-1] + 1, c_idx[0]:c_idx[-1] + 1] if r_idx and c_idx else None
+    if block is None:
+        return r_idx, c_idx, [[] for _ in r_idx]
+    if block.dtype.kind == "V":  # ml_dtypes (bfloat16, float8): widen for display
+        block = block.astype(np.float64)
+    return r_idx, c_idx, block.tolist()

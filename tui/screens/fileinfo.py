@@ -1,0 +1,159 @@
+"""The file's own metadata: summary, format metadata, embedded code, graph overview.
+
+Tabs appear only when the model has that content: ``Code`` for TorchScript (``extras["code"]``,
+member -> source, shown read-only with syntax highlighting), ``Graph`` for ONNX
+(``extras["nodes"]``: op counts; inputs/outputs/opsets come from ``metadata``).
+"""
+from __future__ import annotations
+
+from collections import Counter
+from typing import Any
+
+from rich.syntax import Syntax
+from rich.table import Table
+from rich.text import Text
+from textual import on
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.containers import Horizontal, VerticalScroll
+from textual.screen import Screen
+from textual.widgets import Footer, OptionList, Static, TabbedContent, TabPane
+
+from ..formatting import basename, human_bytes, human_count
+from ..widgets.banner import SafetyBanner
+
+__all__ = ["FileInfoScreen", "render_value", "op_counts"]
+
+MAX_ITEMS = 200  # list/dict entries shown per level; the rest are counted
+
+
+def render_value(value: Any, depth: int = 0) -> Any:
+    """A JSON-like value as nested grids (strings shown raw, long collections truncated)."""
+    if isinstance(value, dict):
+        grid = Table.grid(padding=(0, 1))
+        grid.add_column(style="cyan", no_wrap=True)
+        grid.add_column(overflow="fold")
+        items = list(value.items())
+        for k, v in items[:MAX_ITEMS]:
+            grid.add_row(str(k), render_value(v, depth + 1))
+        if len(items) > MAX_ITEMS:
+            grid.add_row("…", Text(f"{len(items) - MAX_ITEMS:,} more", style="dim"))
+        if not items:
+            grid.add_row(Text("{}", style="dim"), "")
+        return grid
+    if isinstance(value, (list, tuple)):
+        if all(isinstance(x, (int, float, str, bool)) or x is None for x in value) and len(value) <= 16:
+            return Text(", ".join(str(x) for x in value) if value else "[]")
+        grid = Table.grid(padding=(0, 1))
+        grid.add_column(style="dim", no_wrap=True)
+        grid.add_column(overflow="fold")
+        for i, v in enumerate(value[:MAX_ITEMS]):
+            grid.add_row(str(i), render_value(v, depth + 1))
+        if len(value) > MAX_ITEMS:
+            grid.add_row("…", Text(f"{len(value) - MAX_ITEMS:,} more", style="dim"))
+        return grid
+    return Text(str(value))
+
+
+def op_counts(nodes: Any) -> Counter:
+    """Operator counts from an ONNX node list (dicts with ``op_type`` or objects with it)."""
+    counts: Counter = Counter()
+    for node in nodes or ():
+        op = node.get("op_type") if isinstance(node, dict) else getattr(node, "op_type", None)
+        counts[str(op or "?")] += 1
+    return counts
+
+
+class FileInfoScreen(Screen):
+    """Summary, metadata, code and graph of the opened file."""
+
+    BINDINGS = [Binding("escape", "app.pop_screen", "Back")]
+
+    def __init__(self, model):
+        super().__init__()
+        self.model = model
+        code = model.extras.get("code") if isinstance(model.extras, dict) else None
+        self.code: dict[str, str] = dict(code) if isinstance(code, dict) else {}
+
+    def compose(self) -> ComposeResult:
+        m = self.model
+        title = Text()
+        title.append(" file info ", style="bold reverse")
+        title.append(f" {basename(m.path)} · {m.format}")
+        yield Static(title, id="titlebar")
+        yield SafetyBanner(id="banner")
+        with TabbedContent(id="info-tabs"):
+            with TabPane("Summary", id="tab-summary"):
+                with VerticalScroll():
+                    yield Static(self._summary())
+            with TabPane("Metadata", id="tab-metadata"):
+                with VerticalScroll():
+                    yield Static(render_value(self.model.metadata) if self.model.metadata
+                                 else Text("(no metadata)", style="dim"))
+            if self.code:
+                with TabPane("Code", id="tab-code"):
+                    with Horizontal():
+                        yield OptionList(*sorted(self.code), id="code-files")
+                        with VerticalScroll(id="code-view"):
+                            yield Static(id="code-text")
+            nodes = m.extras.get("nodes") if isinstance(m.extras, dict) else None
+            if nodes:
+                with TabPane("Graph", id="tab-graph"):
+                    with VerticalScroll():
+                        yield Static(self._graph(nodes))
+        yield Footer()
+
+    def on_mount(self) -> None:
+        if self.code:
+            self.show_code(sorted(self.code)[0])
+
+    def _summary(self) -> Table:
+        s = self.model.summary()
+        grid = Table.grid(padding=(0, 2))
+        grid.add_column(style="cyan", no_wrap=True)
+        grid.add_column()
+        grid.add_row("format", str(s.get("format")))
+        grid.add_row("file", basename(self.model.path))
+        files = s.get("files") or []
+        if len(files) > 1:
+            grid.add_row("files", ", ".join(basename(f) for f in files))
+        grid.add_row("tensors", f"{s.get('tensors', 0):,}")
+        grid.add_row("params", f"{s.get('params', 0):,} ({human_count(s.get('params', 0))})")
+        grid.add_row("bytes", f"{s.get('bytes', 0):,} ({human_bytes(s.get('bytes', 0))})")
+        by = Table(box=None, padding=(0, 1), show_edge=False)
+        for col in ("dtype", "tensors", "params", "bytes"):
+            by.add_column(col, justify="left" if col == "dtype" else "right")
+        for dt, d in sorted((s.get("by_dtype") or {}).items()):
+            by.add_row(dt, f"{d['tensors']:,}", human_count(d["params"]), human_bytes(d["bytes"]))
+        grid.add_row("by dtype", by)
+        if self.code:
+            grid.add_row("code files", f"{len(self.code)}")
+        return grid
+
+    def _graph(self, nodes) -> Table:
+        grid = Table.grid(padding=(0, 2))
+        grid.add_column(style="cyan", no_wrap=True)
+        grid.add_column(overflow="fold")
+        meta = self.model.metadata
+        for key in ("opset_import", "opsets", "inputs", "outputs", "producer_name", "ir_version"):
+            if key in meta:
+                grid.add_row(key, render_value(meta[key]))
+        counts = op_counts(nodes)
+        grid.add_row("nodes", f"{sum(counts.values()):,}")
+        ops = Table(box=None, padding=(0, 1), show_edge=False)
+        ops.add_column("op")
+        ops.add_column("count", justify="right")
+        for op, n in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0])):
+            ops.add_row(op, str(n))
+        grid.add_row("ops", ops)
+        return grid
+
+    def show_code(self, member: str) -> None:
+        text = self.code.get(member, "")
+        self.query_one("#code-text", Static).update(
+            Syntax(text, "python", line_numbers=True, word_wrap=False, theme="ansi_dark",
+                   background_color="default"))
+
+    @on(OptionList.OptionHighlighted, "#code-files")
+    def _code_pick(self, event: OptionList.OptionHighlighted) -> None:
+        self.show_code(str(event.option.prompt))

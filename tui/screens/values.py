@@ -1,0 +1,111 @@
+"""A window of a tensor's values: at most `WINDOW_ROWS` × `WINDOW_COLS` cells at a time.
+
+ndim > 2 shows the last two axes at leading indices 0; 1-D tensors are laid out in rows of 10.
+``]``/``[`` move the window by rows, ``}``/``{`` by columns. Only the window is read from the
+zero-copy view, so a 10 GB tensor previews as fast as a small one.
+"""
+from __future__ import annotations
+
+import math
+
+from rich.text import Text
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.screen import Screen
+from textual.widgets import DataTable, Footer, Static
+
+from ..compute import as_matrix, is_raw, preview_window
+from ..formatting import fmt_shape, fmt_value, one_line
+from ..widgets.banner import SafetyBanner
+
+__all__ = ["ValuesScreen", "WINDOW_ROWS", "WINDOW_COLS"]
+
+WINDOW_ROWS = 100
+WINDOW_COLS = 20
+
+
+class ValuesScreen(Screen):
+    """Value preview of one tensor, window by window."""
+
+    BINDINGS = [
+        Binding("right_square_bracket", "rows(1)", "Rows ▶"),
+        Binding("left_square_bracket", "rows(-1)", "◀ Rows"),
+        Binding("right_curly_bracket", "cols(1)", "Cols ▶"),
+        Binding("left_curly_bracket", "cols(-1)", "◀ Cols"),
+        Binding("escape", "app.pop_screen", "Back"),
+    ]
+
+    def __init__(self, model, info):
+        super().__init__()
+        self.model = model
+        self.info = info
+        self.row0 = 0
+        self.col0 = 0
+        self.arr = None
+        self.error: str | None = None
+        self.nrows = self.ncols = 0
+        self.view_label = ""
+
+    def compose(self) -> ComposeResult:
+        yield Static(id="titlebar")
+        yield SafetyBanner(id="banner")
+        yield Static(id="values-status")
+        yield DataTable(id="values", zebra_stripes=True, cursor_type="cell")
+        yield Footer()
+
+    def on_mount(self) -> None:
+        info = self.info
+        title = Text()
+        title.append(" values ", style="bold reverse")
+        title.append(f" {info.name} · {info.dtype} {fmt_shape(info.shape)}")
+        self.query_one("#titlebar", Static).update(title)
+        try:
+            arr = self.model.read(info)
+            if is_raw(info, arr):
+                self.error = f"{info.dtype} values are stored packed/quantized; no element preview"
+            else:
+                self.arr = arr
+                view, width, self.view_label = as_matrix(arr)
+                if view.ndim == 1:
+                    self.nrows, self.ncols = math.ceil(view.shape[0] / width), width
+                else:
+                    self.nrows, self.ncols = view.shape
+        except Exception as err:
+            self.error = one_line(err, info.file, self.model.path)
+        self.render_window()
+        self.query_one("#values", DataTable).focus()
+
+    def render_window(self) -> None:
+        table = self.query_one("#values", DataTable)
+        status = self.query_one("#values-status", Static)
+        table.clear(columns=True)
+        if self.error is not None or self.arr is None:
+            status.update(Text(self.error or "no values", style="yellow"))
+            return
+        if self.info.numel == 0:
+            status.update(Text("empty tensor (0 elements)", style="dim"))
+            return
+        rows, cols, cells = preview_window(self.arr, self.row0, self.col0, WINDOW_ROWS, WINDOW_COLS)
+        table.add_column("", key="_index")
+        for c in cols:
+            table.add_column(Text(str(c), justify="right"), key=f"c{c}")
+        for r, line in zip(rows, cells):
+            table.add_row(Text(str(r), style="dim"),
+                          *(Text(fmt_value(v), justify="right") for v in line), key=f"r{r}")
+        r_end = self.row0 + len(rows)
+        c_end = self.col0 + len(cols)
+        status.update(Text(
+            f"view {self.view_label} · rows {self.row0}–{r_end - 1} of {self.nrows} · "
+            f"cols {self.col0}–{c_end - 1} of {self.ncols}   ([ ] rows, {{ }} cols)", style="dim"))
+
+    def action_rows(self, step: int) -> None:
+        new = self.row0 + step * WINDOW_ROWS
+        if 0 <= new < max(self.nrows, 1):
+            self.row0 = new
+            self.render_window()
+
+    def action_cols(self, step: int) -> None:
+        new = self.col0 + step * WINDOW_COLS
+        if 0 <= new < max(self.ncols, 1):
+            self.col0 = new
+            self.render_window()

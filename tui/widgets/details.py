@@ -1,0 +1,106 @@
+"""The details pane: statistics, a histogram and every metadata field of one tensor.
+
+The pane only renders; the owning screen runs the statistics worker and calls `show_stats`,
+`show_histogram` or `show_error` when its messages arrive.
+"""
+from __future__ import annotations
+
+from rich.table import Table
+from rich.text import Text
+from textual.containers import VerticalScroll
+from textual.widgets import Static
+
+from ..formatting import basename, fmt_offset, fmt_shape, fmt_value, human_bytes, human_count
+from .histogram import render_histogram
+
+__all__ = ["TensorDetails", "info_fields"]
+
+
+def info_fields(info) -> list[tuple[str, str]]:
+    """Every field of a `TensorInfo` as display pairs (files as basenames)."""
+    fields = [
+        ("name", info.name),
+        ("dtype", info.dtype),
+        ("shape", f"{fmt_shape(info.shape)}  {list(info.shape)}"),
+        ("stride", str(list(info.stride))),
+        ("numel", f"{info.numel:,}"),
+        ("nbytes", f"{info.nbytes:,} ({human_bytes(info.nbytes)})"),
+        ("byte_offset", fmt_offset(info.byte_offset)),
+        ("storage_offset", str(info.storage_offset)),
+        ("storage_key", info.storage_key or "—"),
+        ("storage_nbytes", "—" if info.storage_nbytes is None else f"{info.storage_nbytes:,}"),
+        ("file", basename(info.file) or "—"),
+        ("role", info.role),
+        ("format", info.source_format or "—"),
+        ("path", " / ".join(info.path)),
+    ]
+    if info.chunks:
+        fields.append(("chunks", f"{len(info.chunks)} pieces"))
+    for key in sorted(info.extras, key=str):
+        fields.append((f"extras.{key}", str(info.extras[key])))
+    return fields
+
+
+def _grid(pairs: list[tuple[str, str]]) -> Table:
+    grid = Table.grid(padding=(0, 1))
+    grid.add_column(style="dim", no_wrap=True)
+    grid.add_column(overflow="fold")
+    for k, v in pairs:
+        grid.add_row(k, v)
+    return grid
+
+
+def stats_pairs(stats) -> list[tuple[str, str]]:
+    pct = f"{stats.zero_fraction * 100:.2f}%"
+    return [
+        ("min", fmt_value(stats.min)), ("max", fmt_value(stats.max)),
+        ("mean", fmt_value(stats.mean)), ("std", fmt_value(stats.std)),
+        ("NaN", f"{stats.nan:,}"), ("Inf", f"{stats.inf:,}"),
+        ("zeros", f"{stats.zeros:,} ({pct})"), ("numel", f"{stats.numel:,}"),
+    ]
+
+
+def _stats_grid(stats) -> Table:
+    pairs = stats_pairs(stats)
+    grid = Table.grid(padding=(0, 1))
+    for _ in range(2):
+        grid.add_column(style="dim", no_wrap=True)
+        grid.add_column(no_wrap=True, min_width=12)
+    for i in range(0, len(pairs), 2):
+        (k1, v1), (k2, v2) = pairs[i], pairs[i + 1]
+        grid.add_row(k1, v1, k2, v2)
+    return grid
+
+
+class TensorDetails(VerticalScroll, can_focus=True):
+    """Statistics, histogram and metadata of the highlighted tensor."""
+
+    def compose(self):
+        yield Static(id="d-title", markup=False)
+        yield Static(id="d-stats")
+        yield Static(id="d-hist")
+        yield Static(id="d-meta")
+
+    def clear(self, message: str = "") -> None:
+        self.query_one("#d-title", Static).update(Text(message, style="dim"))
+        for part in ("#d-stats", "#d-hist", "#d-meta"):
+            self.query_one(part, Static).update("")
+
+    def show(self, info) -> None:
+        title = Text()
+        title.append(info.name, style="bold")
+        title.append(f"  {info.dtype} {fmt_shape(info.shape)} · {human_count(info.numel)} params"
+                     f" · {human_bytes(info.nbytes)}", style="dim")
+        self.query_one("#d-title", Static).update(title)
+        self.query_one("#d-stats", Static).update(Text("statistics: computing…", style="dim italic"))
+        self.query_one("#d-hist", Static).update("")
+        self.query_one("#d-meta", Static).update(_grid(info_fields(info)))
+
+    def show_stats(self, stats) -> None:
+        self.query_one("#d-stats", Static).update(_stats_grid(stats))
+
+    def show_error(self, message: str) -> None:
+        self.query_one("#d-stats", Static).update(Text(message, style="yellow"))
+
+    def show_histogram(self, counts: list[int], lo: float, hi: float) -> None:
+        self.query_one("#d-hist", Static).update(render_histogram(counts, lo, hi))
