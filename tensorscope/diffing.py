@@ -8,12 +8,13 @@ the values themselves. The models may be of different formats (a ``.pt`` against
 Alignment (in this order; every step is reported, none is silent):
 
 1. ``strip_prefix``: each given prefix is removed from the names of both sides that start with it.
-2. ``maps``: ``(OLD, NEW)`` rewrites a leading ``OLD`` into ``NEW``, on both sides, so that both
-   end up in one vocabulary.
-3. Wrapper prefixes (``detect_prefix``): training tools prefix every key (``module.`` from DDP,
+2. Wrapper prefixes (``detect_prefix``): training tools prefix every key (``module.`` from DDP,
    ``_orig_mod.`` from ``torch.compile``, ``model.`` from a Lightning module). When every name of a
    side shares a leading dotted prefix and removing it matches strictly more names than before,
    it is removed and reported in ``DiffResult.prefix_a`` / ``prefix_b``.
+3. ``maps``: ``(OLD, NEW)`` rewrites a leading ``OLD`` into ``NEW`` (the first map that applies),
+   on both sides, so that both end up in one vocabulary. Step 2 scores prefixes with the maps
+   applied.
 4. Renames (``detect_renames``): a removed and an added tensor with the same dtype, shape and
    size whose bytes hash alike (BLAKE2b, streamed) are one tensor under a new name ("renamed").
    Only candidates of equal (dtype, shape) are ever read.
@@ -62,6 +63,7 @@ JSON schema (``DiffResult.to_dict()``; keys sorted by the CLI; non-finite floats
 ``"inf"``, ``"-inf"``, ``"nan"``)::
 
     {
+      "schema": "tensorscope.diff/1",
       "a_path": str, "b_path": str, "a_format": str, "b_format": str,
       "prefix_a": str, "prefix_b": str,          # detected wrapper prefixes ("" when none)
       "strip_prefix": [str], "maps": [[OLD, NEW]],
@@ -69,7 +71,8 @@ JSON schema (``DiffResult.to_dict()``; keys sorted by the CLI; non-finite floats
       "identical": bool, "exit_code": 0 | 1,
       "counts": {"same": int, "changed": int, "added": int, "removed": int, "renamed": int},
       "metadata": [{"key": str, "a": any | null, "b": any | null}],   # null: key absent on that side
-      "entries": [{
+      "entries": [{                                # the CLI's --only-changed/--limit filter these;
+                                                   # "counts" always covers every tensor
         "status": "same" | "changed" | "added" | "removed" | "renamed",
         "name": str,                               # name_a, or name_b for added tensors
         "name_a": str | null, "name_b": str | null,
@@ -101,9 +104,11 @@ from . import dtypes
 from .model import ModelFile, TensorInfo
 from .reader import iter_flat_chunks
 
-__all__ = ["ValueDiff", "TensorDiff", "DiffResult", "diff_models", "compare_values", "STATUSES"]
+__all__ = ["ValueDiff", "TensorDiff", "DiffResult", "diff_models", "compare_values", "detect_prefixes",
+           "STATUSES", "SCHEMA"]
 
 STATUSES = ("same", "changed", "added", "removed", "renamed")
+SCHEMA = "tensorscope.diff/1"
 
 # Kinds whose elements numpy can convert to float64 one by one.
 _NUMERIC_KINDS = ("float", "int", "uint", "bool", "complex")
@@ -245,7 +250,8 @@ class DiffResult:
         return 0 if self.identical else 1
 
     def to_dict(self) -> dict[str, Any]:
-        return {"a_path": self.a_path, "b_path": self.b_path, "a_format": self.a_format,
+        return {"schema": SCHEMA, "a_path": self.a_path, "b_path": self.b_path,
+                "a_format": self.a_format,
                 "b_format": self.b_format, "prefix_a": self.prefix_a, "prefix_b": self.prefix_b,
                 "strip_prefix": list(self.strip_prefix), "maps": [list(m) for m in self.maps],
                 "atol": self.atol, "rtol": self.rtol, "values_compared": self.values_compared,
@@ -496,10 +502,14 @@ def _compare(walker: _Walker, ma, ta, mb, tb, atol, rtol) -> ValueDiff | None:
 # Alignment
 # ------------------------------------------------------------------------------------------------
 
-def _rewrite(name: str, strip: Sequence[str], maps: Sequence[tuple[str, str]]) -> str:
+def _strip_user(name: str, strip: Sequence[str]) -> str:
     for p in strip:
         if p and name.startswith(p):
             name = name[len(p):]
+    return name
+
+
+def _map(name: str, maps: Sequence[tuple[str, str]]) -> str:
     for old, new in maps:
         if name.startswith(old):
             name = new + name[len(old):]
@@ -525,19 +535,25 @@ def _strip(names: Sequence[str], prefix: str) -> set[str]:
     return {x[n:] for x in names} if n else set(names)
 
 
-def detect_prefixes(names_a: Sequence[str], names_b: Sequence[str]) -> tuple[str, str]:
+def detect_prefixes(names_a: Sequence[str], names_b: Sequence[str],
+                    rewrite: Callable[[str], str] | None = None) -> tuple[str, str]:
     """The wrapper prefixes to strip from A's and B's names ("" for none).
 
     A prefix counts only when every name of its side carries it and stripping it matches strictly
     more names; among equal matches the shortest prefixes win (no stripping when nothing gains).
+    ``rewrite`` (the ``maps``) is applied to the names after a prefix is stripped.
     """
-    best = (len(set(names_a) & set(names_b)), 0, "", "")
+    rw = rewrite or (lambda n: n)
+
+    def keys(names, prefix):
+        return {rw(x) for x in _strip(names, prefix)}
+
+    best = (len(keys(names_a, "") & keys(names_b, "")), 0, "", "")
+    kb_by_prefix = {pb: keys(names_b, pb) for pb in _common_prefixes(names_b)}
     for pa in _common_prefixes(names_a):
-        sa = _strip(names_a, pa)
-        for pb in _common_prefixes(names_b):
-            if pa and pb:
-                continue  # both sides wrapped alike: a shared prefix is the names themselves
-            hits = len(sa & _strip(names_b, pb))
+        ka = keys(names_a, pa)
+        for pb, kb in kb_by_prefix.items():
+            hits = len(ka & kb)
             if hits > best[0]:
                 best = (hits, len(pa) + len(pb), pa, pb)
     return best[2], best[3]
@@ -546,9 +562,10 @@ def detect_prefixes(names_a: Sequence[str], names_b: Sequence[str]) -> tuple[str
 def _keyed(tensors: Sequence[TensorInfo], strip, maps, prefix: str) -> dict[str, TensorInfo]:
     out: dict[str, TensorInfo] = {}
     for t in tensors:
-        key = _rewrite(t.name, strip, maps)
+        key = _strip_user(t.name, strip)
         if prefix and key.startswith(prefix):
             key = key[len(prefix):]
+        key = _map(key, maps)
         if key in out:  # two names collapsed into one key: keep the later one under its own name
             key = t.name
         out.setdefault(key, t)
@@ -710,9 +727,11 @@ def _as_model(x, opened: list[ModelFile]) -> ModelFile:
 
 def _diff(ma: ModelFile, mb: ModelFile, *, atol, rtol, values, strip, maps, detect_prefix,
           detect_renames, progress, chunk_bytes) -> DiffResult:
-    names_a = [_rewrite(t.name, strip, maps) for t in ma.tensors]
-    names_b = [_rewrite(t.name, strip, maps) for t in mb.tensors]
-    pa, pb = detect_prefixes(names_a, names_b) if detect_prefix else ("", "")
+    names_a = [_strip_user(t.name, strip) for t in ma.tensors]
+    names_b = [_strip_user(t.name, strip) for t in mb.tensors]
+    pa, pb = ("", "")
+    if detect_prefix:
+        pa, pb = detect_prefixes(names_a, names_b, (lambda n: _map(n, maps)) if maps else None)
     ka = _keyed(ma.tensors, strip, maps, pa)
     kb = _keyed(mb.tensors, strip, maps, pb)
 
