@@ -1,0 +1,561 @@
+"""NumPy ``.npy`` (one array) and ``.npz`` (a zip of ``.npy`` members), as ``numpy.load`` reads them.
+
+Format (normative, numpy 2.4 ``numpy.lib.format``):
+
+- Bytes 0-6 MUST be ``\\x93NUMPY``, then a major and a minor version byte: 1.0, 2.0 or 3.0.
+- Then the header length: u16 LE for 1.0, u32 LE for 2.0 and 3.0; then the header: latin-1 text
+  (1.0, 2.0) or UTF-8 (3.0). Writers pad it with spaces and a newline so the data starts at a
+  multiple of 64 (16 in old files); readers do not require it.
+- The header is the repr of a Python dict literal with exactly the keys ``descr`` (a dtype
+  descriptor: a string such as ``'<f4'``, or a list of fields for structured dtypes),
+  ``fortran_order`` (bool) and ``shape`` (tuple of ints, ``()`` for a 0-d array). It is parsed
+  with `ast.literal_eval`, which evaluates literals only, never names or calls. numpy refuses
+  headers longer than 10000 characters (`MAX_HEADER_SIZE`) because literal_eval is not safe on
+  large input, unless told otherwise (``max_header_size=``, or ``allow_pickle=True`` which trusts
+  the file); `open_source` takes the same ``max_header_size`` escape. Headers written by
+  Python 2 (``1L`` integers) are accepted in versions 1.0 and 2.0, as numpy does.
+- The data follows the header: ``prod(shape) * itemsize`` bytes in C order, or in Fortran order
+  when ``fortran_order`` is True. Bytes after them are ignored by numpy; we record
+  ``npy.trailing_bytes``. Fewer bytes is an error.
+- Object arrays (any dtype holding ``O``) store a pickle instead of raw data. We never unpickle:
+  the tensor is listed with dtype ``object`` (reading it returns the raw pickle bytes) and the
+  pickle is run through the project's inert pickle VM, its `PickleRecord` (role ``npy.object``)
+  added to ``model.evidence.pickles`` for the scanner.
+
+Dtypes: booleans, signed/unsigned integers, float16/32/64 and complex64/128 map to our dtype
+names. Little-endian (or byte-order-free) data reads zero-copy. Big-endian data (``'>f8'``) keeps
+its canonical dtype name but is read by a custom reader that byte-swaps into a native array (a
+copy); ``extras["byteorder"]`` says ``big``. Everything else (structured records, strings,
+datetimes, ``V2`` as written for ml_dtypes' bfloat16, long double) is listed as its raw bytes:
+dtype ``uint8`` with one extra trailing dimension of ``itemsize``, ``extras["numpy_descr"]``
+giving the descriptor.
+
+``.npz`` (`open_zip`): every member ``<key>.npy`` of the archive is one array named ``<key>``
+(``np.load`` strips the suffix; for duplicate names it reads the last entry, as zipfile does,
+and so do we). STORED members (``np.savez``) read zero-copy at their absolute offset in the
+archive. Compressed members (``np.savez_compressed``) have ``byte_offset`` None: listing
+decompresses only their header, and reading goes through a custom reader that decompresses the
+member (bounded by the expected size) into a new array (a copy). A member that cannot be read is
+recorded (``npz.bad_member``) and the listing goes on.
+
+Public API: `FORMAT`, `FORMATS`, `sniff`, `open_source`, `open_zip`, `parse_header`,
+`NpyHeader`, `MAX_HEADER_SIZE`, `NumpyFormatError`.
+"""
+from __future__ import annotations
+
+import ast
+import importlib
+import math
+import re
+import struct
+import zlib
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import numpy as np
+
+from tensorscope.errors import FormatError, LimitExceeded
+from tensorscope.model import ModelFile, PickleRecord, TensorInfo
+from tensorscope.source import ByteSource
+
+__all__ = ["FORMAT", "FORMATS", "sniff", "open_source", "open_zip", "parse_header", "NpyHeader",
+           "MAX_HEADER_SIZE", "NumpyFormatError", "ROOT_NAME"]
+
+FORMAT = "npy"
+FORMATS = ("npy", "npz")
+
+MAGIC_PREFIX = b"\x93NUMPY"
+MAGIC_LEN = 8  # prefix + major + minor
+# (major, minor) -> (header-length field, header encoding), numpy's _header_size_info
+_VERSIONS: dict[tuple[int, int], tuple[struct.Struct, str]] = {
+    (1, 0): (struct.Struct("<H"), "latin1"),
+    (2, 0): (struct.Struct("<I"), "latin1"),
+    (3, 0): (struct.Struct("<I"), "utf8"),
+}
+MAX_HEADER_SIZE = 10000  # numpy.lib.format._MAX_HEADER_SIZE
+_EXPECTED_KEYS = {"descr", "fortran_order", "shape"}
+ROOT_NAME = "<root>"  # a .npy holds one unnamed array; same name as a torch.save(tensor) root
+_NPZ_HEADER_PREFIX = 64 << 10  # bytes of a compressed member decompressed to find its header
+
+# numpy (kind, itemsize) -> canonical dtype name, for the types read element-wise.
+_DTYPES: dict[tuple[str, int], str] = {
+    ("b", 1): "bool",
+    ("i", 1): "int8", ("i", 2): "int16", ("i", 4): "int32", ("i", 8): "int64",
+    ("u", 1): "uint8", ("u", 2): "uint16", ("u", 4): "uint32", ("u", 8): "uint64",
+    ("f", 2): "float16", ("f", 4): "float32", ("f", 8): "float64",
+    ("c", 8): "complex64", ("c", 16): "complex128",
+}
+
+
+class NumpyFormatError(FormatError):
+    """A .npy header or payload that numpy.load would reject."""
+
+    def __init__(self, reason: str, **where):
+        where.setdefault("format", FORMAT)
+        super().__init__(reason, **where)
+
+
+@dataclass(frozen=True, slots=True)
+class NpyHeader:
+    """A parsed .npy header.
+
+    Attributes:
+        version: (major, minor).
+        descr: the descriptor as written (str or list).
+        shape: the array's shape.
+        fortran_order: whether the data are in Fortran order.
+        np_dtype: the numpy dtype the descriptor denotes (metadata only, never used to unpickle).
+        data_start: offset of the data relative to the start of the .npy bytes.
+        dtype: our canonical dtype name (``object`` for pickled payloads, ``uint8`` for raw).
+        layout: ``plain`` (zero-copy), ``swapped`` (big-endian: byte-swapping reader),
+            ``raw`` (listed as bytes) or ``object`` (a pickle).
+        py2_header: the header needed Python 2 ``L`` suffixes removed.
+    """
+
+    version: tuple[int, int]
+    descr: Any
+    shape: tuple[int, ...]
+    fortran_order: bool
+    np_dtype: np.dtype
+    data_start: int
+    dtype: str
+    layout: str
+    py2_header: bool = False
+
+    @property
+    def numel(self) -> int:
+        return math.prod(self.shape)
+
+    @property
+    def data_nbytes(self) -> int:
+        """Bytes of raw data numpy reads (0 for object arrays, whose payload is a pickle)."""
+        return 0 if self.layout == "object" else self.numel * self.np_dtype.itemsize
+
+    @property
+    def view_shape(self) -> tuple[int, ...]:
+        return self.shape + (self.np_dtype.itemsize,) if self.layout == "raw" else self.shape
+
+    @property
+    def view_stride(self) -> tuple[int, ...]:
+        """Strides in elements of ``dtype`` for `view_shape` (Fortran order honoured)."""
+        if self.layout == "raw":
+            item = self.np_dtype.itemsize
+            base = _f_stride(self.shape) if self.fortran_order else _c_stride(self.shape)
+            return tuple(s * item for s in base) + (1,)
+        return _f_stride(self.shape) if self.fortran_order else _c_stride(self.shape)
+
+
+def _c_stride(shape: tuple[int, ...]) -> tuple[int, ...]:
+    out, acc = [], 1
+    for d in reversed(shape):
+        out.append(acc)
+        acc *= max(d, 1)
+    return tuple(reversed(out))
+
+
+def _f_stride(shape: tuple[int, ...]) -> tuple[int, ...]:
+    out, acc = [], 1
+    for d in shape:
+        out.append(acc)
+        acc *= max(d, 1)
+    return tuple(out)
+
+
+def sniff(head: bytes, size: int) -> bool:
+    """True when the file starts with the .npy magic."""
+    return head[:6] == MAGIC_PREFIX and size >= MAGIC_LEN + 2
+
+
+def _descr_to_dtype(descr: Any) -> np.dtype:
+    """numpy's descr_to_dtype: strings, (base, shape) tuples, lists of fields (padding removed)."""
+    if isinstance(descr, str):
+        return np.dtype(descr)
+    if isinstance(descr, tuple):
+        if len(descr) != 2:
+            raise TypeError(f"subarray descriptor must have 2 items, not {len(descr)}")
+        return np.dtype((_descr_to_dtype(descr[0]), descr[1]))
+    if not isinstance(descr, list):
+        raise TypeError(f"descr must be a string, tuple or list, not {type(descr).__name__}")
+    names, formats, titles, offsets = [], [], [], []
+    offset = 0
+    for field in descr:
+        if not isinstance(field, tuple) or len(field) not in (2, 3):
+            raise TypeError(f"field {field!r} is not (name, descr[, shape])")
+        if len(field) == 2:
+            name, sub = field
+            dt = _descr_to_dtype(sub)
+        else:
+            name, sub, shape = field
+            dt = np.dtype((_descr_to_dtype(sub), shape))
+        is_pad = name == "" and dt.type is np.void and dt.names is None
+        if not is_pad:
+            title, name = name if isinstance(name, tuple) else (None, name)
+            titles.append(title)
+            names.append(name)
+            formats.append(dt)
+            offsets.append(offset)
+        offset += dt.itemsize
+    return np.dtype({"names": names, "formats": formats, "titles": titles,
+                     "offsets": offsets, "itemsize": offset})
+
+
+def _classify(dt: np.dtype) -> tuple[str, str]:
+    """(our dtype, layout) for a numpy dtype."""
+    if dt.hasobject:
+        return "object", "object"
+    if dt.names is None and dt.subdtype is None:
+        name = _DTYPES.get((dt.kind, dt.itemsize))
+        if name is not None:
+            if dt.byteorder == ">" and dt.itemsize > 1:
+                return name, "swapped"
+            return name, "plain"
+    return "uint8", "raw"
+
+
+def parse_header(buf: memoryview | bytes, *, file: str = "", member: str | None = None,
+                 base: int = 0, max_header_size: int = MAX_HEADER_SIZE,
+                 fmt: str = FORMAT) -> NpyHeader:
+    """Parse the magic, version and header dict of the .npy bytes in ``buf``.
+
+    Args:
+        buf: the .npy bytes (the whole payload, or at least its header).
+        file, member, base: where ``buf`` lives, for error messages (``base`` = absolute offset
+            of ``buf[0]`` in ``file``).
+        max_header_size: numpy's limit on the header length in characters.
+        fmt: the format named in errors (``npy`` or ``npz``).
+
+    Raises:
+        NumpyFormatError: bad magic, unsupported version, truncated or malformed header.
+        LimitExceeded: a header longer than ``max_header_size``.
+    """
+    where = dict(file=file, member=member, format=fmt)
+
+    def bad(reason: str, at: int = 0) -> NumpyFormatError:
+        return NumpyFormatError(reason, offset=base + at, **where)
+
+    if len(buf) < MAGIC_LEN or bytes(buf[:6]) != MAGIC_PREFIX:
+        raise bad(f"bad magic {bytes(buf[:6])!r}, expected {MAGIC_PREFIX!r}")
+    version = (buf[6], buf[7])
+    if version not in _VERSIONS:
+        raise bad(f"unsupported .npy format version {version[0]}.{version[1]} "
+                  "(numpy reads 1.0, 2.0 and 3.0)", 6)
+    length_field, encoding = _VERSIONS[version]
+    if len(buf) < MAGIC_LEN + length_field.size:
+        raise bad(f"truncated: the header length needs {length_field.size} bytes, "
+                  f"{len(buf) - MAGIC_LEN} remain", MAGIC_LEN)
+    (hlen,) = length_field.unpack_from(buf, MAGIC_LEN)
+    start = MAGIC_LEN + length_field.size
+    # numpy limits the decoded length; a UTF-8 character takes at most 4 bytes.
+    if hlen > max_header_size * (4 if encoding == "utf8" else 1):
+        raise LimitExceeded("header length", max_header_size, hlen, offset=base + MAGIC_LEN, **where)
+    if hlen > len(buf) - start:
+        raise bad(f"header length {hlen} runs past the end of the data "
+                  f"({len(buf) - start} bytes remain)", MAGIC_LEN)
+    try:
+        text = bytes(buf[start:start + hlen]).decode(encoding)
+    except UnicodeDecodeError as e:
+        raise bad(f"header is not valid UTF-8 ({e.reason})", start + e.start) from None
+    if len(text) > max_header_size:
+        raise LimitExceeded("header length", max_header_size, len(text), offset=base + MAGIC_LEN, **where)
+
+    py2 = False
+    try:
+        d = _literal(text)
+    except SyntaxError as e:
+        if version >= (3, 0):
+            raise bad(f"cannot parse header: {e.msg}", start) from None
+        try:  # Python 2 wrote 1L for ints; numpy strips the L and retries
+            d = _literal(re.sub(r"\b(\d+)[lL]\b", r"\1", text))
+            py2 = True
+        except SyntaxError as e2:
+            raise bad(f"cannot parse header: {e2.msg}", start) from None
+    except (ValueError, TypeError, MemoryError, RecursionError) as e:
+        raise bad(f"header is not a Python literal: {type(e).__name__}", start) from None
+    if not isinstance(d, dict):
+        raise bad(f"header is not a dictionary: {type(d).__name__}", start)
+    if set(d) != _EXPECTED_KEYS:
+        keys = sorted(map(repr, d))
+        raise bad(f"header does not contain the correct keys: [{', '.join(keys)}]", start)
+    shape = d["shape"]
+    if not isinstance(shape, tuple) or not all(isinstance(x, int) for x in shape):
+        raise bad(f"shape is not valid: {shape!r}"[:200], start)
+    if any(x < 0 for x in shape):
+        raise bad(f"shape {shape!r} has a negative dimension", start)
+    if not isinstance(d["fortran_order"], bool):
+        raise bad(f"fortran_order is not a valid bool: {d['fortran_order']!r}"[:200], start)
+    try:
+        dt = _descr_to_dtype(d["descr"])
+    except (TypeError, ValueError, KeyError, IndexError, OverflowError, RecursionError) as e:
+        raise bad(f"descr is not a valid dtype descriptor: {d['descr']!r}"[:200] + f" ({e})"[:200],
+                  start) from None
+    dtype, layout = _classify(dt)
+    return NpyHeader(version, d["descr"], tuple(int(x) for x in shape), d["fortran_order"], dt,
+                     start + hlen, dtype, layout, py2)
+
+
+def _literal(text: str) -> Any:
+    # literal_eval builds literals only (no names, calls or attribute access).
+    return ast.literal_eval(text)
+
+
+def _tensor(h: NpyHeader, name: str, *, file: str, byte_offset: int | None, payload: int,
+            fmt: str, storage_key: str | None = None, extras: dict | None = None) -> TensorInfo:
+    ext = {"npy_version": f"{h.version[0]}.{h.version[1]}", "descr": _descr_str(h.descr),
+           "fortran_order": h.fortran_order}
+    if h.layout == "swapped":
+        ext["byteorder"] = "big"
+    if h.layout == "raw":
+        ext["numpy_descr"] = _descr_str(h.descr)
+        ext["array_shape"] = list(h.shape)
+    if h.layout == "object":
+        ext["pickle_bytes"] = payload
+    if h.py2_header:
+        ext["py2_header"] = True
+    ext.update(extras or {})
+    if h.layout == "object":
+        shape, stride, nbytes = h.shape, None, payload
+    else:
+        shape, stride, nbytes = h.view_shape, h.view_stride, h.data_nbytes
+    return TensorInfo(name=name, dtype=h.dtype, shape=shape, stride=stride,
+                      byte_offset=byte_offset, nbytes=nbytes, file=file,
+                      storage_key=storage_key, storage_nbytes=payload, path=(name,),
+                      source_format=fmt, extras=ext)
+
+
+def _descr_str(descr: Any) -> str:
+    return descr if isinstance(descr, str) else repr(descr)
+
+
+def _check_payload(h: NpyHeader, available: int, *, file: str, member: str | None, base: int,
+                   fmt: str, ev) -> None:
+    """Data shorter than the header says is an error; longer is recorded."""
+    need = h.data_nbytes
+    if h.layout == "object":
+        if available == 0:
+            raise NumpyFormatError("object array holds no pickle after its header", file=file,
+                                   member=member, offset=base + h.data_start, format=fmt)
+        return
+    if need > available:
+        raise NumpyFormatError(
+            f"array data needs {need} bytes (shape {h.shape} x {h.np_dtype.itemsize}-byte "
+            f"{_descr_str(h.descr)}), {available} remain", file=file, member=member,
+            offset=base + h.data_start, format=fmt)
+    if available > need:
+        ev.add("npy.trailing_bytes", f"{available - need} bytes after the array data are not "
+               "part of the array (numpy ignores them)", file=file, member=member,
+               offset=base + h.data_start + need)
+
+
+def _scan_pickle(model: ModelFile, data, *, file: str, member: str | None, offset: int) -> None:
+    """Run an object array's pickle through the inert VM and keep the record for the scanner."""
+    try:
+        pickle_vm = importlib.import_module("tensorscope.parsers.pickle_vm")
+    except ModuleNotFoundError as e:
+        if e.name != "tensorscope.parsers.pickle_vm":
+            raise
+        model.evidence.add("npy.pickle_not_analysed", "object array pickle not analysed: the "
+                           "pickle VM is not available", file=file, member=member, offset=offset)
+        return
+    result = pickle_vm.run(data, file=file, member=member, base_offset=offset)
+    model.evidence.pickles.append(
+        PickleRecord(file, member, offset, len(data), result, role="npy.object"))
+
+
+def open_source(src: ByteSource, *, max_header_size: int = MAX_HEADER_SIZE) -> ModelFile:
+    """Parse a .npy file: one array named `ROOT_NAME` (reads no array data).
+
+    Args:
+        src: the file.
+        max_header_size: numpy's header limit (raise it only for trusted files).
+
+    Returns:
+        A `ModelFile` with one tensor; ``metadata["npy"]`` holds the header.
+
+    Raises:
+        NumpyFormatError: bad magic or version, malformed header, data shorter than the shape.
+        LimitExceeded: header longer than ``max_header_size``.
+
+    Example:
+        >>> model = open_source(ByteSource("weights.npy"))  # doctest: +SKIP
+        >>> model.read("<root>").shape                      # doctest: +SKIP
+    """
+    path = src.path
+    buf = src.buffer
+    h = parse_header(buf, file=path, max_header_size=max_header_size)
+    model = ModelFile(FORMAT, path)
+    available = src.size - h.data_start
+    _check_payload(h, available, file=path, member=None, base=0, fmt=FORMAT, ev=model.evidence)
+    payload = available if h.layout == "object" else h.data_nbytes
+    info = _tensor(h, ROOT_NAME, file=path, byte_offset=h.data_start, payload=payload, fmt=FORMAT)
+    model.tensors = [info]
+    if h.layout == "swapped":
+        model.custom_readers[info.name] = _swapped_reader(model, info, h)
+    if h.layout == "object":
+        _scan_pickle(model, buf[h.data_start:], file=path, member=None, offset=h.data_start)
+    model.metadata["npy"] = _header_meta(h)
+    return model
+
+
+def _header_meta(h: NpyHeader) -> dict[str, Any]:
+    return {"version": f"{h.version[0]}.{h.version[1]}", "descr": _descr_str(h.descr),
+            "fortran_order": h.fortran_order, "shape": list(h.shape), "data_offset": h.data_start}
+
+
+def _swapped_reader(model: ModelFile, info: TensorInfo, h: NpyHeader,
+                    data: Callable[[], Any] | None = None) -> Callable[[], np.ndarray]:
+    """A reader for big-endian data: a native-order copy (numpy arrays stay correct either way,
+    but consumers expect the dtypes of `tensorscope.dtypes`)."""
+    stored = h.np_dtype
+    item = stored.itemsize
+
+    def read() -> np.ndarray:
+        if data is not None:
+            raw, offset = data(), h.data_start
+        else:
+            src = model.source(info.file)
+            src.check(info.byte_offset, info.nbytes, f"tensor {info.name!r}", fmt=FORMAT)
+            raw, offset = src.raw, info.byte_offset
+        if info.numel == 0:
+            out = np.empty(info.shape, dtype=stored.newbyteorder("="))
+        else:
+            arr = np.ndarray(info.shape, dtype=stored, buffer=raw, offset=offset,
+                             strides=tuple(s * item for s in info.stride))
+            out = arr.astype(stored.newbyteorder("="))
+        out.flags.writeable = False
+        return out
+
+    return read
+
+
+# -- .npz -----------------------------------------------------------------------------------------------
+def open_zip(src: ByteSource, archive, *, max_header_size: int = MAX_HEADER_SIZE) -> ModelFile:
+    """List the arrays of an .npz archive (called by ``zip_dispatch`` once the zip is read).
+
+    Args:
+        src: the file.
+        archive: its `tensorscope.parsers.zipfmt.ZipArchive`.
+        max_header_size: numpy's header limit, per member.
+
+    Returns:
+        A `ModelFile` (format ``npz``): one tensor per ``<key>.npy`` member, named ``<key>``,
+        with ``storage_key`` the member name; the archive's anomalies are in its evidence.
+    """
+    path = src.path
+    model = ModelFile("npz", path)
+    ev = model.evidence
+    ev.anomalies.extend(archive.anomalies)
+    chosen: dict[str, Any] = {}
+    for m in archive.members:  # zipfile (so np.load) keeps the last member of a name
+        if m.name.endswith(".npy") and not m.is_dir:
+            chosen[m.name] = m
+    compressed = 0
+    for m in chosen.values():
+        key = m.name[:-4]
+        try:
+            info = _npz_member(model, archive, m, key, max_header_size)
+        except FormatError as e:
+            ev.add("npz.bad_member", f"member cannot be read: {e.reason}", file=path,
+                   member=m.name, offset=e.offset if e.offset is not None else m.header_offset)
+            continue
+        compressed += not m.is_stored
+        model.tensors.append(info)
+    model.metadata["npz"] = {"members": len(archive.members), "arrays": len(model.tensors),
+                             "compressed": compressed}
+    return model
+
+
+def _npz_member(model: ModelFile, archive, m, key: str, max_header_size: int) -> TensorInfo:
+    path = model.path
+    ev = model.evidence
+    if m.error:
+        raise NumpyFormatError(m.error, file=path, member=m.name, offset=m.header_offset,
+                               format="npz")
+    if m.is_encrypted:
+        raise NumpyFormatError("member is encrypted", file=path, member=m.name,
+                               offset=m.header_offset, format="npz")
+    extras = {"member": m.name, "compressed": not m.is_stored}
+    if m.is_stored:
+        buf = archive.data(m)
+        h = parse_header(buf, file=path, member=m.name, base=m.data_offset,
+                         max_header_size=max_header_size, fmt="npz")
+        available = len(buf) - h.data_start
+        _check_payload(h, available, file=path, member=m.name, base=m.data_offset, fmt="npz", ev=ev)
+        payload = available if h.layout == "object" else h.data_nbytes
+        info = _tensor(h, key, file=path, byte_offset=m.data_offset + h.data_start,
+                       payload=payload, fmt="npz", storage_key=m.name, extras=extras)
+        if h.layout == "swapped":
+            model.custom_readers[key] = _swapped_reader(model, info, h)
+        if h.layout == "object":
+            _scan_pickle(model, buf[h.data_start:], file=path, member=m.name,
+                         offset=m.data_offset + h.data_start)
+        return info
+
+    # Compressed: decompress the header only; the data are decompressed when read.
+    head = _member_prefix(archive, m, _NPZ_HEADER_PREFIX)
+    h = parse_header(head, file=path, member=m.name, base=0, max_header_size=max_header_size,
+                     fmt="npz")
+    available = m.size - h.data_start
+    _check_payload(h, available, file=path, member=m.name, base=0, fmt="npz", ev=ev)
+    payload = available if h.layout == "object" else h.data_nbytes
+    info = _tensor(h, key, file=path, byte_offset=None, payload=payload, fmt="npz",
+                   storage_key=m.name, extras=extras)
+    limit = h.data_start + payload
+
+    def content() -> bytes:
+        # Bounded by what the header and the central directory promise (zip bombs stop there).
+        return archive.read_bytes(m, max_size=max(m.size, limit))
+
+    model.custom_readers[key] = _decompressing_reader(info, h, content)
+    if h.layout == "object":
+        data = content()
+        _scan_pickle(model, memoryview(data)[h.data_start:], file=path, member=m.name,
+                     offset=m.data_offset)
+    return info
+
+
+def _member_prefix(archive, m, n: int) -> bytes:
+    """The first ``n`` uncompressed bytes of a member, decompressing no more than needed."""
+    if m.method == 8:  # deflate: stream just enough
+        raw = archive.data(m)
+        d = zlib.decompressobj(-15)
+        out = bytearray()
+        try:
+            for i in range(0, len(raw), 1 << 16):
+                out += d.decompress(raw[i:i + (1 << 16)], n - len(out))
+                if len(out) >= n or d.eof:
+                    break
+        except zlib.error as e:
+            raise NumpyFormatError(f"corrupt deflate data: {e}", file=archive.source.path,
+                                   member=m.name, offset=m.data_offset, format="npz") from None
+        return bytes(out)
+    return archive.read_bytes(m, max_size=max(m.size, 0))[:n]
+
+
+def _decompressing_reader(info: TensorInfo, h: NpyHeader,
+                          content: Callable[[], bytes]) -> Callable[[], np.ndarray]:
+    """Values of a compressed member: decompressed into a new array (a copy)."""
+    def read() -> np.ndarray:
+        data = content()
+        if h.layout == "object":
+            arr = np.frombuffer(data, dtype=np.uint8, offset=h.data_start)
+        elif info.numel == 0:
+            arr = np.empty(info.shape, dtype=_read_dtype(h))
+        else:
+            view = np.ndarray(info.shape, dtype=h.np_dtype if h.layout != "raw" else np.uint8,
+                              buffer=data, offset=h.data_start,
+                              strides=tuple(s * _item(h) for s in info.stride))
+            arr = view.astype(_read_dtype(h)) if h.layout != "raw" else view.copy()
+        arr.flags.writeable = False
+        return arr
+
+    return read
+
+
+def _item(h: NpyHeader) -> int:
+    return 1 if h.layout == "raw" else h.np_dtype.itemsize
+
+
+def _read_dtype(h: NpyHeader) -> np.dtype:
+    if h.layout == "raw":
+        return np.dtype(np.uint8)
+    return h.np_dtype.newbyteorder("=") if h.layout == "swapped" else h.np_dtype
