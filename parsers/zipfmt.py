@@ -310,6 +310,8 @@ class ZipArchive:
                 out += piece
                 if len(out) > max_size:
                     raise LimitExceeded("decompressed member size", max_size, None, **where)
+        except FormatError:
+            raise
         except (zlib.error, OSError, EOFError, lzma.LZMAError, ValueError) as e:
             raise FormatError(f"corrupt compressed data (method {member.method}): {e}",
                               **where) from None
@@ -391,6 +393,14 @@ def _decompress(method: int, raw: memoryview, cap: int, member: ZipMember, archi
                 break
         if produced >= cap or d.eof:
             return
+
+
+def _torch_compresses(raw_name: bytes, method: int) -> bool:
+    """torch.jit.save DEFLATEs the TorchScript sources and debug pickles under ``<prefix>/code/``
+    (``writeRecord(..., compress=true)``): that is normal and not reported."""
+    _, _, rest = raw_name.partition(b"/")
+    return (method == METHOD_DEFLATED and rest.startswith(b"code/")
+            and rest.endswith((b".py", b".debug_pkl")))
 
 
 # --- miniz's sorted central directory ---------------------------------------------------------------
@@ -568,15 +578,15 @@ class _Reader:
     def locate_cd(self, cd_offset: int, cd_size: int, concat: int, n_total: int,
                   eocd_pos: int) -> tuple[int, int]:
         """Pick the CD start: miniz reads it at ``cd_offset``; zipfile at ``cd_offset + concat``."""
-        if concat == 0:
-            return cd_offset, 0
+        if concat == 0 or (cd_size == 0 and n_total == 0):
+            return cd_offset, 0  # (an empty directory reads the same wherever it is)
 
         def has_cd(at: int) -> bool:
             if cd_size == 0 and n_total == 0:
                 return self.fits(at, 0)
             return self.fits(at, 4) and self.bytes_at(at, 4) == MAGIC_CENTRAL
 
-        miniz_ok = has_cd(cd_offset) and self.fits(cd_offset, cd_size)
+        miniz_ok = has_cd(cd_offset)  # a CD cut short is reported by the caller
         zipfile_ok = concat > 0 and has_cd(cd_offset + concat)
         if miniz_ok:
             if zipfile_ok:
@@ -704,10 +714,10 @@ class _Reader:
             self.miniz_fails(f"entry #{i} is STORED with differing sizes")
         elif usize and not csize:
             self.miniz_fails(f"entry #{i} has size {usize} but no compressed bytes")
-        if method != METHOD_STORED:
-            self.add("zip.compressed_member", f"member is compressed (method {method}); torch "
-                     "never compresses, and a compressed member cannot be memory-mapped",
-                     member=name, offset=at)
+        if method != METHOD_STORED and not _torch_compresses(raw_name, method):
+            self.add("zip.compressed_member", f"member is compressed (method {method}): torch "
+                     "stores tensor data and pickles uncompressed, and a compressed member "
+                     "cannot be memory-mapped", member=name, offset=at)
         if flags & (FLAG_ENCRYPTED | FLAG_STRONG_ENCRYPTION | FLAG_MASKED_LOCAL):
             self.add("zip.encrypted_member", f"member is flagged encrypted (flags {flags:#06x})",
                      member=name, offset=at)
@@ -867,35 +877,44 @@ class _Reader:
                      eocd_end: int, prepended: int) -> None:
         """Every byte should belong to a local header + data (+ descriptor), the CD or the
         trailer: report what overlaps and what is left over."""
-        spans: list[tuple[int, int, str, ZipMember | None]] = []
+        # (start, end, what, role, member); role: "member", "bad" (an unreadable member, already
+        # reported: its bytes count as accounted for, its overlaps would repeat the report) or
+        # "struct" (directory and trailer records).
+        spans: list[tuple[int, int, str, str, ZipMember | None]] = []
         for m in members:
-            if m.error is None:  # unreadable members were reported already
+            if m.error is None:
                 spans.append((m.header_offset, m.data_end + self.descriptor_length(m),
-                              f"member {m.name!r}", m))
-        spans.append((cd_start, cd_start + cd_size, "central directory", None))
+                              f"member {m.name!r}", "member", m))
+            elif m.local_name is not None:
+                spans.append((m.header_offset, min(m.data_end, self.size), f"member {m.name!r}",
+                              "bad", m))
+        spans.append((cd_start, cd_start + cd_size, "central directory", "struct", None))
         if z64_pos is not None:
-            spans.append((z64_pos, z64_end, "zip64 end-of-central-directory record", None))
-        if loc_pos >= 0 or (eocd_pos >= EOCD64_LOCATOR.size and self.bytes_at(
-                eocd_pos - EOCD64_LOCATOR.size, 4) == MAGIC_EOCD64_LOCATOR):
-            spans.append((eocd_pos - EOCD64_LOCATOR.size, eocd_pos, "zip64 locator", None))
-        spans.append((eocd_pos, eocd_end, "end-of-central-directory record", None))
+            spans.append((z64_pos, z64_end, "zip64 end-of-central-directory record", "struct",
+                          None))
+        if loc_pos >= 0:
+            spans.append((loc_pos, eocd_pos, "zip64 locator", "struct", None))
+        spans.append((eocd_pos, eocd_end, "end-of-central-directory record", "struct", None))
         spans.sort(key=lambda s: (s[0], s[1]))
 
-        # Overlaps between members (and members over the trailer structures).
-        reach_end, reach_what, reach_m = spans[0][1], spans[0][2], spans[0][3]
-        for start, end, what, m in spans[1:]:
-            if start < reach_end and m is not None and reach_m is not None:
-                self.add("zip.overlapping_members", f"{what} ({start}..{end}) overlaps "
-                         f"{reach_what} (..{reach_end})" + (
-                             "; both entries point at the same local header"
-                             if start == reach_m.header_offset else ""),
-                         member=m.name, offset=start)
-            elif start < reach_end and (m is not None or reach_m is not None):
-                mm = m if m is not None else reach_m
-                self.add("zip.data_out_of_range", f"{what} ({start}..{end}) overlaps "
-                         f"{reach_what} (..{reach_end})", member=mm.name, offset=start)
-            if end > reach_end:
-                reach_end, reach_what, reach_m = end, what, m
+        # Overlaps, against the span reaching furthest so far.
+        reach = spans[0]
+        for span in spans[1:]:
+            start, end, what, role, m = span
+            r_end, r_what, r_role, r_m = reach[1], reach[2], reach[3], reach[4]
+            if start < r_end and "bad" not in (role, r_role):
+                if role == r_role == "member":
+                    same = " (both entries point at the same local header)" if (
+                        start == r_m.header_offset) else ""
+                    self.add("zip.overlapping_members", f"{what} ({start}..{end}) overlaps "
+                             f"{r_what} ({r_m.header_offset}..{r_end}){same}", member=m.name,
+                             offset=start)
+                elif "member" in (role, r_role):
+                    mm = m if role == "member" else r_m
+                    self.add("zip.data_out_of_range", f"{what} ({start}..{end}) overlaps "
+                             f"{r_what} (..{r_end})", member=mm.name, offset=start)
+            if end > r_end:
+                reach = span
 
         # Gaps: before the first structure, between structures, after the EOCD.
         first = spans[0][0]
@@ -904,7 +923,7 @@ class _Reader:
                 self.add("zip.prepended_bytes", f"{first} bytes before the first local header "
                          f"(starting {self.bytes_at(0, min(first, 16))!r})", offset=0)
         cursor = first
-        for start, end, what, _ in spans:
+        for start, end, what, _, _ in spans:
             if start > cursor:
                 self.report_gap(cursor, start, what)
             cursor = max(cursor, end)
