@@ -366,6 +366,15 @@ def _as_bytes(piece: np.ndarray) -> np.ndarray:
     return piece.view(np.uint8) if piece.dtype != np.uint8 else piece
 
 
+def _equal_bytes(pa: np.ndarray, pb: np.ndarray) -> bool:
+    """Byte equality of two contiguous 1-D pieces; 8-byte words when the size allows (an eighth of
+    the temporary, and faster)."""
+    ua, ub = _as_bytes(pa), _as_bytes(pb)
+    if ua.size % 8 == 0 and ua.size:
+        ua, ub = ua.view(np.uint64), ub.view(np.uint64)
+    return bool(np.array_equal(ua, ub))
+
+
 class _Walker:
     """Streams the values of one pair of views, releasing map pages and reporting progress."""
 
@@ -385,7 +394,7 @@ class _Walker:
 
     def same_bytes(self, va, vb, ia, ib) -> bool:
         for pa, pb in self.pieces(va, vb, ia, ib, self.chunk_bytes):
-            if not np.array_equal(_as_bytes(pa), _as_bytes(pb)):
+            if not _equal_bytes(pa, pb):
                 return False
         return True
 
