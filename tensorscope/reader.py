@@ -56,7 +56,9 @@ def strided_view(model: "ModelFile", info: "TensorInfo") -> np.ndarray:
         np_dtype, itemsize, shape = spec.numpy, spec.itemsize, info.shape
         strides = tuple(s * itemsize for s in info.stride)
     if info.numel == 0:
-        return np.empty(shape, dtype=np_dtype)
+        empty = np.empty(shape, dtype=np_dtype)
+        empty.flags.writeable = False  # read-only like every other view
+        return empty
     # np.ndarray over the map: shares memory; the map is read-only so the view is too.
     arr = np.ndarray(shape, dtype=np_dtype, buffer=src.raw, offset=info.byte_offset, strides=strides)
     if arr.flags.writeable:
