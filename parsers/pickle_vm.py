@@ -1,0 +1,1481 @@
+"""A symbolic pickle VM: it runs protocols 0-5, builds inert objects and executes nothing.
+
+Spec (what a pickle is, as CPython's C ``_pickle`` Unpickler reads it from a file):
+
+- A pickle is a stream of opcodes. Each opcode is one byte, followed by an argument whose layout
+  the opcode fixes (``pickletools.opcodes`` is the table; this module does not retype it). The
+  stream MUST end with ``STOP``; bytes after ``STOP`` are not part of the pickle (``end`` says
+  where it stopped, so a caller MAY look for a second pickle there).
+- ``PROTO n`` MAY appear (protocol >= 2) and MUST name a protocol <= 5. ``FRAME n`` (protocol 4+)
+  MUST be followed by at least ``n`` bytes; frames are otherwise not semantic boundaries (an
+  opcode MAY cross a frame end: the C unpickler reading a file does not care).
+- ``MARK`` pushes a mark; opcodes that take "items since the mark" MUST find one ("could not find
+  MARK"). Items below the newest mark are out of reach ("unexpected MARK found"); an empty stack
+  is "unpickling stack underflow". ``POP`` on a mark pops the mark.
+- The memo maps integers to objects. ``PUT``/``BINPUT``/``LONG_BINPUT`` store the stack top at an
+  index, ``MEMOIZE`` at ``len(memo)``; a ``GET`` of a missing index is an error.
+- ``GLOBAL`` names are UTF-8 (``INST`` names ASCII); ``STACK_GLOBAL`` takes two ``str`` from the
+  stack. ``REDUCE``/``NEWOBJ``/``NEWOBJ_EX``/``INST``/``OBJ`` call something; ``BUILD`` calls
+  ``__setstate__`` or sets attributes; ``APPEND(S)``/``SETITEM(S)``/``ADDITEMS`` call methods of
+  whatever is below the items. Every one of these is a place where a real loader runs code.
+- Text (protocol 0/1) forms: ``INT`` is C ``strtol`` base 0 (``I01``/``I00`` are bools), ``LONG``
+  MAY end in ``L``, ``STRING`` is quoted and backslash-escaped, ``UNICODE`` is raw-unicode-escape.
+  Binary strings are UTF-8 with ``surrogatepass``.
+
+What the VM does instead of executing:
+
+- ``GLOBAL`` and friends push a `Global` (module, name, pos) and record a `GlobalSeen`.
+- A call pushes a `Call` (func, args, kwargs, pos, opcode) and records a `CallSeen`, unless the
+  callee is a `Global` named in ``hooks``: then ``hook(args, pos)`` builds the value (this is how
+  the torch parser turns ``torch._utils._rebuild_tensor_v2`` into a tensor record, and how
+  `CONTAINER_HOOKS` rebuild ``OrderedDict``/``set``/``bytes``). The call is still recorded.
+- Container opcodes fill real lists/dicts/sets; onto a `Call` they fill ``items``/``dictitems``/
+  ``setitems``; onto anything else (a `Global`, a `PersistentRef` ...) they are method calls of a
+  real object and are recorded as a `CallSeen` named after the opcode.
+- ``PERSID``/``BINPERSID`` call ``persistent_load(pid, pos)`` or push a `PersistentRef`.
+- Unhashable dict keys and set items are wrapped in `UnhashableKey`, so dicts still build.
+
+Safety: no recursion (1e6-deep nesting works or fails with `LimitExceeded`), O(1) work per opcode
+apart from the items it consumes, no allocation sized from a length field before that length is
+checked against the bytes that remain, and every failure is a `PickleError` (or `LimitExceeded`)
+that names the file, member, absolute byte offset and opcode. The result keeps what was seen
+before the failure: a loader runs every opcode before a broken one.
+
+Public API: `run`, `Limits`, `DEFAULT_LIMITS`, `PickleResult`, `GlobalSeen`, `CallSeen`, `Global`,
+`Call`, `PersistentRef`, `OutOfBandBuffer`, `Extension`, `UnhashableKey`, `BuildStates`, `NOTSET`,
+`CONTAINER_HOOKS`, `PickleError`.
+
+Example:
+    >>> import pickle
+    >>> r = run(pickle.dumps({"a": [1, 2.5, None]}, protocol=2))
+    >>> r.value, r.stopped, r.protocol
+    ({'a': [1, 2.5, None]}, True, 2)
+    >>> r = run(b"cos\\nsystem\\n(S'echo hi'\\ntR.")
+    >>> r.globals[0].dotted, r.calls[0].args, r.value
+    ('os.system', ('echo hi',), Call(os.system, 1 args))
+"""
+from __future__ import annotations
+
+import codecs
+import pickletools
+import re
+import struct
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from tensorscope.errors import FormatError, LimitExceeded
+
+__all__ = [
+    "run", "Limits", "DEFAULT_LIMITS", "PickleResult", "GlobalSeen", "CallSeen", "Global", "Call",
+    "PersistentRef", "OutOfBandBuffer", "Extension", "UnhashableKey", "BuildStates", "NOTSET",
+    "CONTAINER_HOOKS", "PickleError", "HIGHEST_PROTOCOL",
+]
+
+HIGHEST_PROTOCOL = 5
+
+# ---------------------------------------------------------------------------------------------
+# Opcode table: reused from pickletools, never retyped.
+
+_NAME: dict[int, str] = {}          # opcode byte -> name
+_CODE: dict[str, int] = {}          # name -> opcode byte
+_ARG_SIZE: dict[int, int] = {}      # opcode byte -> size of its fixed argument or length prefix
+_PREFIX = {pickletools.TAKEN_FROM_ARGUMENT1: 1, pickletools.TAKEN_FROM_ARGUMENT4: 4,
+           pickletools.TAKEN_FROM_ARGUMENT4U: 4, pickletools.TAKEN_FROM_ARGUMENT8U: 8}
+for _info in pickletools.opcodes:
+    _byte = ord(_info.code)
+    if _byte in _NAME:
+        raise ImportError(f"pickletools lists opcode {_byte:#04x} twice")
+    _NAME[_byte] = _info.name
+    _CODE[_info.name] = _byte
+    if _info.arg is None:
+        _ARG_SIZE[_byte] = 0
+    elif _info.arg.n >= 0:
+        _ARG_SIZE[_byte] = _info.arg.n
+    else:   # a length prefix (TAKEN_FROM_ARGUMENT*) or a text line (UP_TO_NEWLINE: 0)
+        _ARG_SIZE[_byte] = _PREFIX.get(_info.arg.n, 0)
+
+# Binary layouts of opcode arguments (all little-endian except BINFLOAT, as pickle defines).
+_U16 = struct.Struct("<H")    # BININT2, EXT2
+_I32 = struct.Struct("<i")    # BININT, BINSTRING, LONG4, EXT4 (signed)
+_U32 = struct.Struct("<I")    # BINUNICODE, BINBYTES, LONG_BINGET, LONG_BINPUT
+_U64 = struct.Struct("<Q")    # FRAME, BINUNICODE8, BINBYTES8, BYTEARRAY8
+_F64 = struct.Struct(">d")    # BINFLOAT is big-endian
+
+# Limits on stack, memo and object counts are checked every _CHECK_EVERY opcodes and at STOP,
+# so they may be overshot by at most that many entries; the opcode limit is exact.
+_CHECK_EVERY = 4096
+# Hashing a tuple in C recurses through nested tuples without a guard (a 1e6-deep tuple crashes
+# the interpreter) and caches nothing (a DAG of shared tuples costs 2**depth). Bound both.
+_MAX_HASH_WORK = 10_000_000
+# CPython refuses int <-> str conversions above 4300 digits (CVE-2020-10735); so do we, even when
+# the interpreter's own limit was lifted, because int() of a long string is quadratic.
+_MAX_INT_DIGITS = 4300
+# Encodings that the bytes/bytearray/_codecs.encode hooks accept. An encoding name from a file is
+# never handed to codecs.lookup: that imports a module named by the file.
+_SAFE_ENCODINGS = {"latin1": "latin-1", "latin-1": "latin-1", "iso-8859-1": "latin-1",
+                   "iso8859-1": "latin-1", "utf-8": "utf-8", "utf8": "utf-8", "ascii": "ascii"}
+
+
+class PickleError(FormatError):
+    """The pickle is malformed or does something a loader would refuse."""
+
+    def __init__(self, reason: str, **where):
+        where.setdefault("format", "pickle")
+        super().__init__(reason, **where)
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Resource bounds for one run. Defaults suit a 100 GB checkpoint with ~1e6 tensors
+    (~35 opcodes, ~8 memo entries and ~4 objects per tensor).
+
+    Attributes:
+        max_opcodes: opcodes executed.
+        max_stack: items on the stack, all MARK levels together.
+        max_memo: memo entries.
+        max_objects: containers and calls built.
+        max_depth: MARK nesting, and nesting of a tuple that gets hashed.
+        max_string: bytes of one string/bytes argument (also checked against the bytes left).
+        max_long: bytes of one LONG1/LONG4 integer (65536 bytes is ~158,000 decimal digits).
+    """
+
+    max_opcodes: int = 100_000_000
+    max_stack: int = 10_000_000
+    max_memo: int = 50_000_000
+    max_objects: int = 50_000_000
+    max_depth: int = 10_000
+    max_string: int = 1 << 30
+    max_long: int = 1 << 16
+
+    def __post_init__(self):
+        for name in ("max_opcodes", "max_stack", "max_memo", "max_objects", "max_depth",
+                     "max_string", "max_long"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value < 1:
+                raise ValueError(f"Limits.{name} must be a positive int, got {value!r}")
+
+
+DEFAULT_LIMITS = Limits()
+
+
+# ---------------------------------------------------------------------------------------------
+# Inert objects pushed by the VM.
+
+class _NotSet:
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return "NOTSET"
+
+    def __bool__(self) -> bool:
+        return False
+
+
+NOTSET = _NotSet()
+"""`Call.state` before any BUILD."""
+
+
+class Global:
+    """A class or function reference (GLOBAL, STACK_GLOBAL, INST, OBJ); nothing is imported.
+
+    Hashable by identity: two GLOBAL opcodes naming the same thing give two objects.
+    """
+
+    __slots__ = ("module", "name", "pos")
+
+    def __init__(self, module: str, name: str, pos: int):
+        self.module = module
+        self.name = name
+        self.pos = pos
+
+    @property
+    def dotted(self) -> str:
+        return f"{self.module}.{self.name}"
+
+    def __repr__(self) -> str:
+        return f"Global({self.module}.{self.name})"
+
+
+class BuildStates(list):
+    """`Call.state` after several BUILDs whose states are not all dicts: every state, in order."""
+
+    __slots__ = ()
+
+
+class Call:
+    """The inert result of a call (REDUCE, NEWOBJ, NEWOBJ_EX, INST, OBJ).
+
+    Attributes:
+        func: what was called (usually a `Global`; may be another `Call`, e.g. ``getattr(...)``).
+        args: the positional arguments (a tuple).
+        kwargs: keyword arguments (NEWOBJ_EX only), else None.
+        pos: offset of the calling opcode.
+        opcode: its name.
+        state: the BUILD state (`NOTSET` if none); a second BUILD merges dicts into a new dict,
+            otherwise the state becomes a `BuildStates` list of every state.
+        items: objects APPEND(S)ed onto it; dictitems: (key, value) pairs SETITEM(S)ed;
+            setitems: objects ADDITEMSed. Read-only views (an empty list when nothing was added).
+    """
+
+    __slots__ = ("func", "args", "kwargs", "pos", "opcode", "state", "_items", "_dictitems",
+                 "_setitems", "_owns_state")
+
+    def __init__(self, func: Any, args: tuple, kwargs: dict | None, pos: int, opcode: str):
+        self.func = func
+        self.args = args
+        self.kwargs = kwargs
+        self.pos = pos
+        self.opcode = opcode
+        self.state = NOTSET
+        self._items = None      # lists are made on first use: most calls never get any
+        self._dictitems = None
+        self._setitems = None
+        self._owns_state = False
+
+    @property
+    def items(self) -> list:
+        return self._items if self._items is not None else []
+
+    @property
+    def dictitems(self) -> list:
+        return self._dictitems if self._dictitems is not None else []
+
+    @property
+    def setitems(self) -> list:
+        return self._setitems if self._setitems is not None else []
+
+    def __repr__(self) -> str:  # shallow on purpose: values may nest a million levels deep
+        func = self.func.dotted if isinstance(self.func, Global) else type(self.func).__name__
+        return f"Call({func}, {len(self.args)} args)"
+
+
+class PersistentRef:
+    """PERSID/BINPERSID when no ``persistent_load`` is given: the id and where it was."""
+
+    __slots__ = ("pid", "pos")
+
+    def __init__(self, pid: Any, pos: int):
+        self.pid = pid
+        self.pos = pos
+
+    def __repr__(self) -> str:
+        return f"PersistentRef(pos={self.pos})"
+
+
+class OutOfBandBuffer:
+    """NEXT_BUFFER (protocol 5): the ``index``-th out-of-band buffer; ``readonly`` after
+    READONLY_BUFFER."""
+
+    __slots__ = ("index", "pos", "readonly")
+
+    def __init__(self, index: int, pos: int, readonly: bool = False):
+        self.index = index
+        self.pos = pos
+        self.readonly = readonly
+
+    def __repr__(self) -> str:
+        return f"OutOfBandBuffer({self.index}, readonly={self.readonly})"
+
+
+class Extension:
+    """EXT1/EXT2/EXT4: a copyreg extension code. The registry is never consulted."""
+
+    __slots__ = ("code", "pos")
+
+    def __init__(self, code: int, pos: int):
+        self.code = code
+        self.pos = pos
+
+    def __repr__(self) -> str:
+        return f"Extension({self.code})"
+
+
+class UnhashableKey:
+    """A dict key or set item that cannot be hashed (a list, a dict ...), kept so that the
+    container still builds. A real loader would fail there with TypeError."""
+
+    __slots__ = ("value",)
+
+    def __init__(self, value: Any):
+        self.value = value
+
+    def __repr__(self) -> str:
+        return f"UnhashableKey({type(self.value).__name__})"
+
+
+@dataclass(slots=True)
+class GlobalSeen:
+    """One global reference: GLOBAL, STACK_GLOBAL, INST, OBJ (class argument) or EXT1/2/4
+    (recorded as ``copyreg._inverted_registry[code]``)."""
+
+    module: str
+    name: str
+    pos: int
+    opcode: str
+
+    @property
+    def dotted(self) -> str:
+        return f"{self.module}.{self.name}"
+
+
+@dataclass(slots=True)
+class CallSeen:
+    """One place where a loader runs code: REDUCE, NEWOBJ, NEWOBJ_EX, INST, OBJ; BUILD
+    (``func`` = the object, ``args`` = ``(state,)``); and APPEND(S)/SETITEM(S)/ADDITEMS onto an
+    object that is not a container the VM built (``func`` = that object, ``args`` = the items,
+    pairs as 2-tuples for SETITEM(S))."""
+
+    func: Any
+    args: tuple
+    kwargs: dict | None
+    pos: int
+    opcode: str
+
+
+@dataclass
+class PickleResult:
+    """What one run saw. Positions are relative to the start of ``data`` given to `run`.
+
+    Attributes:
+        value: the object returned at STOP (None if the run failed before).
+        globals: every global reference, in order.
+        calls: every call, in order (hooked calls included).
+        persistent_ids: (pid, pos) of every PERSID/BINPERSID.
+        protocol: the first PROTO's argument, None without PROTO.
+        opcodes: opcodes executed (the failing one included).
+        end: offset just after STOP, or of the opcode that failed.
+        stopped: True when STOP was reached.
+        error: the failure, or None. Results before it are kept.
+    """
+
+    value: Any = None
+    globals: list[GlobalSeen] = field(default_factory=list)
+    calls: list[CallSeen] = field(default_factory=list)
+    persistent_ids: list[tuple[object, int]] = field(default_factory=list)
+    protocol: int | None = None
+    opcodes: int = 0
+    end: int = 0
+    stopped: bool = False
+    error: FormatError | None = None
+
+    def raise_for_error(self) -> None:
+        """Raise `error` if the run failed."""
+        if self.error is not None:
+            raise self.error
+
+
+# ---------------------------------------------------------------------------------------------
+# Container hooks: inert rebuilds of the few builtins that pickles reach through REDUCE.
+
+_INERT_DATA = (type(None), bool, int, float, complex, str, bytes, bytearray, tuple, list, dict,
+               set, frozenset)
+
+
+def _hook_error(what: str, args: tuple) -> PickleError:
+    kinds = ", ".join(type(a).__name__ for a in args)
+    return PickleError(f"{what} called with unsupported arguments ({kinds})")
+
+
+def _pairs_to_dict(what: str, pairs: Any) -> dict:
+    out: dict = {}
+    if type(pairs) is dict:
+        return dict(pairs)
+    if type(pairs) not in (list, tuple):
+        raise _hook_error(what, (pairs,))
+    for pair in pairs:
+        if type(pair) not in (list, tuple) or len(pair) != 2:
+            raise PickleError(f"{what} wants (key, value) pairs, got {type(pair).__name__}")
+        _set_key(out, pair[0], pair[1])
+    return out
+
+
+def _ordered_dict(args: tuple, pos: int) -> dict:
+    if not args:
+        return {}
+    if len(args) == 1:
+        return _pairs_to_dict("collections.OrderedDict", args[0])
+    raise _hook_error("collections.OrderedDict", args)
+
+
+def _defaultdict(args: tuple, pos: int) -> dict:
+    # (default_factory[, items]); the factory is a Global that stays recorded in `globals`.
+    if len(args) <= 1:
+        return {}
+    if len(args) == 2:
+        return _pairs_to_dict("collections.defaultdict", args[1])
+    raise _hook_error("collections.defaultdict", args)
+
+
+def _iterable_items(what: str, args: tuple) -> list:
+    if not args:
+        return []
+    if len(args) == 1 and type(args[0]) in (list, tuple, set, frozenset, dict):
+        return list(args[0])
+    raise _hook_error(what, args)
+
+
+def _make_set(args: tuple, pos: int) -> set:
+    out: set = set()
+    for item in _iterable_items("set", args):
+        _add_item(out, item)
+    return out
+
+
+def _make_frozenset(args: tuple, pos: int) -> frozenset:
+    return frozenset(_make_set(args, pos))
+
+
+def _encode(what: str, text: Any, encoding: Any) -> bytes:
+    codec = _SAFE_ENCODINGS.get(encoding.lower()) if type(encoding) is str else None
+    if type(text) is not str or codec is None:
+        raise _hook_error(what, (text, encoding))
+    try:
+        return text.encode(codec)
+    except UnicodeEncodeError as exc:
+        raise PickleError(f"{what}: text cannot be encoded as {codec}: {exc.reason}") from None
+
+
+def _make_bytes(args: tuple, pos: int) -> bytes:
+    if not args:
+        return b""
+    if len(args) == 1 and type(args[0]) in (bytes, bytearray):
+        return bytes(args[0])
+    if len(args) == 2:
+        return _encode("bytes", args[0], args[1])
+    raise _hook_error("bytes", args)  # bytes(n) would allocate what the file merely claims
+
+
+def _make_bytearray(args: tuple, pos: int) -> bytearray:
+    return bytearray(_make_bytes(args, pos))
+
+
+def _codecs_encode(args: tuple, pos: int) -> bytes:
+    # Protocols 0-2 pickle bytes as _codecs.encode('<latin-1 text>', 'latin1').
+    if len(args) == 1:
+        return _encode("_codecs.encode", args[0], "utf-8")
+    if len(args) == 2:
+        return _encode("_codecs.encode", args[0], args[1])
+    raise _hook_error("_codecs.encode", args)
+
+
+CONTAINER_HOOKS: Mapping[tuple[str, str], Callable[[tuple, int], object]] = {
+    ("collections", "OrderedDict"): _ordered_dict,
+    ("collections", "defaultdict"): _defaultdict,
+    ("builtins", "set"): _make_set,
+    ("__builtin__", "set"): _make_set,
+    ("builtins", "frozenset"): _make_frozenset,
+    ("__builtin__", "frozenset"): _make_frozenset,
+    ("builtins", "bytes"): _make_bytes,
+    ("__builtin__", "bytes"): _make_bytes,
+    ("builtins", "bytearray"): _make_bytearray,
+    ("__builtin__", "bytearray"): _make_bytearray,
+    ("_codecs", "encode"): _codecs_encode,
+}
+"""Inert builders for containers that pickles build by calling a builtin. Pure data, no import.
+Merge with your own: ``hooks={**CONTAINER_HOOKS, **mine}``. ``OrderedDict``/``defaultdict`` give
+a plain dict (a later BUILD of their ``__dict__`` is recorded and ignored)."""
+
+
+# ---------------------------------------------------------------------------------------------
+# Hashing guard shared by the VM and the hooks.
+
+def _check_tuple_key(key: tuple, max_depth: int) -> None:
+    """Raise LimitExceeded if hashing ``key`` could crash (depth) or hang (DAG blow-up)."""
+    done: dict[int, tuple[int, int]] = {}   # id -> (depth, expanded size)
+    path = [(key, iter(key))]
+    while path:
+        node, children = path[-1]
+        for child in children:
+            if type(child) is tuple and id(child) not in done:
+                if len(path) >= max_depth:
+                    raise LimitExceeded("nesting depth of a hashed tuple", max_depth,
+                                        len(path) + 1, format="pickle")
+                path.append((child, iter(child)))
+                break
+        else:
+            path.pop()
+            depth, size = 1, 1
+            for child in node:
+                if type(child) is tuple:
+                    child_depth, child_size = done[id(child)]
+                    depth = max(depth, child_depth + 1)
+                    size += child_size
+                else:
+                    size += 1
+            if size > _MAX_HASH_WORK:
+                raise LimitExceeded("expanded size of a hashed tuple", _MAX_HASH_WORK, size,
+                                    format="pickle")
+            done[id(node)] = (depth, size)
+
+
+def _set_key(d: dict, key: Any, value: Any, max_depth: int = DEFAULT_LIMITS.max_depth) -> None:
+    if type(key) is tuple:
+        _check_tuple_key(key, max_depth)
+    try:
+        d[key] = value
+    except TypeError:
+        d[UnhashableKey(key)] = value
+
+
+def _add_item(s: set, item: Any, max_depth: int = DEFAULT_LIMITS.max_depth) -> None:
+    if type(item) is tuple:
+        _check_tuple_key(item, max_depth)
+    try:
+        s.add(item)
+    except TypeError:
+        s.add(UnhashableKey(item))
+
+
+# ---------------------------------------------------------------------------------------------
+# Text-form helpers (protocols 0 and 1).
+
+# C strtol(s, &end, 0): optional space, sign, then 0x-hex, 0-octal or decimal.
+_STRTOL = re.compile(rb"[ \t\n\v\f\r]*([+-]?)(0[xX][0-9a-fA-F]+|0[0-7]*|[1-9][0-9]*)\Z")
+_INT64_MIN, _INT64_MAX = -(1 << 63), (1 << 63) - 1
+
+
+def _py_int(text: bytes, what: str) -> int:
+    """int(text, 0) as PyLong_FromString(s, NULL, 0) does, with the digit cap."""
+    if len(text) > _MAX_INT_DIGITS + 8:
+        raise PickleError(f"{what} literal has {len(text)} characters, more than the "
+                          f"{_MAX_INT_DIGITS}-digit limit for int conversion")
+    try:
+        return int(text.decode("ascii"), 0)
+    except (UnicodeDecodeError, ValueError):
+        shown = text[:40] + (b"..." if len(text) > 40 else b"")
+        raise PickleError(f"{what} argument {shown!r} is not an integer") from None
+
+
+def _text_int(text: bytes) -> int | bool:
+    """INT's argument as load_int in _pickle.c reads it."""
+    m = _STRTOL.match(text)
+    if m is not None:
+        sign, digits = m.groups()
+        if digits[:2] in (b"0x", b"0X"):
+            value = int(digits[2:], 16) if len(digits) <= 40 else None
+        elif digits.startswith(b"0"):
+            value = int(digits, 8) if len(digits) <= 40 else None
+        else:
+            value = int(digits) if len(digits) <= 40 else None
+        if value is not None:
+            value = -value if sign == b"-" else value
+            if _INT64_MIN <= value <= _INT64_MAX:
+                if len(text) == 2 and value in (0, 1):
+                    return bool(value)          # I00 / I01: protocol-1 bools
+                return value
+    return _py_int(text, "INT")             # too long for a C long: Python's own rules
+
+
+def _text_float(text: bytes) -> float:
+    # PyOS_string_to_double: no surrounding space, no underscores, overflow is an error.
+    if (not text or text != text.strip() or b"_" in text or len(text) > 400):
+        raise PickleError(f"FLOAT argument {text[:40]!r} is not a float")
+    try:
+        value = float(text.decode("ascii"))
+    except (UnicodeDecodeError, ValueError):
+        raise PickleError(f"FLOAT argument {text[:40]!r} is not a float") from None
+    if value in (float("inf"), float("-inf")) and b"inf" not in text.lower():
+        raise PickleError(f"FLOAT argument {text[:40]!r} overflows a double")
+    return value
+
+
+def _text_index(text: bytes, what: str) -> int:
+    """PUT/GET arguments: PyLong_FromString(s, NULL, 10)."""
+    if len(text) > 40:
+        raise PickleError(f"{what} argument {text[:40]!r}... is not a memo index")
+    try:
+        return int(text.decode("ascii"), 10)
+    except (UnicodeDecodeError, ValueError):
+        raise PickleError(f"{what} argument {text!r} is not a memo index") from None
+
+
+def _py2_string(raw: bytes) -> str | bytes:
+    """STRING/BINSTRING/SHORT_BINSTRING hold Python 2 ``str``: text when it decodes as UTF-8
+    (what torch.load's encoding='utf-8' gives), else the raw bytes (encoding='bytes')."""
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError:
+        return raw
+
+
+def _type_name(obj: Any) -> str:
+    return type(obj).__name__
+
+
+class _CallerFault(Exception):
+    """Internal: a hook or persistent_load raised something other than FormatError."""
+
+
+# ---------------------------------------------------------------------------------------------
+# The VM.
+
+# Opcodes handled inline in `_VM.execute` (the hot ones, by frequency in torch pickles); every
+# other opcode has an `op_<NAME>` method. Checked against pickletools at import time.
+_INLINE = ("BININT1", "LONG_BINPUT", "BINGET", "BINPUT", "MARK", "BINUNICODE", "TUPLE",
+           "TUPLE2", "EMPTY_TUPLE", "NEWFALSE", "MEMOIZE", "SHORT_BINUNICODE", "TUPLE1",
+           "TUPLE3", "LONG_BINGET", "BININT", "BININT2", "NONE", "NEWTRUE", "EMPTY_DICT",
+           "EMPTY_LIST", "APPEND", "APPENDS", "SETITEM", "SETITEMS", "BINFLOAT", "STOP")
+
+
+class _VM:
+    """State of one run. `execute` holds the hot loop; ``op_*`` methods take the opcode's
+    offset and return the offset of the next opcode."""
+
+    def __init__(self, data, start, persistent_load, hooks, limits, file, member, base_offset):
+        if isinstance(data, bytes):
+            self.data = data
+            self.raw = data
+        else:
+            view = memoryview(data)
+            if view.ndim != 1 or view.format != "B":
+                view = view.cast("B")
+            self.data = view
+            self.raw = None     # no bytes.find on a memoryview: see _readline
+        self.n = len(self.data)
+        if not 0 <= start <= self.n:
+            raise ValueError(f"start={start} is outside the data (0..{self.n})")
+        self.start = start
+        self.persistent_load = persistent_load
+        self.hooks = hooks or {}
+        self.limits = limits
+        self.file = file
+        self.member = member
+        self.base = base_offset
+        self.stack: list = []
+        self.metastack: list[list] = []
+        self.memo: dict = {}
+        self.objects = 0        # containers and calls built by op_* methods
+        self.buffers = 0
+        self.result = PickleResult()
+
+    # -- errors --------------------------------------------------------------------------------
+
+    def error(self, reason: str, pos: int) -> PickleError:
+        return PickleError(reason, file=self.file, member=self.member, offset=self.base + pos)
+
+    def limit(self, resource: str, limit: int, actual: int, pos: int) -> LimitExceeded:
+        return LimitExceeded(resource, limit, actual, format="pickle", file=self.file,
+                             member=self.member, offset=self.base + pos)
+
+    def locate(self, err: FormatError, pos: int) -> FormatError:
+        """Give an error raised without a place (hooks, helpers) this opcode's place."""
+        if not err.format:
+            err.format = "pickle"
+        if err.file is None:
+            err.file = self.file
+        if err.member is None:
+            err.member = self.member
+        if err.offset is None:
+            err.offset = self.base + pos
+        err.args = (err._render(),)
+        return err
+
+    def short(self, name: str, want: int, pos: int, at: int) -> PickleError:
+        """A length that runs past the data, or past max_string."""
+        remain = self.n - at
+        if want > remain:
+            return self.error(f"{name} wants {want} bytes, {remain} remain", pos)
+        return self.limit(f"{name} length", self.limits.max_string, want, pos)
+
+    def underflow(self, name: str, pos: int) -> PickleError:
+        if self.metastack:
+            return self.error(f"{name}: unexpected MARK found", pos)
+        return self.error(f"{name}: unpickling stack underflow", pos)
+
+    def no_mark(self, name: str, pos: int) -> PickleError:
+        return self.error(f"{name}: could not find MARK", pos)
+
+    # -- the loop ------------------------------------------------------------------------------
+
+    def execute(self) -> PickleResult:
+        result = self.result
+        data = self.data
+        n = self.n
+        pos = self.start
+        stack = self.stack
+        metastack = self.metastack
+        memo = self.memo
+        slow = _SLOW_TABLE
+        unpack_u16 = _U16.unpack_from
+        unpack_i32 = _I32.unpack_from
+        unpack_u32 = _U32.unpack_from
+        unpack_f64 = _F64.unpack_from
+        max_depth = self.limits.max_depth
+        max_string = self.limits.max_string
+        max_opcodes = self.limits.max_opcodes
+        nops = 0
+        built = 0       # containers built inline (op_* methods count into self.objects)
+        next_check = min(_CHECK_EVERY, max_opcodes)
+        op = -1
+        value = None
+
+        # Opcode bytes, from pickletools by name, as locals (as fast as literals in the chain).
+        BININT1 = _CODE["BININT1"]; LONG_BINPUT = _CODE["LONG_BINPUT"]; BINGET = _CODE["BINGET"]
+        BINPUT = _CODE["BINPUT"]; MARK = _CODE["MARK"]; BINUNICODE = _CODE["BINUNICODE"]
+        TUPLE = _CODE["TUPLE"]; TUPLE2 = _CODE["TUPLE2"]; EMPTY_TUPLE = _CODE["EMPTY_TUPLE"]
+        NEWFALSE = _CODE["NEWFALSE"]; MEMOIZE = _CODE["MEMOIZE"]
+        SHORT_BINUNICODE = _CODE["SHORT_BINUNICODE"]; TUPLE1 = _CODE["TUPLE1"]
+        TUPLE3 = _CODE["TUPLE3"]; LONG_BINGET = _CODE["LONG_BINGET"]; BININT = _CODE["BININT"]
+        BININT2 = _CODE["BININT2"]; NONE = _CODE["NONE"]; NEWTRUE = _CODE["NEWTRUE"]
+        EMPTY_DICT = _CODE["EMPTY_DICT"]; EMPTY_LIST = _CODE["EMPTY_LIST"]
+        APPEND = _CODE["APPEND"]; APPENDS = _CODE["APPENDS"]; SETITEM = _CODE["SETITEM"]
+        SETITEMS = _CODE["SETITEMS"]; BINFLOAT = _CODE["BINFLOAT"]; STOP = _CODE["STOP"]
+
+        try:
+            while True:
+                op = data[pos]
+                nops += 1
+                if nops > next_check:
+                    self.stack = stack
+                    next_check = self.checkpoint(nops, built, pos)
+                # Every branch leaves `pos` at the opcode until nothing can fail any more, so
+                # the except clauses below know where the failure was.
+                if op == BININT1:
+                    stack.append(data[pos + 1])
+                    pos += 2
+                elif op == LONG_BINPUT:
+                    memo[unpack_u32(data, pos + 1)[0]] = stack[-1]
+                    pos += 5
+                elif op == BINGET:
+                    stack.append(memo[data[pos + 1]])
+                    pos += 2
+                elif op == BINPUT:
+                    memo[data[pos + 1]] = stack[-1]
+                    pos += 2
+                elif op == MARK:
+                    if len(metastack) >= max_depth:
+                        raise self.limit("MARK nesting depth", max_depth, len(metastack) + 1,
+                                         pos)
+                    metastack.append(stack)
+                    stack = []
+                    pos += 1
+                elif op == BINUNICODE:
+                    size = unpack_u32(data, pos + 1)[0]
+                    end = pos + 5 + size
+                    if end > n or size > max_string:
+                        raise self.short("BINUNICODE", size, pos, pos + 5)
+                    stack.append(str(data[pos + 5:end], "utf-8", "surrogatepass"))
+                    pos = end
+                elif op == TUPLE:
+                    if not metastack:
+                        raise self.no_mark("TUPLE", pos)
+                    items = tuple(stack)
+                    stack = metastack.pop()
+                    stack.append(items)
+                    built += 1
+                    pos += 1
+                elif op == TUPLE2:
+                    second = stack.pop()
+                    stack[-1] = (stack[-1], second)
+                    built += 1
+                    pos += 1
+                elif op == EMPTY_TUPLE:
+                    stack.append(())
+                    pos += 1
+                elif op == NEWFALSE:
+                    stack.append(False)
+                    pos += 1
+                elif op == MEMOIZE:
+                    memo[len(memo)] = stack[-1]
+                    pos += 1
+                elif op == SHORT_BINUNICODE:
+                    size = data[pos + 1]
+                    end = pos + 2 + size
+                    if end > n:
+                        raise self.short("SHORT_BINUNICODE", size, pos, pos + 2)
+                    stack.append(str(data[pos + 2:end], "utf-8", "surrogatepass"))
+                    pos = end
+                elif op == TUPLE1:
+                    stack[-1] = (stack[-1],)
+                    built += 1
+                    pos += 1
+                elif op == TUPLE3:
+                    third = stack.pop()
+                    second = stack.pop()
+                    stack[-1] = (stack[-1], second, third)
+                    built += 1
+                    pos += 1
+                elif op == LONG_BINGET:
+                    stack.append(memo[unpack_u32(data, pos + 1)[0]])
+                    pos += 5
+                elif op == BININT:
+                    stack.append(unpack_i32(data, pos + 1)[0])
+                    pos += 5
+                elif op == BININT2:
+                    stack.append(unpack_u16(data, pos + 1)[0])
+                    pos += 3
+                elif op == NONE:
+                    stack.append(None)
+                    pos += 1
+                elif op == NEWTRUE:
+                    stack.append(True)
+                    pos += 1
+                elif op == EMPTY_DICT:
+                    stack.append({})
+                    built += 1
+                    pos += 1
+                elif op == EMPTY_LIST:
+                    stack.append([])
+                    built += 1
+                    pos += 1
+                elif op == APPEND:
+                    target = stack[-2]
+                    if type(target) is list:
+                        target.append(stack.pop())
+                    else:
+                        self.append_to(target, [stack.pop()], "APPEND", pos)
+                    pos += 1
+                elif op == APPENDS:
+                    if not metastack:
+                        raise self.no_mark("APPENDS", pos)
+                    items = stack
+                    stack = metastack.pop()
+                    target = stack[-1]
+                    if type(target) is list:
+                        target.extend(items)
+                    elif items:     # C _pickle: nothing to do when no items follow the mark
+                        self.append_to(target, items, "APPENDS", pos)
+                    pos += 1
+                elif op == SETITEM:
+                    target = stack[-3]
+                    if type(target) is dict and type(stack[-2]) is str:
+                        target[stack[-2]] = stack[-1]
+                    else:
+                        self.setitems_on(target, stack[-2:], "SETITEM", pos)
+                    del stack[-2:]
+                    pos += 1
+                elif op == SETITEMS:
+                    if not metastack:
+                        raise self.no_mark("SETITEMS", pos)
+                    items = stack
+                    stack = metastack.pop()
+                    target = stack[-1]
+                    if items:       # C _pickle: nothing to do when no items follow the mark
+                        self.setitems_on(target, items, "SETITEMS", pos)
+                    pos += 1
+                elif op == BINFLOAT:
+                    stack.append(unpack_f64(data, pos + 1)[0])
+                    pos += 9
+                elif op == STOP:
+                    value = stack.pop()
+                    pos += 1
+                    result.stopped = True
+                    break
+                else:
+                    handler = slow[op]
+                    if handler is None:
+                        raise self.error(f"unknown opcode {op:#04x}", pos)
+                    self.stack = stack
+                    pos = handler(self, pos)
+                    stack = self.stack
+        except FormatError as exc:
+            result.error = self.locate(exc, pos)
+        except (IndexError, struct.error):
+            result.error = self.classify_index_error(op, pos)
+        except KeyError as exc:
+            if op not in (BINGET, LONG_BINGET):
+                raise
+            result.error = self.error(
+                f"{_NAME[op]}: memo value not found at index {exc.args[0]}", pos)
+        except UnicodeDecodeError as exc:
+            result.error = self.error(f"{_NAME[op]}: invalid UTF-8 at byte {exc.start} of the "
+                                      f"string ({exc.reason})", pos)
+        except RecursionError:
+            result.error = self.error(f"{_NAME[op]}: objects nested too deeply to compare", pos)
+        except _CallerFault as exc:
+            cause = exc.__cause__
+            result.error = self.error(f"{exc.args[0]} raised {type(cause).__name__}: {cause}",
+                                      pos)
+            result.error.__cause__ = cause
+        result.opcodes = nops
+        result.end = pos
+        if result.error is None:
+            self.stack = stack
+            try:
+                self.checkpoint(nops, built, pos - 1)
+            except LimitExceeded as exc:
+                result.error = exc
+                return result
+            result.value = value
+        return result
+
+    def checkpoint(self, nops: int, built: int, pos: int) -> int:
+        """Check every limit; return the opcode count at which to check again."""
+        lim = self.limits
+        if nops > lim.max_opcodes:
+            raise self.limit("opcode count", lim.max_opcodes, nops, pos)
+        depth_items = len(self.stack) + sum(map(len, self.metastack))
+        if depth_items > lim.max_stack:
+            raise self.limit("stack size", lim.max_stack, depth_items, pos)
+        if len(self.memo) > lim.max_memo:
+            raise self.limit("memo size", lim.max_memo, len(self.memo), pos)
+        objects = built + self.objects
+        if objects > lim.max_objects:
+            raise self.limit("object count", lim.max_objects, objects, pos)
+        return min(nops + _CHECK_EVERY, lim.max_opcodes)
+
+    def classify_index_error(self, op: int, pos: int) -> PickleError:
+        """An IndexError/struct.error in the loop: the data ended, an argument was cut short, or
+        the stack was too short for the opcode."""
+        if pos >= self.n:
+            if pos == self.start:
+                return self.error("no opcode: the pickle is empty", pos)
+            return self.error("ran out of data before STOP", pos)
+        name = _NAME[op]
+        size = _ARG_SIZE.get(op, 0)
+        if pos + 1 + size > self.n:
+            return self.error(f"{name} wants {size} bytes, {self.n - pos - 1} remain", pos)
+        return self.underflow(name, pos)
+
+    # -- shared steps --------------------------------------------------------------------------
+
+    def take(self, what: str, size: int, pos: int, at: int) -> memoryview | bytes:
+        """``size`` bytes at ``at`` after checking them against the data and max_string."""
+        if size > self.n - at or size > self.limits.max_string:
+            raise self.short(what, size, pos, at)
+        return self.data[at:at + size]
+
+    def readline(self, what: str, pos: int, at: int) -> tuple[bytes, int]:
+        """The text up to the next newline (excluded) and the offset after it."""
+        limit = min(self.n, at + self.limits.max_string + 1)
+        if self.raw is not None:
+            nl = self.raw.find(b"\n", at, limit)
+        else:
+            nl = -1
+            chunk = at
+            while chunk < limit:        # memoryview has no find(): search in bounded copies
+                piece = bytes(self.data[chunk:min(limit, chunk + 65536)])
+                i = piece.find(b"\n")
+                if i >= 0:
+                    nl = chunk + i
+                    break
+                chunk += len(piece)
+        if nl < 0:
+            if limit < self.n:
+                raise self.limit(f"{what} line length", self.limits.max_string,
+                                 self.limits.max_string + 1, pos)
+            raise self.error(f"{what} wants a newline-terminated argument, the data ends first",
+                             pos)
+        return bytes(self.data[at:nl]), nl + 1
+
+    def mark_items(self, name: str, pos: int) -> list:
+        """Pop everything since the newest MARK, and the mark."""
+        if not self.metastack:
+            raise self.no_mark(name, pos)
+        items = self.stack
+        self.stack = self.metastack.pop()
+        return items
+
+    def pop(self, name: str, pos: int) -> Any:
+        if not self.stack:
+            raise self.underflow(name, pos)
+        return self.stack.pop()
+
+    def external(self, what: str, fn: Callable, *args) -> Any:
+        """Call a hook or persistent_load: FormatError passes, anything else is a fault."""
+        try:
+            return fn(*args)
+        except FormatError:
+            raise
+        except Exception as exc:
+            raise _CallerFault(what) from exc
+
+    def record_global(self, module: str, name: str, pos: int, opcode: str) -> Global:
+        self.result.globals.append(GlobalSeen(module, name, pos, opcode))
+        return Global(module, name, pos)
+
+    def call(self, func: Any, args: tuple, kwargs: dict | None, pos: int, opcode: str) -> Any:
+        """Record a call and return its inert value (a hook's value or a `Call`)."""
+        if type(func) in _INERT_DATA:
+            raise self.error(f"{opcode}: {_type_name(func)!r} object is not callable", pos)
+        self.result.calls.append(CallSeen(func, args, kwargs, pos, opcode))
+        self.objects += 1
+        if type(func) is Global and not kwargs:
+            hook = self.hooks.get((func.module, func.name))
+            if hook is not None:
+                return self.external(f"hook for {func.dotted}", hook, args, pos)
+        return Call(func, args, kwargs, pos, opcode)
+
+    def set_key(self, d: dict, key: Any, value: Any, pos: int) -> None:
+        try:
+            _set_key(d, key, value, self.limits.max_depth)
+        except LimitExceeded as exc:
+            raise self.locate(exc, pos) from None
+
+    def add_item(self, s: set, item: Any, pos: int) -> None:
+        try:
+            _add_item(s, item, self.limits.max_depth)
+        except LimitExceeded as exc:
+            raise self.locate(exc, pos) from None
+
+    def record_method(self, target: Any, args: tuple, opcode: str, pos: int) -> None:
+        """A container opcode applied to an object the VM did not build as a container (a
+        `Global`, a `PersistentRef`, a hook's value ...): a loader calls its methods."""
+        self.result.calls.append(CallSeen(target, args, None, pos, opcode))
+
+    def append_to(self, target: Any, items: list, opcode: str, pos: int) -> None:
+        kind = type(target)
+        if kind is list:
+            target.extend(items)
+        elif kind is Call:
+            if target._items is None:
+                target._items = []
+            target._items.extend(items)
+        elif kind is bytearray:
+            try:
+                target.extend(items)
+            except (TypeError, ValueError):
+                raise self.error(f"{opcode}: bytearray items must be ints in range(256)",
+                                 pos) from None
+        elif kind in _INERT_DATA:
+            raise self.error(f"{opcode}: cannot append to {_type_name(target)!r}", pos)
+        else:
+            self.record_method(target, tuple(items), opcode, pos)
+
+    def setitems_on(self, target: Any, items: list, opcode: str, pos: int) -> None:
+        if len(items) % 2:
+            raise self.error(f"odd number of items for {opcode}", pos)
+        kind = type(target)
+        if kind is dict:
+            keys = items[::2]
+            if tuple not in map(type, keys):
+                try:
+                    target.update(zip(keys, items[1::2]))
+                    return
+                except TypeError:
+                    pass    # an unhashable key: redo one by one (same result, same order)
+            for i in range(0, len(items), 2):
+                self.set_key(target, items[i], items[i + 1], pos)
+        elif kind is Call:
+            if target._dictitems is None:
+                target._dictitems = []
+            target._dictitems.extend(zip(items[::2], items[1::2]))
+        elif kind is list:
+            for i in range(0, len(items), 2):   # list.__setitem__, as a loader would call it
+                key = items[i]
+                if type(key) is not int or not -len(target) <= key < len(target):
+                    raise self.error(f"{opcode}: list index {key!r} is not valid for a list of "
+                                     f"{len(target)} items", pos)
+                target[key] = items[i + 1]
+        elif kind in _INERT_DATA:
+            raise self.error(f"{opcode}: {_type_name(target)!r} does not support item "
+                             "assignment", pos)
+        else:
+            self.record_method(target, tuple(zip(items[::2], items[1::2])), opcode, pos)
+
+    def dict_from(self, items: list, name: str, pos: int) -> dict:
+        d: dict = {}
+        self.objects += 1
+        if items:
+            self.setitems_on(d, items, name, pos)
+        return d
+
+    def instantiate(self, cls: Any, args: tuple, opcode: str, pos: int) -> None:
+        self.stack.append(self.call(cls, args, None, pos, opcode))
+
+    # -- opcodes not inlined in execute() (each returns the next opcode's offset) --------------
+
+    def op_PROTO(self, pos: int) -> int:
+        proto = self.data[pos + 1]
+        if proto > HIGHEST_PROTOCOL:
+            raise self.error(f"unsupported pickle protocol: {proto}", pos)
+        if self.result.protocol is None:
+            self.result.protocol = proto
+        return pos + 2
+
+    def op_FRAME(self, pos: int) -> int:
+        size = _U64.unpack_from(self.data, pos + 1)[0]
+        remain = self.n - (pos + 9)
+        if size > remain:
+            raise self.error(f"FRAME wants {size} bytes, {remain} remain", pos)
+        return pos + 9
+
+    def op_POP(self, pos: int) -> int:
+        if self.stack:
+            self.stack.pop()
+        elif self.metastack:        # the top "item" is a mark: POP removes it (load_pop)
+            self.stack = self.metastack.pop()
+        else:
+            raise self.underflow("POP", pos)
+        return pos + 1
+
+    def op_POP_MARK(self, pos: int) -> int:
+        self.mark_items("POP_MARK", pos)
+        return pos + 1
+
+    def op_DUP(self, pos: int) -> int:
+        if not self.stack:
+            raise self.underflow("DUP", pos)
+        self.stack.append(self.stack[-1])
+        return pos + 1
+
+    def op_LIST(self, pos: int) -> int:
+        items = self.mark_items("LIST", pos)
+        self.stack.append(items)    # the popped slice is a fresh list already
+        self.objects += 1
+        return pos + 1
+
+    def op_DICT(self, pos: int) -> int:
+        items = self.mark_items("DICT", pos)
+        if len(items) % 2:
+            raise self.error("odd number of items for DICT", pos)
+        self.stack.append(self.dict_from(items, "DICT", pos))
+        return pos + 1
+
+    def op_EMPTY_SET(self, pos: int) -> int:
+        self.stack.append(set())
+        self.objects += 1
+        return pos + 1
+
+    def op_ADDITEMS(self, pos: int) -> int:
+        items = self.mark_items("ADDITEMS", pos)
+        if not self.stack:
+            raise self.underflow("ADDITEMS", pos)
+        target = self.stack[-1]
+        if not items:
+            return pos + 1
+        kind = type(target)
+        if kind is set:
+            for item in items:
+                self.add_item(target, item, pos)
+        elif kind is Call:
+            if target._setitems is None:
+                target._setitems = []
+            target._setitems.extend(items)
+        elif kind in _INERT_DATA:
+            raise self.error(f"ADDITEMS: cannot add items to {_type_name(target)!r}", pos)
+        else:
+            self.record_method(target, tuple(items), "ADDITEMS", pos)
+        return pos + 1
+
+    def op_FROZENSET(self, pos: int) -> int:
+        items = self.mark_items("FROZENSET", pos)
+        out: set = set()
+        for item in items:
+            self.add_item(out, item, pos)
+        self.stack.append(frozenset(out))
+        self.objects += 1
+        return pos + 1
+
+    def op_INT(self, pos: int) -> int:
+        text, nxt = self.readline("INT", pos, pos + 1)
+        self.stack.append(_text_int(text))
+        return nxt
+
+    def op_LONG(self, pos: int) -> int:
+        text, nxt = self.readline("LONG", pos, pos + 1)
+        if text.endswith(b"L"):
+            text = text[:-1]
+        self.stack.append(_py_int(text, "LONG"))
+        return nxt
+
+    def _long(self, name: str, size: int, pos: int, at: int) -> int:
+        if size < 0:
+            raise self.error(f"{name} has negative byte count {size}", pos)
+        if size > self.limits.max_long and size <= self.n - at:
+            raise self.limit(f"{name} length", self.limits.max_long, size, pos)
+        raw = self.take(name, size, pos, at)
+        self.stack.append(int.from_bytes(raw, "little", signed=True))
+        return at + size
+
+    def op_LONG1(self, pos: int) -> int:
+        return self._long("LONG1", self.data[pos + 1], pos, pos + 2)
+
+    def op_LONG4(self, pos: int) -> int:
+        return self._long("LONG4", _I32.unpack_from(self.data, pos + 1)[0], pos, pos + 5)
+
+    def op_FLOAT(self, pos: int) -> int:
+        text, nxt = self.readline("FLOAT", pos, pos + 1)
+        self.stack.append(_text_float(text))
+        return nxt
+
+    def op_STRING(self, pos: int) -> int:
+        text, nxt = self.readline("STRING", pos, pos + 1)
+        if len(text) < 2 or text[0] != text[-1] or text[0] not in b"\"'":
+            raise self.error("the STRING opcode argument must be quoted", pos)
+        try:
+            raw = codecs.escape_decode(text[1:-1])[0]   # data decoding, nothing runs
+        except ValueError as exc:
+            raise self.error(f"STRING: bad escape: {exc}", pos) from None
+        self.stack.append(_py2_string(raw))
+        return nxt
+
+    def op_BINSTRING(self, pos: int) -> int:
+        size = _I32.unpack_from(self.data, pos + 1)[0]
+        if size < 0:
+            raise self.error(f"BINSTRING has negative byte count {size}", pos)
+        self.stack.append(_py2_string(bytes(self.take("BINSTRING", size, pos, pos + 5))))
+        return pos + 5 + size
+
+    def op_SHORT_BINSTRING(self, pos: int) -> int:
+        size = self.data[pos + 1]
+        self.stack.append(_py2_string(bytes(self.take("SHORT_BINSTRING", size, pos, pos + 2))))
+        return pos + 2 + size
+
+    def op_UNICODE(self, pos: int) -> int:
+        text, nxt = self.readline("UNICODE", pos, pos + 1)
+        try:
+            self.stack.append(str(text, "raw-unicode-escape"))
+        except UnicodeDecodeError as exc:
+            raise self.error(f"UNICODE: bad raw-unicode-escape text ({exc.reason})", pos) from None
+        return nxt
+
+    def op_BINUNICODE8(self, pos: int) -> int:
+        size = _U64.unpack_from(self.data, pos + 1)[0]
+        raw = self.take("BINUNICODE8", size, pos, pos + 9)
+        self.stack.append(str(raw, "utf-8", "surrogatepass"))
+        return pos + 9 + size
+
+    def op_BINBYTES(self, pos: int) -> int:
+        size = _U32.unpack_from(self.data, pos + 1)[0]
+        self.stack.append(bytes(self.take("BINBYTES", size, pos, pos + 5)))
+        return pos + 5 + size
+
+    def op_SHORT_BINBYTES(self, pos: int) -> int:
+        size = self.data[pos + 1]
+        self.stack.append(bytes(self.take("SHORT_BINBYTES", size, pos, pos + 2)))
+        return pos + 2 + size
+
+    def op_BINBYTES8(self, pos: int) -> int:
+        size = _U64.unpack_from(self.data, pos + 1)[0]
+        self.stack.append(bytes(self.take("BINBYTES8", size, pos, pos + 9)))
+        return pos + 9 + size
+
+    def op_BYTEARRAY8(self, pos: int) -> int:
+        size = _U64.unpack_from(self.data, pos + 1)[0]
+        self.stack.append(bytearray(self.take("BYTEARRAY8", size, pos, pos + 9)))
+        self.objects += 1
+        return pos + 9 + size
+
+    def op_NEXT_BUFFER(self, pos: int) -> int:
+        self.stack.append(OutOfBandBuffer(self.buffers, pos))
+        self.buffers += 1
+        return pos + 1
+
+    def op_READONLY_BUFFER(self, pos: int) -> int:
+        if not self.stack:
+            raise self.underflow("READONLY_BUFFER", pos)
+        top = self.stack[-1]
+        if type(top) is OutOfBandBuffer:
+            top.readonly = True
+        elif type(top) is bytearray:
+            self.stack[-1] = bytes(top)     # a read-only view of it, as data
+        elif type(top) in _INERT_DATA and type(top) is not bytes:
+            raise self.error(f"READONLY_BUFFER: {_type_name(top)!r} is not a buffer", pos)
+        return pos + 1
+
+    def op_GET(self, pos: int) -> int:
+        text, nxt = self.readline("GET", pos, pos + 1)
+        index = _text_index(text, "GET")
+        if index not in self.memo:
+            raise self.error(f"GET: memo value not found at index {index}", pos)
+        self.stack.append(self.memo[index])
+        return nxt
+
+    def op_PUT(self, pos: int) -> int:
+        text, nxt = self.readline("PUT", pos, pos + 1)
+        index = _text_index(text, "PUT")
+        if index < 0:
+            raise self.error("negative PUT argument", pos)
+        if not self.stack:
+            raise self.underflow("PUT", pos)
+        self.memo[index] = self.stack[-1]
+        return nxt
+
+    def _names(self, what: str, pos: int, encoding: str) -> tuple[str, str, int]:
+        module, at = self.readline(what, pos, pos + 1)
+        name, nxt = self.readline(what, pos, at)
+        try:
+            return module.decode(encoding), name.decode(encoding), nxt
+        except UnicodeDecodeError:
+            raise self.error(f"{what}: module or name {module[:80]!r}, {name[:80]!r} is not "
+                             f"valid {encoding.upper()}", pos) from None
+
+    def op_GLOBAL(self, pos: int) -> int:
+        module, name, nxt = self._names("GLOBAL", pos, "utf-8")
+        self.stack.append(self.record_global(module, name, pos, "GLOBAL"))
+        return nxt
+
+    def op_STACK_GLOBAL(self, pos: int) -> int:
+        name = self.pop("STACK_GLOBAL", pos)
+        module = self.pop("STACK_GLOBAL", pos)
+        if type(name) is not str or type(module) is not str:
+            raise self.error(f"STACK_GLOBAL requires str, got {_type_name(module)} and "
+                             f"{_type_name(name)}", pos)
+        self.stack.append(self.record_global(module, name, pos, "STACK_GLOBAL"))
+        return pos + 1
+
+    def op_INST(self, pos: int) -> int:
+        if not self.metastack:      # load_inst looks for the mark before reading its lines
+            raise self.no_mark("INST", pos)
+        module, name, nxt = self._names("INST", pos, "ascii")
+        args = tuple(self.mark_items("INST", pos))
+        cls = self.record_global(module, name, pos, "INST")
+        self.instantiate(cls, args, "INST", pos)
+        return nxt
+
+    def op_OBJ(self, pos: int) -> int:
+        items = self.mark_items("OBJ", pos)
+        if not items:
+            raise self.underflow("OBJ", pos)
+        cls = items[0]
+        if type(cls) is Global:
+            self.result.globals.append(GlobalSeen(cls.module, cls.name, pos, "OBJ"))
+        self.instantiate(cls, tuple(items[1:]), "OBJ", pos)
+        return pos + 1
+
+    def op_REDUCE(self, pos: int) -> int:
+        if len(self.stack) < 2:
+            raise self.underflow("REDUCE", pos)
+        args = self.stack.pop()
+        func = self.stack[-1]
+        if type(args) is not tuple:
+            raise self.error(f"REDUCE argument list must be a tuple, not {_type_name(args)}",
+                             pos)
+        self.stack[-1] = self.call(func, args, None, pos, "REDUCE")
+        return pos + 1
+
+    def op_NEWOBJ(self, pos: int) -> int:
+        if len(self.stack) < 2:
+            raise self.underflow("NEWOBJ", pos)
+        args = self.stack.pop()
+        cls = self.stack[-1]
+        if type(args) is not tuple:
+            raise self.error(f"NEWOBJ expected an arg tuple, got {_type_name(args)}", pos)
+        if type(cls) in _INERT_DATA:
+            raise self.error(f"NEWOBJ class argument isn't a type object: "
+                             f"{_type_name(cls)}", pos)
+        self.stack[-1] = self.call(cls, args, None, pos, "NEWOBJ")
+        return pos + 1
+
+    def op_NEWOBJ_EX(self, pos: int) -> int:
+        if len(self.stack) < 3:
+            raise self.underflow("NEWOBJ_EX", pos)
+        kwargs = self.stack.pop()
+        args = self.stack.pop()
+        cls = self.stack[-1]
+        if type(args) is not tuple:
+            raise self.error(f"NEWOBJ_EX args argument must be a tuple, not "
+                             f"{_type_name(args)}", pos)
+        if type(kwargs) is not dict:
+            raise self.error(f"NEWOBJ_EX kwargs argument must be a dict, not "
+                             f"{_type_name(kwargs)}", pos)
+        if type(cls) in _INERT_DATA:
+            raise self.error(f"NEWOBJ_EX class argument isn't a type object: "
+                             f"{_type_name(cls)}", pos)
+        self.stack[-1] = self.call(cls, args, kwargs, pos, "NEWOBJ_EX")
+        return pos + 1
+
+    def op_BUILD(self, pos: int) -> int:
+        if len(self.stack) < 2:
+            raise self.underflow("BUILD", pos)
+        state = self.stack.pop()
+        target = self.stack[-1]
+        self.result.calls.append(CallSeen(target, (state,), None, pos, "BUILD"))
+        if type(target) is Call:
+            old = target.state
+            if old is NOTSET:
+                target.state = state
+            elif type(old) is dict and type(state) is dict:
+                if not target._owns_state:      # never mutate a dict other objects may share
+                    target.state = old = dict(old)
+                    target._owns_state = True
+                old.update(state)
+            elif type(old) is BuildStates and target._owns_state:
+                old.append(state)
+            else:
+                target.state = BuildStates([old, state])
+                target._owns_state = True
+        # Any other target: recorded above and otherwise ignored (inert data has no __dict__).
+        return pos + 1
+
+    def _persistent(self, pid: Any, pos: int) -> None:
+        self.result.persistent_ids.append((pid, pos))
+        if self.persistent_load is None:
+            self.stack.append(PersistentRef(pid, pos))
+        else:
+            self.stack.append(self.external("persistent_load", self.persistent_load, pid, pos))
+
+    def op_PERSID(self, pos: int) -> int:
+        text, nxt = self.readline("PERSID", pos, pos + 1)
+        try:
+            pid = text.decode("ascii")
+        except UnicodeDecodeError:
+            raise self.error("persistent IDs in protocol 0 must be ASCII strings", pos) from None
+        self._persistent(pid, pos)
+        return nxt
+
+    def op_BINPERSID(self, pos: int) -> int:
+        self._persistent(self.pop("BINPERSID", pos), pos)
+        return pos + 1
+
+    def _ext(self, code: int, pos: int, name: str, size: int) -> int:
+        if code <= 0:
+            raise self.error(f"{name} specifies code <= 0", pos)
+        self.result.globals.append(
+            GlobalSeen("copyreg", f"_inverted_registry[{code}]", pos, name))
+        self.stack.append(Extension(code, pos))
+        return pos + 1 + size
+
+    def op_EXT1(self, pos: int) -> int:
+        return self._ext(self.data[pos + 1], pos, "EXT1", 1)
+
+    def op_EXT2(self, pos: int) -> int:
+        return self._ext(_U16.unpack_from(self.data, pos + 1)[0], pos, "EXT2", 2)
+
+    def op_EXT4(self, pos: int) -> int:
+        return self._ext(_I32.unpack_from(self.data, pos + 1)[0], pos, "EXT4", 4)
+
+
+def _build_slow_table() -> list:
+    methods = {name[3:]: fn for name, fn in vars(_VM).items() if name.startswith("op_")}
+    inline = set(_INLINE)
+    if len(inline) != len(_INLINE) or inline & methods.keys():
+        raise ImportError(f"opcodes handled twice: {sorted(inline & methods.keys())}")
+    known = set(_CODE)
+    if inline | methods.keys() != known:
+        raise ImportError(f"dispatch does not match pickletools: missing "
+                          f"{sorted(known - inline - methods.keys())}, unknown "
+                          f"{sorted((inline | methods.keys()) - known)}")
+    table: list = [None] * 256
+    for name, fn in methods.items():
+        table[_CODE[name]] = fn
+    return table
+
+
+_SLOW_TABLE = _build_slow_table()
+
+
+def run(data: bytes | memoryview, *, start: int = 0, persistent_load=None,
+        hooks: Mapping[tuple[str, str], Callable[[tuple, int], object]] | None = None,
+        limits: Limits = DEFAULT_LIMITS, file: str | None = None, member: str | None = None,
+        base_offset: int = 0) -> PickleResult:
+    """Run one pickle symbolically, from ``data[start]`` to its STOP.
+
+    Args:
+        data: the bytes (a memoryview over an mmap is fine: nothing is copied but strings).
+        start: offset of the first opcode in ``data``.
+        persistent_load: ``f(pid, pos) -> object`` for PERSID/BINPERSID; it MAY raise
+            FormatError (kept as ``result.error``). Without it a `PersistentRef` is pushed.
+        hooks: ``{(module, name): f(args, pos) -> object}`` applied when REDUCE, NEWOBJ,
+            NEWOBJ_EX (without kwargs), INST or OBJ calls that `Global`; e.g. `CONTAINER_HOOKS`.
+            A hook MAY raise FormatError. Any other exception from a hook or from
+            persistent_load becomes a PickleError whose ``__cause__`` is the original.
+        limits: resource bounds (`DEFAULT_LIMITS`).
+        file, member, base_offset: where ``data`` comes from, for error messages; an error at
+            ``pos`` reports ``offset = base_offset + pos``.
+
+    Returns:
+        A `PickleResult`. Bad input never raises: it sets ``result.error`` (a `PickleError` or
+        `LimitExceeded`) and keeps everything seen before.
+
+    Raises:
+        ValueError: ``start`` outside ``data`` (a caller bug, not bad input).
+
+    Example:
+        >>> r = run(b"\\x80\\x02]q\\x00(K\\x01K\\x02e.")
+        >>> r.value, r.end, r.opcodes
+        ([1, 2], 12, 8)
+    """
+    return _VM(data, start, persistent_load, hooks, limits, file, member, base_offset).execute()
