@@ -369,6 +369,9 @@ def _sniff_message(head: bytes, start: int, end: int, message: str, file_end: in
         tag, pos = got
         number, wire = tag >> 3, tag & 7
         spec = table.get(number)
+        if spec is None and number > max(table) and wire in (VARINT, I64, LEN, I32):
+            # A field from a newer onnx. Text never gets here: its bytes are fields 4 to 15.
+            spec = WireField("unknown", wire)
         if tag < 0 or spec is None or not (wire == spec.wire or (spec.packable and wire == LEN)):
             return False, seen
         seen.add(number)
@@ -1064,11 +1067,12 @@ class _Walker:
             e.located(file=self.path)
             if self.strict:
                 raise
+            error = e
             extras["error"] = str(e)
             info = TensorInfo(name, dtype, shape, nbytes=nbytes, extras=extras, **common)
 
             def fail() -> np.ndarray:
-                raise e
+                raise error
             return info, fail
         extras.update(external_offset=start, external_length=span)
         common["file"] = target
