@@ -1,4 +1,4 @@
-"""The tolerant zip reader under every zip-based format (torch.save, TorchScript, .pt2, .npz, DCP blobs).
+"""The tolerant zip reader under every zip-based format (torch.save, TorchScript, .pt2, .npz, DCP).
 
 Format (PKWARE APPNOTE 6.3.x), as the readers that matter apply it:
 
@@ -74,15 +74,17 @@ __all__ = ["ZipMember", "ZipArchive", "read_zip", "sniff", "FORMAT",
 
 FORMAT = "zip"
 
-# --- binary layouts (APPNOTE section numbers) ---------------------------------------------------
+# --- binary layouts (APPNOTE section numbers) ----------------------------------------------------
 # 4.3.16 end of central directory record
-EOCD = struct.Struct("<4s4H2LH")          # sig, disk, cd_disk, n_this_disk, n_total, cd_size, cd_offset, comment_len
+# sig, disk, cd_disk, n_this_disk, n_total, cd_size, cd_offset, comment_len
+EOCD = struct.Struct("<4s4H2LH")
 MAGIC_EOCD = b"PK\x05\x06"
 # 4.3.15 zip64 end of central directory locator
 EOCD64_LOCATOR = struct.Struct("<4sLQL")  # sig, cd_disk, eocd64_offset, total_disks
 MAGIC_EOCD64_LOCATOR = b"PK\x06\x07"
 # 4.3.14 zip64 end of central directory record (fixed part)
-EOCD64 = struct.Struct("<4sQ2H2L4Q")      # sig, record_size, made_by, needed, disk, cd_disk, n_this, n_total, cd_size, cd_offset
+# sig, record_size, made_by, needed, disk, cd_disk, n_this, n_total, cd_size, cd_offset
+EOCD64 = struct.Struct("<4sQ2H2L4Q")
 MAGIC_EOCD64 = b"PK\x06\x06"
 # 4.3.12 central directory file header
 CENTRAL = struct.Struct("<4s4B4HL2L5H2L")
@@ -208,7 +210,9 @@ class ZipArchive:
         return [m.name for m in self.members]
 
     def get(self, name: str | bytes) -> ZipMember | None:
-        """The member PyTorch's reader (miniz) returns for ``name`` (the full name, prefix included).
+        """The member PyTorch's reader (miniz) returns for ``name`` (full name, prefix included;
+        bytes are matched as they are, a str is encoded to UTF-8 as torch does).
+
 
         miniz matches ASCII-case-insensitively among the first `eocd_count` entries, through a
         binary search of the heap-sorted directory: for duplicate names this is NOT zipfile's
@@ -403,7 +407,7 @@ def _torch_compresses(raw_name: bytes, method: int) -> bool:
             and rest.endswith((b".py", b".debug_pkl")))
 
 
-# --- miniz's sorted central directory ---------------------------------------------------------------
+# --- miniz's sorted central directory ------------------------------------------------------------
 def _miniz_heap_sort(keys: list[bytes]) -> list[int]:
     """miniz ``mz_zip_reader_sort_central_dir_offsets_by_filename``: a heap sort (unstable) of
     entry indices by ASCII-lowercased name; ties in the lowercased bytes break by length, which
@@ -758,7 +762,8 @@ class _Reader:
                              f"the file ({self.size} bytes)")
                     self.add("zip.data_out_of_range", error, member=name, offset=data_offset)
                     self.miniz_fails(f"entry #{i} data runs past the end of the file")
-                elif error is None and header_offset < cd_span[1] and data_offset + csize > cd_span[0]:
+                elif (error is None and header_offset < cd_span[1]
+                      and data_offset + csize > cd_span[0]):
                     error = (f"data ({data_offset}..{data_offset + csize}) runs into the central "
                              f"directory ({cd_span[0]}..{cd_span[1]})")
                     self.add("zip.data_out_of_range", error, member=name, offset=data_offset)

@@ -3,7 +3,6 @@ and Python's zipfile, on real torch archives and on hostile archives built byte 
 from __future__ import annotations
 
 import io
-import os
 import struct
 import zipfile
 import zlib
@@ -15,14 +14,13 @@ import torch
 import torch.utils.serialization  # noqa: F401  (not imported by `import torch`)
 
 from tensorscope.errors import FormatError, LimitExceeded
-from tensorscope.parsers import zipfmt
 from tensorscope.parsers.zipfmt import read_zip, sniff
 from tensorscope.source import ByteSource
 
 ser_config = torch.utils.serialization.config.save  # torch 2.13: storage_alignment, compute_crc32
 
 
-# --- real torch archives ------------------------------------------------------------------------
+# --- real torch archives -------------------------------------------------------------------------
 def _state() -> dict:
     g = torch.Generator().manual_seed(0)
     big = torch.randn(300, 7, generator=g)
@@ -143,7 +141,7 @@ def test_torch_crc_disabled_is_reported_with_its_cause(tmp_path):
     assert read_zip(ByteSource(p), check_small_crc=False).anomalies == []
 
 
-# --- a byte-level zip builder -----------------------------------------------------------------------
+# --- a byte-level zip builder --------------------------------------------------------------------
 @dataclass
 class E:
     """One entry to build. Unset fields take the honest value."""
@@ -226,7 +224,7 @@ def torch_like(*extra: E) -> list[E]:
     return [E(b"a/version", b"3\n"), *extra]
 
 
-# --- honest hand-built archives -----------------------------------------------------------------
+# --- honest hand-built archives ------------------------------------------------------------------
 def test_honest_build_has_no_anomalies_and_matches_zipfile():
     data = build(torch_like(E(b"a/data/0", bytes(range(200)), flags=0x0808), E(b"a/empty")))
     arc = open_bytes(data)
@@ -305,7 +303,7 @@ def test_zip64_offsets_beyond_4gib_in_a_sparse_file(tmp_path):
             arc.read_bytes(big_m)  # 5 GiB > the default 256 MiB cap, refused before copying
 
 
-# --- hostile archives: one anomaly kind each -------------------------------------------------------
+# --- hostile archives: one anomaly kind each -----------------------------------------------------
 def test_local_central_name_mismatch(tmp_path):
     data = build(torch_like(E(b"a/data.pkl", b"PICKLE", local_name=b"a/evil.pk")))
     arc = open_bytes(data)
@@ -419,7 +417,8 @@ def test_encrypted_flag():
     assert m.is_encrypted and m.error == "member is encrypted"
     with pytest.raises(FormatError) as ei:
         arc.data(m)
-    assert str(ei.value) == f"zip: hostile.zip:a/secret at byte {m.header_offset}: member is encrypted"
+    assert str(ei.value) == (f"zip: hostile.zip:a/secret at byte {m.header_offset}: "
+                             "member is encrypted")
 
 
 def test_data_runs_into_central_directory():
@@ -526,7 +525,7 @@ def test_local_header_mismatch_but_torch_descriptor_is_normal():
     assert "method 8 vs 0" in arc.anomalies[0].message
 
 
-# --- fatal errors: exact messages ---------------------------------------------------------------------
+# --- fatal errors: exact messages ----------------------------------------------------------------
 def test_missing_eocd_names_the_file():
     with pytest.raises(FormatError) as ei:
         open_bytes(b"PK\x03\x04" + bytes(100), "nozip.pt")
