@@ -680,7 +680,8 @@ def test_model_over_2gib_opens_while_onnx_load_fails(tmp_path):
         f.write(small)
     if os.stat(path).st_blocks * 512 > 64 << 20:
         pytest.skip("filesystem without sparse files")
-    assert onnx_pb.sniff(*_head(path.read_bytes()[:4096])[:1] + (os.path.getsize(path),))
+    with open(path, "rb") as f:
+        assert onnx_pb.sniff(f.read(4096), os.path.getsize(path))
     with tensorscope.open(path) as model:
         huge, tail = model.tensors
         assert (huge.name, huge.dtype, huge.shape, huge.byte_offset) == ("huge", "uint8", (n,), len(head))
@@ -689,4 +690,4 @@ def test_model_over_2gib_opens_while_onnx_load_fails(tmp_path):
     code = "import onnx, sys; onnx.load(sys.argv[1])"
     done = subprocess.run([sys.executable, "-c", code, str(path)], capture_output=True, text=True)
     assert done.returncode != 0
-    assert "DecodeError" in done.stderr or "Error parsing message" in done.stderr
+    assert "DecodeError" in done.stderr, done.stderr[-500:]
