@@ -52,7 +52,10 @@ Statistics (over positions where both values are finite; NaN and Inf are counted
   perturbation) keep the status "same", with ``identical_bytes=False`` and the statistics shown.
 
 Exit code: 0 when every tensor is "same" (after prefix stripping), 1 otherwise. Metadata
-differences (format names, versions, safetensors ``__metadata__``) are reported, never counted.
+differences (format names, versions, safetensors ``__metadata__``) are reported, never counted:
+``model.metadata`` is flattened to dotted keys (``producer.version``); between two files of one
+format every key present on either side is compared, between two formats only the keys both have
+(plus a ``format`` row).
 
 Memory stays flat: values are read through zero-copy views chunk by chunk (``chunk_bytes`` of
 stored bytes for the byte compare, a quarter of that in float64 working elements), and pages of the
@@ -605,7 +608,10 @@ def _metadata_diff(ma: ModelFile, mb: ModelFile) -> list[tuple[str, Any, Any]]:
     if ma.format != mb.format:
         rows.append(("format", ma.format, mb.format))
     fa, fb = _flatten(dict(ma.metadata or {})), _flatten(dict(mb.metadata or {}))
-    for key in sorted(set(fa) | set(fb)):
+    # Keys of two different formats mostly describe different things (an ONNX opset, a safetensors
+    # header length): across formats only the keys both sides have are compared.
+    keys = set(fa) | set(fb) if ma.format == mb.format else set(fa) & set(fb)
+    for key in sorted(keys):
         va, vb = fa.get(key, _MISSING), fb.get(key, _MISSING)
         if va is _MISSING or vb is _MISSING or va != vb:
             rows.append((key, None if va is _MISSING else va, None if vb is _MISSING else vb))

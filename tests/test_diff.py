@@ -409,6 +409,11 @@ def _open_or_skip(path: Path):
 
 
 def torch_tensors(path: Path) -> dict[str, torch.Tensor]:
+    if path.suffix == ".onnx":
+        import onnx
+        from onnx import numpy_helper
+        return {t.name: torch.from_numpy(numpy_helper.to_array(t).copy())
+                for t in onnx.load(str(path)).graph.initializer}
     if path.suffix == ".safetensors":
         from safetensors.torch import load_file
         return load_file(str(path))

@@ -100,10 +100,10 @@ def ordered(entries: list[TensorDiff]) -> list[TensorDiff]:
     return [e for _, e in sorted(enumerate(entries), key=key)]
 
 
-def _g(v) -> str:
+def _g(v, digits: int = 4) -> str:
     if v is None:
         return "-"
-    return f"{v:.4g}"
+    return f"{v:.{digits}g}"
 
 
 _STYLE = {"same": "green", "changed": "red", "added": "cyan", "removed": "magenta",
@@ -154,7 +154,7 @@ def _print_human(result: DiffResult, shown: list[TensorDiff], total_rows: int) -
         for e in shown:
             v = e.values
             stats = ["-"] * 4 if v is None or v.identical_bytes else \
-                [_g(v.max_abs), _g(v.max_rel), _g(v.mean_abs), _g(v.cosine)]
+                [_g(v.max_abs), _g(v.max_rel), _g(v.mean_abs), _g(v.cosine, 6)]
             table.add_row(f"[{_STYLE[e.status]}]{e.status}[/]", escape(e.name),
                           escape(_change_text(e)), *stats)
         console.print(table)
