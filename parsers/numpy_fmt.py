@@ -75,7 +75,6 @@ _VERSIONS: dict[tuple[int, int], tuple[struct.Struct, str]] = {
 MAX_HEADER_SIZE = 10000  # numpy.lib.format._MAX_HEADER_SIZE
 _EXPECTED_KEYS = {"descr", "fortran_order", "shape"}
 ROOT_NAME = "<root>"  # a .npy holds one unnamed array; same name as a torch.save(tensor) root
-_NPZ_HEADER_PREFIX = 64 << 10  # bytes of a compressed member decompressed to find its header
 
 # numpy (kind, itemsize) -> canonical dtype name, for the types read element-wise.
 _DTYPES: dict[tuple[str, int], str] = {
@@ -491,7 +490,8 @@ def _npz_member(model: ModelFile, archive, m, key: str, max_header_size: int) ->
         return info
 
     # Compressed: decompress the header only; the data are decompressed when read.
-    head = _member_prefix(archive, m, _NPZ_HEADER_PREFIX)
+    # Magic, version, length field and a header of at most max_header_size characters.
+    head = _member_prefix(archive, m, MAGIC_LEN + 4 + 4 * max_header_size)
     h = parse_header(head, file=path, member=m.name, base=0, max_header_size=max_header_size,
                      fmt="npz")
     available = m.size - h.data_start
