@@ -52,6 +52,8 @@ STORAGE_DTYPES: dict[str, str | None] = {
     "Float8_e8m0fnuStorage": "float8_e8m0fnu", "Float4_e2m1fn_x2Storage": "float4_e2m1fn_x2",
     "UntypedStorage": None,  # bytes; the tensor's dtype comes from _rebuild_tensor_v3
 }
+# torch.FloatStorage, torch.storage.UntypedStorage, torch.cuda.FloatStorage (a CUDA checkpoint).
+_STORAGE_MODULES = {"torch", "torch.storage", "torch.cuda"}
 # Storage classes whose pid numel counts bytes rather than elements.
 _NUMEL_IS_BYTES = {"UntypedStorage", "QUInt4x2Storage", "QUInt2x4Storage"}
 
@@ -153,7 +155,7 @@ def parse_storage_pid(pid, pos: int) -> tuple[str | None, str, str, int, str]:
     if not isinstance(pid, tuple) or len(pid) not in (5, 6) or pid[0] != "storage":
         raise _err(f"unsupported persistent id {pid!r:.80}", pos)
     cls, key, location, numel = pid[1], pid[2], pid[3], pid[4]
-    if not isinstance(cls, Global) or cls.module != "torch" or cls.name not in STORAGE_DTYPES:
+    if not isinstance(cls, Global) or cls.module not in _STORAGE_MODULES or cls.name not in STORAGE_DTYPES:
         raise _err(f"unknown storage class {_describe(cls)} in persistent id", pos)
     if not isinstance(key, str) or not isinstance(location, str):
         raise _err(f"storage key and location must be strings in persistent id {pid!r:.80}", pos)

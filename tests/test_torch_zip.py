@@ -51,6 +51,8 @@ def test_byte_offsets_point_at_the_storage_record(name):
     with zipfile.ZipFile(path) as zf, tensorscope.open(path) as model:
         raw = path.read_bytes()
         for info in model.tensors:
+            if info.numel == 0:
+                continue
             member = zf.getinfo(info.extras["member"])
             payload = zf.read(member)
             start = raw.index(payload[: max(8, min(len(payload), 64))])

@@ -101,7 +101,9 @@ def _fmt_shape(shape):
 
 
 def _print_human(model, tensors, stats, args):
+    from rich.markup import escape
     from rich.table import Table
+    from rich.text import Text
     console = stdout_console()
     table = Table(box=None, header_style="bold", pad_edge=False)
     table.add_column("name", overflow="fold")
@@ -131,8 +133,8 @@ def _print_human(model, tensors, stats, args):
             s = stats.get(t.name, {})
             cells += [_num(s.get(k)) for k in ("min", "max", "mean", "std")]
             cells += [str(s.get("nan", "")), str(s.get("inf", ""))]
-        table.add_row(*cells, style=None)
-    console.print(table, markup=False) if False else console.print(table)
+        table.add_row(*(Text(c) for c in cells))  # names come from the file: never markup
+    console.print(table)
     if len(shown) < len(rows):
         console.print(f"… {len(rows) - len(shown)} more rows (--limit)")
     summary = model.summary()
@@ -144,14 +146,14 @@ def _print_human(model, tensors, stats, args):
     by_dtype = ", ".join(f"{k}: {v['tensors']} tensors {human_bytes(v['bytes'])}"
                          for k, v in summary["by_dtype"].items())
     if by_dtype:
-        console.print(f"[bold]by dtype[/] {by_dtype}", markup=True)
+        console.print(f"[bold]by dtype[/] {escape(by_dtype)}")
     for key, value in _flat_metadata(model.metadata):
-        console.print(f"[bold]{key}[/] {value}", markup=True)
+        console.print(f"[bold]{escape(key)}[/] {escape(value)}")
     if model.evidence.anomalies:
         console.print(f"[yellow]{len(model.evidence.anomalies)} anomalies[/] "
                       "(run `tensorscope scan` for a safety verdict):")
         for a in model.evidence.anomalies[:10]:
-            console.print(f"  {a.kind}: {a}", markup=False)
+            console.print(Text(f"  {a.kind}: {a}"))
 
 
 def _num(v):
