@@ -328,13 +328,15 @@ def test_metadata_differences_flattened_and_not_counted(tmp_path):
                    metadata={"producer": {"name": "x", "version": 1}, "same": 3, "only_a": [1, 2]})
     mb = raw_model(tmp_path / "b.bin", {"w": np.ones(2, np.float32)},
                    metadata={"producer": {"name": "x", "version": 2}, "same": 3, "only_b": 1.5})
+    res = diff_models(ma, mb)
+    assert res.metadata == [("only_a", [1, 2], None), ("only_b", None, 1.5),
+                            ("producer.version", 1, 2)]
+    assert res.exit_code == 0
+    assert res.to_dict()["metadata"][0] == {"key": "only_a", "a": [1, 2], "b": None}
+    # Across formats only the keys both sides have are compared.
     mb.format = "other"
     res = diff_models(ma, mb)
-    assert res.metadata == [("format", "raw", "other"), ("only_a", [1, 2], None),
-                            ("only_b", None, 1.5), ("producer.version", 1, 2)]
-    assert res.exit_code == 0
-    d = res.to_dict()
-    assert d["metadata"][0] == {"key": "format", "a": "raw", "b": "other"}
+    assert res.metadata == [("format", "raw", "other"), ("producer.version", 1, 2)]
 
 
 def test_to_dict_is_json_with_non_finite_as_strings(tmp_path):
