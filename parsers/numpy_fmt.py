@@ -358,6 +358,11 @@ def _scan_pickle(model: ModelFile, data, *, file: str, member: str | None, offse
     result = pickle_vm.run(data, file=file, member=member, base_offset=offset)
     model.evidence.pickles.append(
         PickleRecord(file, member, offset, len(data), result, role="npy.object"))
+    if result.stopped and result.end < len(data):
+        # np.load stops at STOP; whatever follows is invisible to it (a place to hide things).
+        model.evidence.add("npy.trailing_bytes", f"{len(data) - result.end} bytes after the "
+                           "object array's pickle are not read by numpy", file=file,
+                           member=member, offset=offset + result.end)
 
 
 def open_source(src: ByteSource, *, max_header_size: int = MAX_HEADER_SIZE) -> ModelFile:

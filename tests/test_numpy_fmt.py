@@ -247,3 +247,22 @@ def test_npz_object_member(tmp_path):
             assert (rec.role, rec.member) == ("npy.object", "o.npy")
         else:
             assert "npy.pickle_not_analysed" in [a.kind for a in model.evidence.anomalies]
+
+
+def test_malicious_object_array_is_recorded_not_run(tmp_path):
+    # A hand-made "object array" whose pickle calls os.system, followed by hidden bytes.
+    payload = b"cos\nsystem\n(S'echo pwned'\ntR."
+    header = "{'descr': '|O', 'fortran_order': False, 'shape': (1,), }"
+    path = tmp_path / "evil.npy"
+    path.write_bytes(_npy(header, payload + b"HIDDEN"))
+    model = _open(path)
+    t = model.tensors[0]
+    assert (t.dtype, t.byte_offset, t.nbytes) == ("object", 10 + len(header), len(payload) + 6)
+    if not HAVE_VM:
+        pytest.skip("pickle VM not available")
+    [rec] = model.evidence.pickles
+    assert rec.role == "npy.object" and rec.offset == t.byte_offset
+    assert [g.dotted for g in rec.result.globals] == ["os.system"]
+    assert [c.args for c in rec.result.calls] == [("echo pwned",)]
+    [a] = model.evidence.anomalies
+    assert (a.kind, a.offset) == ("npy.trailing_bytes", t.byte_offset + len(payload))
