@@ -8,8 +8,9 @@ Format (normative, numpy 2.4 ``numpy.lib.format``):
   multiple of 64 (16 in old files); readers do not require it.
 - The header is the repr of a Python dict literal with exactly the keys ``descr`` (a dtype
   descriptor: a string such as ``'<f4'``, or a list of fields for structured dtypes),
-  ``fortran_order`` (bool) and ``shape`` (tuple of ints, ``()`` for a 0-d array). It is parsed
-  with `ast.literal_eval`, which evaluates literals only, never names or calls. numpy refuses
+  ``fortran_order`` (bool) and ``shape`` (tuple of ints, ``()`` for a 0-d array). numpy parses it
+  with `ast.literal_eval`; we parse the same literals (dict, list, tuple, str, int, True, False,
+  None) with a small parser of our own that compiles nothing (`_HeaderLiteral`). numpy refuses
   headers longer than 10000 characters (`MAX_HEADER_SIZE`) because literal_eval is not safe on
   large input, unless told otherwise (``max_header_size=``, or ``allow_pickle=True`` which trusts
   the file); `open_source` takes the same ``max_header_size`` escape. Headers written by
@@ -43,7 +44,6 @@ Public API: `FORMAT`, `FORMATS`, `sniff`, `open_source`, `open_zip`, `parse_head
 """
 from __future__ import annotations
 
-import ast
 import importlib
 import math
 import re
@@ -257,19 +257,11 @@ def parse_header(buf: memoryview | bytes, *, file: str = "", member: str | None 
     if len(text) > max_header_size:
         raise LimitExceeded("header length", max_header_size, len(text), offset=base + MAGIC_LEN, **where)
 
-    py2 = False
     try:
-        d = _literal(text)
-    except SyntaxError as e:
-        if version >= (3, 0):
-            raise bad(f"cannot parse header: {e.msg}", start) from None
-        try:  # Python 2 wrote 1L for ints; numpy strips the L and retries
-            d = _literal(re.sub(r"\b(\d+)[lL]\b", r"\1", text))
-            py2 = True
-        except SyntaxError as e2:
-            raise bad(f"cannot parse header: {e2.msg}", start) from None
-    except (ValueError, TypeError, MemoryError, RecursionError) as e:
-        raise bad(f"header is not a Python literal: {type(e).__name__}", start) from None
+        d, py2 = _HeaderLiteral(text, allow_long=version < (3, 0)).parse()
+    except _LiteralError as e:
+        at = start + len(text[:e.pos].encode(encoding))
+        raise bad(f"cannot parse header: {e.reason}", at) from None
     if not isinstance(d, dict):
         raise bad(f"header is not a dictionary: {type(d).__name__}", start)
     if set(d) != _EXPECTED_KEYS:
@@ -292,9 +284,147 @@ def parse_header(buf: memoryview | bytes, *, file: str = "", member: str | None 
                      start + hlen, dtype, layout, py2)
 
 
-def _literal(text: str) -> Any:
-    # literal_eval builds literals only (no names, calls or attribute access).
-    return ast.literal_eval(text)
+class _LiteralError(ValueError):
+    def __init__(self, reason: str, pos: int):
+        super().__init__(reason)
+        self.reason = reason
+        self.pos = pos
+
+
+_TOKEN = re.compile(r"""
+    (?P<ws>[ \t\r\n]+)
+  | (?P<int>[-+]?[0-9]+(?P<long>[lL])?)
+  | (?P<str>'(?:[^'\\\n]|\\.)*'|"(?:[^"\\\n]|\\.)*")
+  | (?P<name>[A-Za-z_][A-Za-z_0-9]*)
+  | (?P<punct>[{}()\[\]:,])
+""", re.VERBOSE)
+_NAMES = {"True": True, "False": False, "None": None}
+_ESCAPES = {"\\": "\\", "'": "'", '"': '"', "n": "\n", "r": "\r", "t": "\t", "0": "\0",
+            "a": "\a", "b": "\b", "f": "\f", "v": "\v"}
+_MAX_NESTING = 32  # numpy headers nest 3 deep; structured descrs a little more
+
+
+class _HeaderLiteral:
+    """The Python literals a .npy header is made of, parsed without compiling anything.
+
+    numpy uses `ast.literal_eval`, which compiles the text to an AST (an audit ``compile`` event,
+    and a crash risk on deep nesting). A header holds only dicts, lists, tuples, str, int
+    (``1L`` in Python 2 files), True, False and None: those are accepted here, nested at most
+    `_MAX_NESTING` deep; anything else (names, calls, operators, floats) is refused with its
+    position, where literal_eval would fail or numpy's checks would refuse the value.
+    """
+
+    def __init__(self, text: str, *, allow_long: bool):
+        self.text = text
+        self.allow_long = allow_long
+        self.saw_long = False
+        self.pos = 0  # where the next token starts (whitespace skipped lazily)
+
+    def peek(self) -> tuple[str, str, int]:
+        """The next token as (kind, text, position), not consumed; kind "end" at the end."""
+        text, pos = self.text, self.pos
+        while True:
+            if pos >= len(text):
+                return "end", "", pos
+            m = _TOKEN.match(text, pos)
+            if m is None:
+                raise _LiteralError(f"unexpected character {text[pos]!r}", pos)
+            if m.lastgroup != "ws":
+                return ("int" if m.lastgroup == "long" else m.lastgroup), m.group(), pos
+            pos = m.end()
+
+    def next(self) -> tuple[str, str, int]:
+        kind, tok, pos = self.peek()
+        self.pos = pos + len(tok)
+        return kind, tok, pos
+
+    def parse(self) -> tuple[Any, bool]:
+        value = self.value(0)
+        kind, tok, pos = self.peek()
+        if kind != "end":
+            raise _LiteralError(f"unexpected {tok!r} after the value", pos)
+        return value, self.saw_long
+
+    def take(self, punct: str) -> bool:
+        kind, tok, _ = self.peek()
+        if kind == "punct" and tok == punct:
+            self.next()
+            return True
+        return False
+
+    def value(self, depth: int) -> Any:
+        kind, tok, pos = self.next()
+        if depth > _MAX_NESTING:
+            raise _LiteralError(f"nested deeper than {_MAX_NESTING} levels", pos)
+        if kind == "int":
+            if tok[-1] in "lL":
+                if not self.allow_long:
+                    raise _LiteralError(f"invalid integer {tok!r}", pos)
+                self.saw_long = True
+                tok = tok[:-1]
+            return int(tok)
+        if kind == "str":
+            return self.string(tok, pos)
+        if kind == "name":
+            if tok not in _NAMES:
+                raise _LiteralError(f"a name ({tok!r}) is not a literal", pos)
+            return _NAMES[tok]
+        if kind == "punct" and tok in "([{":
+            close = {"(": ")", "[": "]", "{": "}"}[tok]
+            items: list = []
+            trailing_comma = False
+            while not self.take(close):
+                if items and not trailing_comma:
+                    _, t2, p2 = self.peek()
+                    raise _LiteralError(f"expected ',' or {close!r}, found {t2 or 'the end'!r}", p2)
+                key = self.value(depth + 1)
+                if tok == "{":
+                    if not self.take(":"):
+                        raise _LiteralError("expected ':' in a dict", self.peek()[2])
+                    try:
+                        hash(key)
+                    except TypeError:
+                        raise _LiteralError("unhashable dict key", pos) from None
+                    items.append((key, self.value(depth + 1)))
+                else:
+                    items.append(key)
+                trailing_comma = self.take(",")
+            if tok == "{":
+                return dict(items)
+            if tok == "[":
+                return items
+            if len(items) == 1 and not trailing_comma:
+                return items[0]  # (x) is x, (x,) is a tuple
+            return tuple(items)
+        raise _LiteralError(f"unexpected {tok or 'end of header'!r}", pos)
+
+    @staticmethod
+    def string(tok: str, pos: int) -> str:
+        body = tok[1:-1]
+        if "\\" not in body:
+            return body
+        out, j = [], 0
+        while j < len(body):
+            c = body[j]
+            if c != "\\":
+                out.append(c)
+                j += 1
+                continue
+            e = body[j + 1]
+            if e in _ESCAPES:
+                out.append(_ESCAPES[e])
+                j += 2
+                continue
+            width = {"x": 2, "u": 4, "U": 8}.get(e)
+            digits = body[j + 2:j + 2 + width] if width else ""
+            if not width or len(digits) != width or any(d not in "0123456789abcdefABCDEF" for d in digits):
+                raise _LiteralError(f"unsupported escape in string {tok[:40]!r}", pos)
+            code = int(digits, 16)
+            if code > 0x10FFFF:
+                raise _LiteralError(f"escape out of range in string {tok[:40]!r}", pos)
+            out.append(chr(code))
+            j += 2 + width
+        return "".join(out)
 
 
 def _tensor(h: NpyHeader, name: str, *, file: str, byte_offset: int | None, payload: int,
