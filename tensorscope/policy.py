@@ -1,0 +1,529 @@
+"""What a pickle may import: the allowlist, the denylist, and how everything else is judged.
+
+The scanner judges every global a pickle names (``GLOBAL``, ``STACK_GLOBAL``, ``INST``, ``OBJ``
+via the class on the stack) by its full dotted name, ``module.qualname``:
+
+1. **Allowed** (`WEIGHTS_ONLY_GLOBALS`, `NUMPY_GLOBALS`, `CONTAINER_GLOBALS`): exactly what a
+   weights-only load needs. These produce no finding.
+2. **Denied** (`DENYLIST`): callables and modules that run code, spawn processes, open files or
+   sockets, load further pickles, or resolve arbitrary names. Importing one is CRITICAL, whether
+   or not the pickle calls it (a global can be reached later through ``BUILD``/``__setstate__``,
+   memo tricks or a second stage the scanner cannot see).
+3. **Known framework classes** (`FRAMEWORK_PREFIXES`): torch's own ``nn`` modules, TorchScript
+   classes, DCP metadata dataclasses... INFO: loading them imports torch code, not user code.
+4. **Everything else is unknown and never silently safe**: its severity comes from what the
+   pickle does with it (`judge_unknown`): imported only -> LOW; instantiated as an object
+   (``NEWOBJ``/``cls()``/``copyreg._reconstructor``, the shape of ``torch.save(model)``) ->
+   MEDIUM "loading imports user code"; called with arguments -> MEDIUM; called with a string
+   from the file -> HIGH.
+
+Names are normalised first, as ``pickle.Unpickler.find_class`` does for protocols < 3
+(``_compat_pickle``: ``__builtin__`` -> ``builtins``, ``copy_reg`` -> ``copyreg``...), and C
+accelerator modules are folded onto the modules they implement (``_pickle`` -> ``pickle``,
+``posix``/``nt`` -> ``os``, ``_operator`` -> ``operator``...) so that an alias never escapes a rule.
+Matching is by dotted prefix at name boundaries: an entry ``asyncio`` covers
+``asyncio.unix_events._UnixSubprocessTransport`` (the sub-module bypass of CVE-2025-10157), and an
+entry ``builtins.getattr`` covers ``builtins.getattr.__call__``.
+
+Sources for the tables are cited next to each entry; the weights-only table is copied from
+torch 2.13 ``torch/_weights_only_unpickler.py`` ``_get_allowed_globals`` (facts only).
+
+Public: `classify`, `normalize`, `Verdict`, `LOADER_CALLS`, `DENYLIST`, `WEIGHTS_ONLY_GLOBALS`,
+`TORCHSCRIPT_CALL_PREFIXES`, `STANDARD_ONNX_DOMAINS`.
+"""
+from __future__ import annotations
+
+import _compat_pickle
+from dataclasses import dataclass
+
+__all__ = ["Verdict", "classify", "normalize", "matches", "DENYLIST", "WEIGHTS_ONLY_GLOBALS",
+           "NUMPY_GLOBALS", "CONTAINER_GLOBALS", "SAFE_GLOBALS", "FRAMEWORK_PREFIXES",
+           "TRANSPARENT_CONSTRUCTORS", "LOADER_CALLS", "BYTES_WRAPPERS", "TORCHSCRIPT_CALL_PREFIXES",
+           "STANDARD_ONNX_DOMAINS", "ALLOWED", "DENIED", "FRAMEWORK", "UNKNOWN"]
+
+ALLOWED, DENIED, FRAMEWORK, UNKNOWN = "allowed", "denied", "framework", "unknown"
+
+# --- 1. allowlist ---------------------------------------------------------------------------------
+# torch 2.13 torch/_weights_only_unpickler.py _get_allowed_globals(): the literal table of what
+# torch.load(weights_only=True) lets a checkpoint import. (Dtypes, storage and tensor classes are
+# generated there from torch's own registries; the generated names are listed here.)
+_DTYPES = ("bfloat16 bits16 bits1x8 bits2x4 bits4x2 bits8 bool complex128 complex32 complex64 "
+           "float16 float32 float4_e2m1fn_x2 float64 float8_e4m3fn float8_e4m3fnuz float8_e5m2 "
+           "float8_e5m2fnuz float8_e8m0fnu int1 int16 int2 int3 int32 int4 int5 int6 int64 int7 "
+           "int8 qint32 qint8 quint2x4 quint4x2 quint8 uint1 uint16 uint2 uint3 uint32 uint4 uint5 "
+           "uint6 uint64 uint7 uint8").split()
+_TENSOR_TYPES = "BFloat16 Bool Byte Char Double Float Half Int Long Short".split()
+_STORAGES = ("BFloat16 Bool Byte Char ComplexDouble ComplexFloat Double Float Half Int Long "
+             "QInt32 QInt8 QUInt2x4 QUInt4x2 QUInt8 Short").split()
+_REBUILD = ("_rebuild_device_tensor_from_cpu_tensor _rebuild_device_tensor_from_numpy "
+            "_rebuild_meta_tensor_no_storage _rebuild_nested_tensor _rebuild_parameter "
+            "_rebuild_parameter_with_state _rebuild_qtensor _rebuild_sparse_tensor _rebuild_tensor "
+            "_rebuild_tensor_v2 _rebuild_tensor_v3 _rebuild_wrapper_subclass").split()
+WEIGHTS_ONLY_GLOBALS: frozenset[str] = frozenset(
+    ["collections.OrderedDict", "collections.Counter", "torch.nn.parameter.Parameter",
+     "torch.serialization._get_layout", "torch.Size", "torch.Tensor", "torch.device",
+     "_codecs.encode", "builtins.bytearray", "builtins.set", "builtins.complex",
+     "torch.storage.TypedStorage", "torch.storage.UntypedStorage",
+     "torch._tensor._rebuild_from_type_v2",
+     "torch.per_tensor_affine", "torch.per_tensor_symmetric", "torch.per_channel_affine",
+     "torch.per_channel_symmetric", "torch.per_channel_affine_float_qparams"]
+    + [f"torch.{d}" for d in _DTYPES]
+    + [f"torch.{t}Tensor" for t in _TENSOR_TYPES]
+    + [f"torch.cuda.{t}Tensor" for t in _TENSOR_TYPES]
+    + [f"torch.sparse.{t}Tensor" for t in _TENSOR_TYPES if t != "Bool"]
+    + [f"torch.cuda.sparse.{t}Tensor" for t in _TENSOR_TYPES if t != "Bool"]
+    + [f"torch.{s}Storage" for s in _STORAGES]
+    + [f"torch.cuda.{s}Storage" for s in _STORAGES if not s.startswith("Q")]
+    + [f"torch._utils.{f}" for f in _REBUILD])
+
+# Storage classes TorchScript writes that do not exist in Python's torch namespace (FORMATS.md):
+# torch.load maps any "*Storage" name to a StorageType, so they are as inert as the ones above.
+_EXTRA_STORAGES = frozenset(f"torch.{s}Storage" for s in (
+    "UInt16 UInt32 UInt64 Float8_e4m3fn Float8_e5m2 Float8_e4m3fnuz Float8_e5m2fnuz "
+    "Float8_e8m0fnu Float4_e2m1fn_x2 ComplexHalf Untyped").split())
+
+# NumPy's own array reconstruction (what np.save of an object array and pickled ndarrays use).
+NUMPY_GLOBALS: frozenset[str] = frozenset({
+    "numpy.core.multiarray._reconstruct", "numpy._core.multiarray._reconstruct",
+    "numpy.ndarray", "numpy.dtype", "numpy.core.multiarray.scalar",
+    "numpy._core.multiarray.scalar", "numpy.dtypes.Float64DType", "numpy.dtypes.Float32DType",
+})
+# numpy.dtypes.*DType classes are plain dtype classes (numpy >= 1.25 pickles them by name).
+_NUMPY_DTYPE_PREFIX = "numpy.dtypes."
+
+# Builtin containers and values: constructing them runs no user code.
+CONTAINER_GLOBALS: frozenset[str] = frozenset({
+    "builtins.set", "builtins.frozenset", "builtins.bytearray", "builtins.complex",
+    "builtins.list", "builtins.dict", "builtins.tuple", "builtins.int", "builtins.float",
+    "builtins.bool", "builtins.str", "builtins.bytes", "builtins.slice", "builtins.range",
+    "builtins.NoneType", "builtins.Ellipsis", "builtins.NotImplemented",
+    "collections.OrderedDict", "collections.Counter", "collections.defaultdict",
+    "collections.deque", "_codecs.encode", "datetime.datetime", "datetime.date",
+    "datetime.time", "datetime.timedelta", "datetime.timezone", "decimal.Decimal",
+    "fractions.Fraction", "uuid.UUID",
+})
+
+SAFE_GLOBALS: frozenset[str] = WEIGHTS_ONLY_GLOBALS | _EXTRA_STORAGES | NUMPY_GLOBALS | CONTAINER_GLOBALS
+
+# copyreg's object-rebuilding helpers: what they make is decided by their first argument (the
+# class), which the scanner judges instead. `copyreg._reconstructor(cls, object, None)` is how
+# protocols 0/1 save an instance of a user class.
+TRANSPARENT_CONSTRUCTORS: frozenset[str] = frozenset({
+    "copyreg._reconstructor", "copyreg.__newobj__", "copyreg.__newobj_ex__",
+})
+
+# --- 3. framework classes (INFO) -------------------------------------------------------------------
+# Prefix -> why importing it is not user code. torch.nn.modules.* is what torch.save(model) names
+# for torch's own layers; __torch__.* are TorchScript compiled classes (resolved by the TorchScript
+# loader, never imported from Python); the jit helpers and DCP dataclasses are torch's own writers.
+FRAMEWORK_PREFIXES: dict[str, str] = {
+    "torch.nn.modules.": "torch's own nn module class (importing it runs only torch code)",
+    "torch.nn.parameter.": "torch's own Parameter classes",
+    "torch.nn.utils.parametrize.": "torch's own parametrization classes",
+    "torch.ao.nn.": "torch's own quantized nn module class",
+    "torch.nn.quantized.": "torch's own quantized nn module class",
+    "torch.nn.intrinsic.": "torch's own fused nn module class",
+    "__torch__.": "TorchScript compiled class (resolved by the TorchScript loader, not imported)",
+    "torch.jit._pickle.build_": "TorchScript list/tensor builder",
+    "torch.jit._pickle.restore_type_tag": "TorchScript type tag",
+    "torch.distributed.checkpoint.metadata.": "torch.distributed.checkpoint metadata dataclass",
+    "torch.distributed.checkpoint.filesystem._StorageInfo": "torch.distributed.checkpoint storage record",
+    "torch.distributed.checkpoint.planner.": "torch.distributed.checkpoint planner dataclass",
+    "torch.distributed.checkpoint.default_planner.": "torch.distributed.checkpoint planner dataclass",
+    "torch.distributed._shard.metadata.": "torch.distributed sharding metadata",
+    "torch.distributed._shard.sharded_tensor.metadata.": "torch.distributed sharding metadata",
+    "torch.distributed._shard.sharding_spec.": "torch.distributed sharding metadata",
+    "torch.distributed.tensor.placement_types.": "DTensor placement dataclass",
+    "torch.distributed.tensor._dtensor_spec.": "DTensor spec dataclass",
+    "torch.storage.": "torch storage class",
+    "torch.serialization.StorageType": "torch storage type",
+    "torch.layout": "torch layout",
+    "torch.memory_format": "torch memory format",
+    "torch.contiguous_format": "torch memory format",
+    "torch.channels_last": "torch memory format",
+    "torch.preserve_format": "torch memory format",
+    "torch.strided": "torch layout",
+    "torch.sparse_coo": "torch layout",
+    "torch.sparse_csr": "torch layout",
+    "torch.sparse_csc": "torch layout",
+    "torch.sparse_bsr": "torch layout",
+    "torch.sparse_bsc": "torch layout",
+    "torch.finfo": "torch dtype info",
+    "torch.iinfo": "torch dtype info",
+    "torch.dtype": "torch dtype class",
+    "torch.float": "torch dtype alias",
+    "torch.double": "torch dtype alias",
+    "torch.half": "torch dtype alias",
+    "torch.long": "torch dtype alias",
+    "torch.int": "torch dtype alias",
+    "torch.short": "torch dtype alias",
+    "torch.cfloat": "torch dtype alias",
+    "torch.cdouble": "torch dtype alias",
+    "torch.chalf": "torch dtype alias",
+    "torch.optim.": "torch optimizer class",
+    "pathlib.PosixPath": "path value (constructing it touches no file)",
+    "pathlib.PurePosixPath": "path value (constructing it touches no file)",
+    "pathlib.WindowsPath": "path value (constructing it touches no file)",
+    "pathlib.PureWindowsPath": "path value (constructing it touches no file)",
+    "pathlib.Path": "path value (constructing it touches no file)",
+    "numpy.random._pickle.": "NumPy random generator state",
+    "numpy.random.bit_generator.": "NumPy random generator state",
+    "numpy.core.numeric._frombuffer": "NumPy array from bytes",
+    "numpy._core.numeric._frombuffer": "NumPy array from bytes",
+    "numpy.ma.core._mareconstruct": "NumPy masked array",
+}
+# Exact framework names must match whole: "torch.float" must not cover "torch.float_power".
+_FRAMEWORK_EXACT = {k for k in FRAMEWORK_PREFIXES if not k.endswith(".")}
+
+# --- 2. denylist ----------------------------------------------------------------------------------
+# Dotted prefix -> why it is dangerous. Sources: picklescan `_unsafe_globals` and its advisories
+# (github.com/mmaitre314/picklescan/security), modelscan `settings.py`, fickling `UNSAFE_IMPORTS`,
+# the JFrog (CVE-2025-10155/6/7), Sonatype (CVE-2025-1716/1889/1944/1945) and ReversingLabs
+# (nullifAI) write-ups, and the Python docs for each module.
+DENYLIST: dict[str, str] = {
+    # code execution / evaluation
+    "builtins.eval": "evaluates a Python expression",
+    "builtins.exec": "executes Python code",
+    "builtins.execfile": "executes a Python file",
+    "builtins.compile": "compiles Python code",
+    "builtins.__import__": "imports an arbitrary module",
+    "builtins.open": "opens a file",
+    "builtins.file": "opens a file",
+    "builtins.breakpoint": "starts a debugger",
+    "builtins.input": "reads from the terminal (stalls loaders)",
+    "builtins.getattr": "reaches any attribute of any object (os.system from os)",
+    "builtins.setattr": "rewrites attributes of any object",
+    "builtins.delattr": "deletes attributes of any object",
+    "builtins.globals": "exposes the interpreter's globals",
+    "builtins.locals": "exposes the interpreter's locals",
+    "builtins.vars": "exposes an object's namespace",
+    "builtins.apply": "calls any callable (Python 2)",
+    "builtins.memoryview": "raw memory access",
+    "builtins.type": "creates classes dynamically (type('X', bases, {'__reduce__': ...}))",
+    "builtins.object.__new__": "bypasses constructors",
+    "builtins.super": "attribute resolution tricks",
+    "builtins.help": "starts an interactive pager (spawns a process)",
+    "builtins.exit": "exits the interpreter",
+    "builtins.quit": "exits the interpreter",
+    "builtins.copyright": "interactive site helper",
+    "os": "operating system access: os.system, os.popen, os.exec*, file writes",
+    "posix": "alias of os on Linux (posix.system)",
+    "nt": "alias of os on Windows (nt.system)",
+    "subprocess": "spawns processes",
+    "_posixsubprocess": "spawns processes (fork_exec)",
+    "_winapi": "Windows process creation",
+    "pty": "pty.spawn runs commands",
+    "commands": "Python 2 subprocess",
+    "popen2": "Python 2 subprocess",
+    "runpy": "runs modules and code (runpy._run_code)",
+    "code": "interactive interpreter: runs code",
+    "codeop": "compiles code",
+    "importlib": "imports arbitrary modules (importlib.import_module('os').system)",
+    "imp": "imports arbitrary modules",
+    "zipimport": "imports modules from archives",
+    "pkgutil": "pkgutil.resolve_name reaches any attribute of any module (GHSA-vvpj-8cmc-gx39)",
+    "pydoc": "pydoc.locate imports modules; pydoc.pipepager runs commands",
+    "sys": "interpreter state (sys.modules, settrace, setprofile)",
+    "operator.attrgetter": "attribute access gadget (attrgetter('system')(os))",
+    "operator.itemgetter": "item access gadget",
+    "operator.methodcaller": "calls any method by name (methodcaller('system', cmd))",
+    "functools.partial": "binds arguments to any callable (partial(os.system, cmd))",
+    "functools.reduce": "calls any callable repeatedly",
+    "functools.singledispatch": "wraps callables",
+    "functools.cached_property": "wraps callables",
+    "shutil": "copies, moves and deletes files; shutil.rmtree",
+    "socket": "network access",
+    "_socket": "network access",
+    "ssl": "network access (ssl.get_server_certificate exfiltrates by DNS)",
+    "http": "network access",
+    "httplib": "network access (Python 2)",
+    "urllib": "network access",
+    "urllib2": "network access (Python 2)",
+    "requests": "network access",
+    "aiohttp": "network access",
+    "httpx": "network access",
+    "ftplib": "network access",
+    "smtplib": "network access",
+    "poplib": "network access",
+    "imaplib": "network access; IMAP4_stream runs a command",
+    "telnetlib": "network access",
+    "nntplib": "network access",
+    "xmlrpc": "remote procedure calls",
+    "socketserver": "network servers",
+    "webbrowser": "opens URLs (runs a browser process)",
+    "ctypes": "loads native libraries and calls C functions",
+    "_ctypes": "loads native libraries and calls C functions",
+    "cffi": "loads native libraries",
+    "multiprocessing": "spawns processes",
+    "concurrent": "spawns workers",
+    "asyncio": "asyncio.unix_events starts subprocesses (CVE-2025-10157 sub-module bypass)",
+    "threading": "starts threads running any callable",
+    "_thread": "starts threads running any callable",
+    "signal": "installs signal handlers",
+    "_signal": "installs signal handlers",
+    "pickle": "loads a second pickle",
+    "_pickle": "loads a second pickle (C accelerator of pickle)",
+    "cPickle": "loads a second pickle (Python 2)",
+    "pickletools": "pickle tooling",
+    "dill": "loads pickles that carry code",
+    "cloudpickle": "rebuilds functions from code objects",
+    "joblib": "joblib.load loads a second pickle",
+    "marshal": "loads code objects",
+    "shelve": "opens pickle databases",
+    "dbm": "opens databases",
+    "copyreg.add_extension": "rewires pickle's extension registry",
+    "copyreg.pickle": "registers reducers",
+    "types.CodeType": "builds code objects",
+    "types.FunctionType": "builds functions from code objects",
+    "types.LambdaType": "builds functions from code objects",
+    "types.MethodType": "binds callables",
+    "types.ModuleType": "creates modules",
+    "pdb": "debugger: runs code",
+    "bdb": "debugger: runs code",
+    "trace": "runs code under tracing",
+    "profile": "runs code (profile.run)",
+    "cProfile": "runs code (cProfile.run)",
+    "timeit": "runs code (timeit.timeit)",
+    "doctest": "runs code (doctest.debug_script)",
+    "idlelib": "IDLE: runs code",
+    "lib2to3": "lib2to3 grammar loads pickles",
+    "distutils": "build tooling: writes files, spawns compilers",
+    "setuptools": "build tooling: runs setup code",
+    "pip": "installs packages (pip.main)",
+    "_pyrepl": "runs commands through pagers",
+    "venv": "creates environments (runs pip)",
+    "ensurepip": "runs pip (ensurepip._run_pip)",
+    "tempfile": "creates files",
+    "glob": "lists the file system",
+    "fileinput": "reads files",
+    "io.open": "opens a file",
+    "io.FileIO": "opens a file",
+    "io.open_code": "opens a file",
+    "_io": "opens files (_io.FileIO)",
+    "pathlib.Path.write_text": "writes a file",
+    "pathlib.Path.write_bytes": "writes a file",
+    "pathlib.Path.read_text": "reads a file",
+    "pathlib.Path.read_bytes": "reads a file",
+    "pathlib.Path.open": "opens a file",
+    "pathlib.Path.unlink": "deletes a file",
+    "pathlib.Path.rmdir": "deletes a folder",
+    "pathlib.Path.mkdir": "creates a folder",
+    "pathlib.Path.touch": "creates a file",
+    "pathlib.Path.rename": "moves a file",
+    "pathlib.Path.replace": "moves a file",
+    "pathlib.Path.symlink_to": "creates a link",
+    "pathlib.Path.hardlink_to": "creates a link",
+    "pathlib.Path.chmod": "changes permissions",
+    "pathlib.PosixPath.write_text": "writes a file",
+    "pathlib.PosixPath.write_bytes": "writes a file",
+    "pathlib.PosixPath.open": "opens a file",
+    "pathlib.PosixPath.unlink": "deletes a file",
+    "logging.config": "logging.config.listen runs a config server that evaluates code",
+    "logging.FileHandler": "creates files",
+    "mailcap": "mailcap.findmatch runs a command",
+    "uuid._get_command_stdout": "runs a command",
+    "_osx_support": "runs commands",
+    "_aix_support": "runs commands",
+    "platform._syscmd_file": "runs a command",
+    "platform.popen": "runs a command",
+    "test": "CPython test helpers spawn interpreters (test.support.script_helper)",
+    "numpy.testing._private.utils.runstring": "numpy's exec wrapper",
+    "numpy.testing": "numpy.testing runstring is exec",
+    "numpy.f2py": "numpy.f2py evaluates strings",
+    "numpy.distutils": "build tooling",
+    "numpy.load": "loads a second file (allow_pickle)",
+    "numpy.lib.npyio": "loads a second file (allow_pickle)",
+    "numpy.lib.format.read_array": "loads pickled arrays",
+    "numpy.ctypeslib": "loads native libraries",
+    "numpy.core._internal._ctypes": "raw memory",
+    "pandas.read_pickle": "loads a second pickle",
+    "pandas.io.pickle": "loads a second pickle",
+    "typing._eval_type": "evaluates strings",
+    "typing.ForwardRef._evaluate": "evaluates strings",
+    "torch.load": "loads a second checkpoint",
+    "torch.serialization.load": "loads a second checkpoint",
+    "torch.serialization._load": "loads a second checkpoint",
+    "torch.serialization._legacy_load": "loads a second checkpoint",
+    "torch.storage._load_from_bytes": "loads a second checkpoint from bytes",
+    "torch.hub": "downloads and runs code (torch.hub.load)",
+    "torch.jit.load": "loads TorchScript",
+    "torch.jit._serialization": "loads TorchScript",
+    "torch.jit.unsupported_tensor_ops": "execWrapper runs code",
+    "torch.jit.frontend": "compiles source",
+    "torch.jit._script": "compiles source",
+    "torch.jit.CompilationUnit": "compiles source",
+    "torch._C": "native torch internals (torch._C._jit_*)",
+    "torch._dynamo": "compiler: generates and runs code",
+    "torch._inductor": "compiler: generates, compiles and runs code (codecache.compile_file)",
+    "torch._export": "compiles graphs",
+    "torch.export": "compiles graphs",
+    "torch.compile": "compiles code",
+    "torch.fx": "graph codegen runs generated code",
+    "torch.package": "torch.package imports code from archives",
+    "torch.utils.cpp_extension": "compiles and loads native extensions",
+    "torch.utils._config_module": "ConfigModule.load_config loads a pickle",
+    "torch.utils.bottleneck": "runs scripts",
+    "torch.utils.collect_env": "runs commands",
+    "torch.utils.data.datapipes.utils.decoder": "basichandlers unpickles data",
+    "torch.utils.benchmark": "compiles and runs code",
+    "torch.distributed.rpc": "remote procedure calls",
+    "torch.distributed.elastic": "spawns processes",
+    "torch.multiprocessing": "spawns processes",
+    "torch.ops.load_library": "loads native libraries",
+    "torch.classes.load_library": "loads native libraries",
+    "torch._ops": "loads native operator libraries",
+    "torch.library": "registers native operators",
+    "torch.testing._internal": "test helpers run code",
+    "keras": "Keras Lambda layers run code",
+    "tensorflow": "TensorFlow ops read and write files",
+    "yaml.load": "yaml.load builds arbitrary objects",
+    "yaml.unsafe_load": "builds arbitrary objects",
+    "jinja2": "templates run code",
+    "sqlite3": "opens databases",
+    "gc": "reaches every live object",
+    "inspect": "reaches frames and code",
+    "site": "alters import paths",
+    "sysconfig": "interpreter configuration",
+    "builtins.__loader__": "imports modules",
+    "builtins.__builtins__": "the builtins namespace",
+}
+
+# Calls that hand bytes to a deserializer: the bytes are a second stage, scanned recursively.
+LOADER_CALLS: frozenset[str] = frozenset({
+    "pickle.loads", "pickle.load", "pickle.Unpickler", "pickle._loads", "pickle._load",
+    "pickle._Unpickler", "dill.loads", "dill.load", "dill._dill.loads", "cloudpickle.loads",
+    "joblib.load", "marshal.loads", "marshal.load", "torch.load", "torch.serialization.load",
+    "torch.storage._load_from_bytes", "numpy.load", "numpy.loads", "pandas.read_pickle",
+    "torch.utils._config_module.ConfigModule.load_config", "shelve.open",
+})
+
+# Calls that only wrap or convert bytes: their argument is what a loader would read.
+BYTES_WRAPPERS: frozenset[str] = frozenset({
+    "_codecs.encode", "codecs.encode", "codecs.decode", "io.BytesIO", "_io.BytesIO",
+    "builtins.bytes", "builtins.bytearray", "base64.b64decode", "base64.decodebytes",
+    "base64.b85decode", "base64.a85decode", "base64.b32decode", "base64.standard_b64decode",
+    "base64.urlsafe_b64decode", "binascii.a2b_base64", "binascii.unhexlify", "binascii.a2b_hex",
+    "zlib.decompress", "gzip.decompress", "bz2.decompress", "lzma.decompress",
+    "builtins.memoryview",
+})
+
+# TorchScript code/ files: calls to these prefixes are the compiler's own vocabulary.
+TORCHSCRIPT_CALL_PREFIXES: tuple[str, ...] = (
+    "torch.", "ops.", "__torch__.", "annotate", "uninitialized", "unchecked_cast", "isinstance",
+    "getattr", "hasattr", "len", "int", "float", "bool", "str", "range", "enumerate", "zip",
+    "min", "max", "abs", "round", "print", "list", "dict", "tuple", "append", "insert",
+    "extend", "pop", "keys", "values", "items", "format", "join", "split", "strip", "startswith",
+    "endswith", "sorted", "sum", "divmod", "chr", "ord", "hash", "id", "contiguous",
+    "CONSTANTS.", "self.", "_", "math.", "warnings.warn", "__is__", "__isnot__", "__not__",
+    "__contains__", "__getitem__", "__setitem__", "__derive_index", "__range_length",
+    "RuntimeError", "AssertionError", "ValueError", "Exception", "NotImplementedError",
+    "IndexError", "KeyError", "TypeError", "fork", "wait", "_unwrap_optional", "interface",
+)
+# Names that the TorchScript code vocabulary may still not reach: a call to any of these in code/
+# is the strongest signal.
+TORCHSCRIPT_DANGEROUS = ("torch.ops.load_library", "torch.classes.load_library", "os.", "sys.",
+                         "subprocess.", "builtins.", "eval", "exec", "open", "__import__")
+
+# ONNX operator domains that need no custom-op library (onnx/defs, onnxruntime contrib ops).
+STANDARD_ONNX_DOMAINS: frozenset[str] = frozenset({
+    "", "ai.onnx", "ai.onnx.ml", "ai.onnx.training", "ai.onnx.preview.training",
+    "com.microsoft", "com.microsoft.nchwc", "com.microsoft.experimental",
+    "org.pytorch.aten", "com.ms.internal.nhwc", "pkg.onnxscript.torch_lib",
+    "pkg.onnxscript.torch_lib.common", "pkg.torch.onnx",
+})
+
+# Accelerator and alias modules, folded onto the module they implement.
+_MODULE_ALIASES: dict[str, str] = {
+    "__builtin__": "builtins", "__builtins__": "builtins", "copy_reg": "copyreg",
+    "_operator": "operator", "_functools": "functools", "_pickle": "pickle", "cPickle": "pickle",
+    "_io": "io", "_codecs": "_codecs", "_collections": "collections", "_socket": "socket",
+    "_thread": "threading", "thread": "threading",
+    "_signal": "signal", "_ctypes": "ctypes", "_posixsubprocess": "subprocess",
+    "numpy.core": "numpy._core",
+}
+
+
+def normalize(module: str, name: str) -> tuple[str, str]:
+    """The (module, name) pair ``find_class`` would import for protocol < 3 (``_compat_pickle``),
+    so ``__builtin__ eval`` and ``builtins eval`` judge alike."""
+    if (module, name) in _compat_pickle.NAME_MAPPING:
+        module, name = _compat_pickle.NAME_MAPPING[(module, name)]
+    elif module in _compat_pickle.IMPORT_MAPPING:
+        module = _compat_pickle.IMPORT_MAPPING[module]
+    return module, name
+
+
+def _candidates(dotted: str, module: str) -> list[str]:
+    """The names one global is matched as: as written, normalised, and with each alias folded."""
+    out = [dotted]
+    for alias, real in _MODULE_ALIASES.items():
+        if module == alias or module.startswith(alias + "."):
+            out.append(real + dotted[len(alias):])
+    return out
+
+
+def matches(dotted: str, table) -> str | None:
+    """The first table key that is ``dotted`` or a dotted prefix of it (at a name boundary)."""
+    parts = dotted.split(".")
+    for i in range(len(parts), 0, -1):
+        key = ".".join(parts[:i])
+        if key in table:
+            return key
+    return None
+
+
+@dataclass(frozen=True, slots=True)
+class Verdict:
+    """How the policy classes one global.
+
+    Attributes:
+        category: `ALLOWED`, `DENIED`, `FRAMEWORK` or `UNKNOWN`.
+        dotted: the normalised full name (``builtins.eval`` for ``__builtin__ eval``).
+        reason: one short clause saying why (the table's comment), "" for unknown names.
+        entry: the table key that matched (``os`` for ``os.system``), None for unknown names.
+    """
+
+    category: str
+    dotted: str
+    reason: str = ""
+    entry: str | None = None
+
+
+def classify(module: str, name: str) -> Verdict:
+    """Judge one global by its full dotted name.
+
+    >>> classify("__builtin__", "eval").category
+    'denied'
+    >>> classify("torch._utils", "_rebuild_tensor_v2").category
+    'allowed'
+    >>> classify("asyncio.unix_events", "_UnixSubprocessTransport").entry
+    'asyncio'
+    >>> classify("__main__", "TinyNet").category
+    'unknown'
+    """
+    module = str(module)
+    name = str(name)
+    nmod, nname = normalize(module, name)
+    dotted = f"{nmod}.{nname}" if nmod else nname
+    raw = f"{module}.{name}" if module else name
+    names = []
+    for cand in dict.fromkeys([*_candidates(dotted, nmod), *_candidates(raw, module)]):
+        names.append(cand)
+    # A denylist hit anywhere wins (an allowlisted prefix must not shadow a dangerous suffix).
+    for cand in names:
+        hit = matches(cand, DENYLIST)
+        if hit is not None:
+            return Verdict(DENIED, dotted, DENYLIST[hit], hit)
+    for cand in names:
+        if cand in SAFE_GLOBALS or cand in TRANSPARENT_CONSTRUCTORS:
+            return Verdict(ALLOWED, dotted, "needed by a weights-only load", cand)
+        if cand.startswith(_NUMPY_DTYPE_PREFIX) and cand.count(".") == 2:
+            return Verdict(ALLOWED, dotted, "NumPy dtype class", cand)
+    for cand in names:
+        for prefix, why in FRAMEWORK_PREFIXES.items():
+            if prefix in _FRAMEWORK_EXACT:
+                if cand == prefix or (prefix.endswith(("_", "build_")) and cand.startswith(prefix)):
+                    return Verdict(FRAMEWORK, dotted, why, prefix)
+            elif cand.startswith(prefix):
+                return Verdict(FRAMEWORK, dotted, why, prefix)
+    return Verdict(UNKNOWN, dotted, "", None)
