@@ -57,6 +57,7 @@ Example:
 from __future__ import annotations
 
 import codecs
+import gc
 import pickletools
 import re
 import struct
@@ -182,12 +183,13 @@ class Global:
     Hashable by identity: two GLOBAL opcodes naming the same thing give two objects.
     """
 
-    __slots__ = ("module", "name", "pos")
+    __slots__ = ("module", "name", "pos", "_hook")
 
     def __init__(self, module: str, name: str, pos: int):
         self.module = module
         self.name = name
         self.pos = pos
+        self._hook = None   # the run's hook for (module, name), looked up once at creation
 
     @property
     def dotted(self) -> str:
@@ -615,7 +617,8 @@ class _CallerFault(Exception):
 _INLINE = ("BININT1", "LONG_BINPUT", "BINGET", "BINPUT", "MARK", "BINUNICODE", "TUPLE",
            "TUPLE2", "EMPTY_TUPLE", "NEWFALSE", "MEMOIZE", "SHORT_BINUNICODE", "TUPLE1",
            "TUPLE3", "LONG_BINGET", "BININT", "BININT2", "NONE", "NEWTRUE", "EMPTY_DICT",
-           "EMPTY_LIST", "APPEND", "APPENDS", "SETITEM", "SETITEMS", "BINFLOAT", "STOP")
+           "EMPTY_LIST", "APPEND", "APPENDS", "SETITEM", "SETITEMS", "BINFLOAT", "STOP",
+           "REDUCE", "BINPERSID")
 
 
 class _VM:
@@ -691,12 +694,16 @@ class _VM:
     def execute(self) -> PickleResult:
         result = self.result
         data = self.data
+        raw = self.raw
         n = self.n
         pos = self.start
         stack = self.stack
         metastack = self.metastack
         memo = self.memo
         slow = _SLOW_TABLE
+        calls = result.calls
+        persistent_ids = result.persistent_ids
+        persistent_load = self.persistent_load
         unpack_u16 = _U16.unpack_from
         unpack_i32 = _I32.unpack_from
         unpack_u32 = _U32.unpack_from
@@ -706,7 +713,6 @@ class _VM:
         max_opcodes = self.limits.max_opcodes
         nops = 0
         built = 0       # containers built inline (op_* methods count into self.objects)
-        next_check = min(_CHECK_EVERY, max_opcodes)
         op = -1
         value = None
 
@@ -721,154 +727,199 @@ class _VM:
         EMPTY_DICT = _CODE["EMPTY_DICT"]; EMPTY_LIST = _CODE["EMPTY_LIST"]
         APPEND = _CODE["APPEND"]; APPENDS = _CODE["APPENDS"]; SETITEM = _CODE["SETITEM"]
         SETITEMS = _CODE["SETITEMS"]; BINFLOAT = _CODE["BINFLOAT"]; STOP = _CODE["STOP"]
+        REDUCE = _CODE["REDUCE"]; BINPERSID = _CODE["BINPERSID"]
 
         try:
             while True:
-                op = data[pos]
-                nops += 1
-                if nops > next_check:
-                    self.stack = stack
-                    next_check = self.checkpoint(nops, built, pos)
-                # Every branch leaves `pos` at the opcode until nothing can fail any more, so
-                # the except clauses below know where the failure was.
-                if op == BININT1:
-                    stack.append(data[pos + 1])
-                    pos += 2
-                elif op == LONG_BINPUT:
-                    memo[unpack_u32(data, pos + 1)[0]] = stack[-1]
-                    pos += 5
-                elif op == BINGET:
-                    stack.append(memo[data[pos + 1]])
-                    pos += 2
-                elif op == BINPUT:
-                    memo[data[pos + 1]] = stack[-1]
-                    pos += 2
-                elif op == MARK:
-                    if len(metastack) >= max_depth:
-                        raise self.limit("MARK nesting depth", max_depth, len(metastack) + 1,
-                                         pos)
-                    metastack.append(stack)
-                    stack = []
-                    pos += 1
-                elif op == BINUNICODE:
-                    size = unpack_u32(data, pos + 1)[0]
-                    end = pos + 5 + size
-                    if end > n or size > max_string:
-                        raise self.short("BINUNICODE", size, pos, pos + 5)
-                    stack.append(str(data[pos + 5:end], "utf-8", "surrogatepass"))
-                    pos = end
-                elif op == TUPLE:
-                    if not metastack:
-                        raise self.no_mark("TUPLE", pos)
-                    items = tuple(stack)
-                    stack = metastack.pop()
-                    stack.append(items)
-                    built += 1
-                    pos += 1
-                elif op == TUPLE2:
-                    second = stack.pop()
-                    stack[-1] = (stack[-1], second)
-                    built += 1
-                    pos += 1
-                elif op == EMPTY_TUPLE:
-                    stack.append(())
-                    pos += 1
-                elif op == NEWFALSE:
-                    stack.append(False)
-                    pos += 1
-                elif op == MEMOIZE:
-                    memo[len(memo)] = stack[-1]
-                    pos += 1
-                elif op == SHORT_BINUNICODE:
-                    size = data[pos + 1]
-                    end = pos + 2 + size
-                    if end > n:
-                        raise self.short("SHORT_BINUNICODE", size, pos, pos + 2)
-                    stack.append(str(data[pos + 2:end], "utf-8", "surrogatepass"))
-                    pos = end
-                elif op == TUPLE1:
-                    stack[-1] = (stack[-1],)
-                    built += 1
-                    pos += 1
-                elif op == TUPLE3:
-                    third = stack.pop()
-                    second = stack.pop()
-                    stack[-1] = (stack[-1], second, third)
-                    built += 1
-                    pos += 1
-                elif op == LONG_BINGET:
-                    stack.append(memo[unpack_u32(data, pos + 1)[0]])
-                    pos += 5
-                elif op == BININT:
-                    stack.append(unpack_i32(data, pos + 1)[0])
-                    pos += 5
-                elif op == BININT2:
-                    stack.append(unpack_u16(data, pos + 1)[0])
-                    pos += 3
-                elif op == NONE:
-                    stack.append(None)
-                    pos += 1
-                elif op == NEWTRUE:
-                    stack.append(True)
-                    pos += 1
-                elif op == EMPTY_DICT:
-                    stack.append({})
-                    built += 1
-                    pos += 1
-                elif op == EMPTY_LIST:
-                    stack.append([])
-                    built += 1
-                    pos += 1
-                elif op == APPEND:
-                    target = stack[-2]
-                    if type(target) is list:
-                        target.append(stack.pop())
+                # Opcodes run in batches that end where the limits are checked next; the `for`
+                # counts them, so the hot path pays no counter and no comparison for that.
+                batch_end = min(nops + _CHECK_EVERY, max_opcodes)
+                for nops in range(nops + 1, batch_end + 1):
+                    op = data[pos]
+                    # Every branch leaves `pos` at the opcode until nothing can fail any more, so
+                    # the except clauses below know where the failure was.
+                    if op == BININT1:
+                        stack.append(data[pos + 1])
+                        pos += 2
+                    elif op == LONG_BINPUT:
+                        memo[unpack_u32(data, pos + 1)[0]] = stack[-1]
+                        pos += 5
+                    elif op == BINGET:
+                        stack.append(memo[data[pos + 1]])
+                        pos += 2
+                    elif op == BINPUT:
+                        memo[data[pos + 1]] = stack[-1]
+                        pos += 2
+                    elif op == MARK:
+                        if len(metastack) >= max_depth:
+                            raise self.limit("MARK nesting depth", max_depth, len(metastack) + 1,
+                                             pos)
+                        metastack.append(stack)
+                        stack = self.stack = []
+                        pos += 1
+                    elif op == BINUNICODE:
+                        size = unpack_u32(data, pos + 1)[0]
+                        end = pos + 5 + size
+                        if end > n or size > max_string:
+                            raise self.short("BINUNICODE", size, pos, pos + 5)
+                        if raw is None:
+                            stack.append(str(data[pos + 5:end], "utf-8", "surrogatepass"))
+                        else:   # bytes.decode is ~40 ns faster than str(memoryview, ...)
+                            stack.append(data[pos + 5:end].decode("utf-8", "surrogatepass"))
+                        pos = end
+                    elif op == TUPLE:
+                        if not metastack:
+                            raise self.no_mark("TUPLE", pos)
+                        items = tuple(stack)
+                        stack = self.stack = metastack.pop()
+                        stack.append(items)
+                        built += 1
+                        pos += 1
+                    elif op == TUPLE2:
+                        second = stack.pop()
+                        stack[-1] = (stack[-1], second)
+                        built += 1
+                        pos += 1
+                    elif op == REDUCE:
+                        args = stack[-1]
+                        func = stack[-2]
+                        if type(func) is not Global or type(args) is not tuple:
+                            pos = self.reduce_checked(pos)  # errors, calls of calls ...
+                            continue
+                        calls.append(CallSeen(func, args, None, pos, "REDUCE"))
+                        built += 1
+                        del stack[-1]
+                        hook = func._hook
+                        if hook is None:
+                            stack[-1] = Call(func, args, None, pos, "REDUCE")
+                        else:
+                            try:
+                                stack[-1] = hook(args, pos)
+                            except FormatError:
+                                raise
+                            except Exception as exc:
+                                raise _CallerFault(f"hook for {func.dotted}") from exc
+                        pos += 1
+                    elif op == EMPTY_TUPLE:
+                        stack.append(())
+                        pos += 1
+                    elif op == NEWFALSE:
+                        stack.append(False)
+                        pos += 1
+                    elif op == BINPERSID:
+                        pid = stack[-1]
+                        persistent_ids.append((pid, pos))
+                        if persistent_load is None:
+                            stack[-1] = PersistentRef(pid, pos)
+                        else:
+                            try:
+                                stack[-1] = persistent_load(pid, pos)
+                            except FormatError:
+                                raise
+                            except Exception as exc:
+                                raise _CallerFault("persistent_load") from exc
+                        pos += 1
+                    elif op == MEMOIZE:
+                        memo[len(memo)] = stack[-1]
+                        pos += 1
+                    elif op == SHORT_BINUNICODE:
+                        size = data[pos + 1]
+                        end = pos + 2 + size
+                        if end > n:
+                            raise self.short("SHORT_BINUNICODE", size, pos, pos + 2)
+                        if raw is None:
+                            stack.append(str(data[pos + 2:end], "utf-8", "surrogatepass"))
+                        else:
+                            stack.append(data[pos + 2:end].decode("utf-8", "surrogatepass"))
+                        pos = end
+                    elif op == TUPLE1:
+                        stack[-1] = (stack[-1],)
+                        built += 1
+                        pos += 1
+                    elif op == TUPLE3:
+                        third = stack.pop()
+                        second = stack.pop()
+                        stack[-1] = (stack[-1], second, third)
+                        built += 1
+                        pos += 1
+                    elif op == LONG_BINGET:
+                        stack.append(memo[unpack_u32(data, pos + 1)[0]])
+                        pos += 5
+                    elif op == BININT:
+                        stack.append(unpack_i32(data, pos + 1)[0])
+                        pos += 5
+                    elif op == BININT2:
+                        stack.append(unpack_u16(data, pos + 1)[0])
+                        pos += 3
+                    elif op == NONE:
+                        stack.append(None)
+                        pos += 1
+                    elif op == NEWTRUE:
+                        stack.append(True)
+                        pos += 1
+                    elif op == EMPTY_DICT:
+                        stack.append({})
+                        built += 1
+                        pos += 1
+                    elif op == EMPTY_LIST:
+                        stack.append([])
+                        built += 1
+                        pos += 1
+                    elif op == APPEND:
+                        target = stack[-2]
+                        if type(target) is list:
+                            target.append(stack.pop())
+                        else:
+                            self.append_to(target, [stack.pop()], "APPEND", pos)
+                        pos += 1
+                    elif op == APPENDS:
+                        if not metastack:
+                            raise self.no_mark("APPENDS", pos)
+                        items = stack
+                        stack = self.stack = metastack.pop()
+                        target = stack[-1]
+                        if type(target) is list:
+                            target.extend(items)
+                        elif items:     # C _pickle: nothing to do when no items follow the mark
+                            self.append_to(target, items, "APPENDS", pos)
+                        pos += 1
+                    elif op == SETITEM:
+                        target = stack[-3]
+                        if type(target) is dict and type(stack[-2]) is str:
+                            target[stack[-2]] = stack[-1]
+                        else:
+                            self.setitems_on(target, stack[-2:], "SETITEM", pos)
+                        del stack[-2:]
+                        pos += 1
+                    elif op == SETITEMS:
+                        if not metastack:
+                            raise self.no_mark("SETITEMS", pos)
+                        items = stack
+                        stack = self.stack = metastack.pop()
+                        target = stack[-1]
+                        if items:       # C _pickle: nothing to do when no items follow the mark
+                            self.setitems_on(target, items, "SETITEMS", pos)
+                        pos += 1
+                    elif op == BINFLOAT:
+                        stack.append(unpack_f64(data, pos + 1)[0])
+                        pos += 9
+                    elif op == STOP:
+                        value = stack.pop()
+                        pos += 1
+                        result.stopped = True
+                        break
                     else:
-                        self.append_to(target, [stack.pop()], "APPEND", pos)
-                    pos += 1
-                elif op == APPENDS:
-                    if not metastack:
-                        raise self.no_mark("APPENDS", pos)
-                    items = stack
-                    stack = metastack.pop()
-                    target = stack[-1]
-                    if type(target) is list:
-                        target.extend(items)
-                    elif items:     # C _pickle: nothing to do when no items follow the mark
-                        self.append_to(target, items, "APPENDS", pos)
-                    pos += 1
-                elif op == SETITEM:
-                    target = stack[-3]
-                    if type(target) is dict and type(stack[-2]) is str:
-                        target[stack[-2]] = stack[-1]
-                    else:
-                        self.setitems_on(target, stack[-2:], "SETITEM", pos)
-                    del stack[-2:]
-                    pos += 1
-                elif op == SETITEMS:
-                    if not metastack:
-                        raise self.no_mark("SETITEMS", pos)
-                    items = stack
-                    stack = metastack.pop()
-                    target = stack[-1]
-                    if items:       # C _pickle: nothing to do when no items follow the mark
-                        self.setitems_on(target, items, "SETITEMS", pos)
-                    pos += 1
-                elif op == BINFLOAT:
-                    stack.append(unpack_f64(data, pos + 1)[0])
-                    pos += 9
-                elif op == STOP:
-                    value = stack.pop()
-                    pos += 1
-                    result.stopped = True
-                    break
+                        handler = slow[op]
+                        if handler is None:
+                            raise self.error(f"unknown opcode {op:#04x}", pos)
+                        pos = handler(self, pos)
+                        stack = self.stack      # the handler may have popped a mark
                 else:
-                    handler = slow[op]
-                    if handler is None:
-                        raise self.error(f"unknown opcode {op:#04x}", pos)
-                    self.stack = stack
-                    pos = handler(self, pos)
-                    stack = self.stack
+                    if nops >= max_opcodes:
+                        raise self.limit("opcode count", max_opcodes, nops + 1, pos)
+                    self.checkpoint(built, pos)
+                    continue
+                break   # STOP
         except FormatError as exc:
             result.error = self.locate(exc, pos)
         except (IndexError, struct.error):
@@ -888,23 +939,22 @@ class _VM:
             result.error = self.error(f"{exc.args[0]} raised {type(cause).__name__}: {cause}",
                                       pos)
             result.error.__cause__ = cause
+        if pos >= n and not result.stopped:
+            nops -= 1       # the batch loop counted the opcode that was not there
         result.opcodes = nops
         result.end = pos
         if result.error is None:
-            self.stack = stack
             try:
-                self.checkpoint(nops, built, pos - 1)
+                self.checkpoint(built, pos - 1)
             except LimitExceeded as exc:
                 result.error = exc
                 return result
             result.value = value
         return result
 
-    def checkpoint(self, nops: int, built: int, pos: int) -> int:
-        """Check every limit; return the opcode count at which to check again."""
+    def checkpoint(self, built: int, pos: int) -> None:
+        """Check the stack, memo and object limits (the opcode limit is the batch loop's)."""
         lim = self.limits
-        if nops > lim.max_opcodes:
-            raise self.limit("opcode count", lim.max_opcodes, nops, pos)
         depth_items = len(self.stack) + sum(map(len, self.metastack))
         if depth_items > lim.max_stack:
             raise self.limit("stack size", lim.max_stack, depth_items, pos)
@@ -913,7 +963,6 @@ class _VM:
         objects = built + self.objects
         if objects > lim.max_objects:
             raise self.limit("object count", lim.max_objects, objects, pos)
-        return min(nops + _CHECK_EVERY, lim.max_opcodes)
 
     def classify_index_error(self, op: int, pos: int) -> PickleError:
         """An IndexError/struct.error in the loop: the data ended, an argument was cut short, or
@@ -983,16 +1032,19 @@ class _VM:
 
     def record_global(self, module: str, name: str, pos: int, opcode: str) -> Global:
         self.result.globals.append(GlobalSeen(module, name, pos, opcode))
-        return Global(module, name, pos)
+        ref = Global(module, name, pos)
+        ref._hook = self.hooks.get((module, name))
+        return ref
 
     def call(self, func: Any, args: tuple, kwargs: dict | None, pos: int, opcode: str) -> Any:
-        """Record a call and return its inert value (a hook's value or a `Call`)."""
+        """Record a call and return its inert value (a hook's value or a `Call`). REDUCE of a
+        `Global` does the same inline in `execute`."""
         if type(func) in _INERT_DATA:
             raise self.error(f"{opcode}: {_type_name(func)!r} object is not callable", pos)
         self.result.calls.append(CallSeen(func, args, kwargs, pos, opcode))
         self.objects += 1
         if type(func) is Global and not kwargs:
-            hook = self.hooks.get((func.module, func.name))
+            hook = self.hooks.get((func.module, func.name))     # also for Globals made by hand
             if hook is not None:
                 return self.external(f"hook for {func.dotted}", hook, args, pos)
         return Call(func, args, kwargs, pos, opcode)
@@ -1325,9 +1377,9 @@ class _VM:
         self.instantiate(cls, tuple(items[1:]), "OBJ", pos)
         return pos + 1
 
-    def op_REDUCE(self, pos: int) -> int:
-        if len(self.stack) < 2:
-            raise self.underflow("REDUCE", pos)
+    def reduce_checked(self, pos: int) -> int:
+        """REDUCE when the callee is not a plain `Global` or the arguments not a tuple (the
+        common case is inline in `execute`)."""
         args = self.stack.pop()
         func = self.stack[-1]
         if type(args) is not tuple:
@@ -1406,10 +1458,6 @@ class _VM:
         self._persistent(pid, pos)
         return nxt
 
-    def op_BINPERSID(self, pos: int) -> int:
-        self._persistent(self.pop("BINPERSID", pos), pos)
-        return pos + 1
-
     def _ext(self, code: int, pos: int, name: str, size: int) -> int:
         if code <= 0:
             raise self.error(f"{name} specifies code <= 0", pos)
@@ -1478,4 +1526,15 @@ def run(data: bytes | memoryview, *, start: int = 0, persistent_load=None,
         >>> r.value, r.end, r.opcodes
         ([1, 2], 12, 8)
     """
-    return _VM(data, start, persistent_load, hooks, limits, file, member, base_offset).execute()
+    vm = _VM(data, start, persistent_load, hooks, limits, file, member, base_offset)
+    # The VM allocates up to millions of small acyclic objects. CPython's generational GC would
+    # rescan the growing heap again and again (about a third of the run time), and it cannot
+    # free anything here: pause it for the run and restore the caller's setting.
+    gc_was_enabled = gc.isenabled()
+    if gc_was_enabled:
+        gc.disable()
+    try:
+        return vm.execute()
+    finally:
+        if gc_was_enabled:
+            gc.enable()
