@@ -50,13 +50,15 @@ print(worst)
 
 
 def generate(cache: Path) -> None:
-    import torch
-    from safetensors.torch import save_file
-
     cache.mkdir(parents=True, exist_ok=True)
     if all((cache / n).exists() for n in ("a.pt", "b.pt", "a_copy.pt", "a.safetensors",
                                           "b.safetensors", "a_copy.safetensors")):
         return
+    # Imported only here: a child's ru_maxrss can include the parent's RSS at fork time, so the
+    # measuring process stays small.
+    import torch
+    from safetensors.torch import save_file
+
     print(f"generating ~2 GB state dicts in {cache} (once) ...", file=sys.stderr)
     g = torch.Generator().manual_seed(0)
     a = {}
