@@ -417,8 +417,9 @@ async def test_help_theme_and_palette():
 def test_file_info_renders_metadata_and_code(tmp_path):
     from tensorscope.tui.screens.fileinfo import op_counts, render_value
 
-    assert op_counts([{"op_type": "Conv"}, {"op_type": "Relu"}, {"op_type": "Conv"}]) == \
-        {"Conv": 2, "Relu": 1}
+    assert op_counts([("a", "Conv", ""), ("b", "Relu", ""), ("c", "Conv", ""),
+                      ("d", "Attention", "com.microsoft")]) == \
+        {"Conv": 2, "Relu": 1, "com.microsoft.Attention": 1}
     text = plain(render_value({"__metadata__": {"format": "np"}, "list": list(range(300))}))
     assert "format" in text and "np" in text and "100 more" in text
 
@@ -435,7 +436,8 @@ async def test_torchscript_code_tab():
         app.push_screen(FileInfoScreen(model))
         await pilot.pause()
         assert "def forward" in plain(app.screen.query_one("#code-text").content)
-        assert "code/__torch__.py" in [str(app.screen.query_one("#code-files").get_option_at_index(0).prompt)]
+        option = app.screen.query_one("#code-files").get_option_at_index(0)
+        assert option.id == "code/__torch__.py"
 
 
 def test_cli_command_is_lazy_and_documented():

@@ -29,6 +29,7 @@ class TensorscopeApp(App):
     CSS_PATH = "tensorscope.tcss"
     TITLE = "tensorscope"
     COMMANDS = App.COMMANDS | {TensorscopeCommands}
+    HORIZONTAL_BREAKPOINTS = [(0, "-narrow"), (100, "-wide")]
     BINDINGS = [
         Binding("s", "scan", "Scan"),
         Binding("d", "diff", "Diff", show=False),

@@ -68,10 +68,10 @@ class DiffScreen(Screen):
         yield SafetyBanner(id="banner")
         yield Static(Text("comparing…", style="dim italic"), id="diff-summary")
         yield DataTable(id="diff-table", cursor_type="row")
-        with Horizontal(id="diff-details"):
-            with VerticalScroll(id="dd-info-scroll"):
+        with VerticalScroll(id="diff-details"):
+            with Horizontal(id="dd-row"):
                 yield Static(id="dd-info")
-            yield Static(id="dd-hist")
+                yield Static(id="dd-hist")
         yield Footer()
 
     def on_mount(self) -> None:

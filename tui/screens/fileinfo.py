@@ -18,6 +18,7 @@ from textual.binding import Binding
 from textual.containers import Horizontal, VerticalScroll
 from textual.screen import Screen
 from textual.widgets import Footer, OptionList, Static, TabbedContent, TabPane
+from textual.widgets.option_list import Option
 
 from ..formatting import basename, human_bytes, human_count
 from ..widgets.banner import SafetyBanner
@@ -35,7 +36,7 @@ def render_value(value: Any, depth: int = 0) -> Any:
         grid.add_column(overflow="fold")
         items = list(value.items())
         for k, v in items[:MAX_ITEMS]:
-            grid.add_row(str(k), render_value(v, depth + 1))
+            grid.add_row(str(k) if k != "" else "(default)", render_value(v, depth + 1))
         if len(items) > MAX_ITEMS:
             grid.add_row("…", Text(f"{len(items) - MAX_ITEMS:,} more", style="dim"))
         if not items:
@@ -55,12 +56,29 @@ def render_value(value: Any, depth: int = 0) -> Any:
     return Text(str(value))
 
 
+def _short_member(member: str) -> str:
+    """``archive/code/__torch__/a/b.py`` -> ``a/b.py``: the archive and code prefixes are noise."""
+    for marker in ("/code/__torch__/", "/code/"):
+        if marker in member:
+            return member.split(marker, 1)[1]
+    return member
+
+
+def _node_fields(node: Any) -> tuple[str, str, str]:
+    """``(name, op_type, domain)`` of an ONNX node: the parser's tuples, or dicts/objects."""
+    if isinstance(node, (tuple, list)):
+        parts = [str(x) if x is not None else "" for x in node][:3]
+        return tuple(parts + [""] * (3 - len(parts)))  # type: ignore[return-value]
+    get = node.get if isinstance(node, dict) else lambda k: getattr(node, k, None)
+    return str(get("name") or ""), str(get("op_type") or "?"), str(get("domain") or "")
+
+
 def op_counts(nodes: Any) -> Counter:
-    """Operator counts from an ONNX node list (dicts with ``op_type`` or objects with it)."""
+    """Operator counts (``domain.op`` outside the default domain) from an ONNX node list."""
     counts: Counter = Counter()
     for node in nodes or ():
-        op = node.get("op_type") if isinstance(node, dict) else getattr(node, "op_type", None)
-        counts[str(op or "?")] += 1
+        _, op, domain = _node_fields(node)
+        counts[f"{domain}.{op}" if domain and domain != "ai.onnx" else op] += 1
     return counts
 
 
@@ -93,7 +111,8 @@ class FileInfoScreen(Screen):
             if self.code:
                 with TabPane("Code", id="tab-code"):
                     with Horizontal():
-                        yield OptionList(*sorted(self.code), id="code-files")
+                        yield OptionList(*(Option(_short_member(m), id=m) for m in sorted(self.code)),
+                                         id="code-files")
                         with VerticalScroll(id="code-view"):
                             yield Static(id="code-text")
             nodes = m.extras.get("nodes") if isinstance(m.extras, dict) else None
@@ -135,7 +154,7 @@ class FileInfoScreen(Screen):
         grid.add_column(style="cyan", no_wrap=True)
         grid.add_column(overflow="fold")
         meta = self.model.metadata
-        for key in ("opset_import", "opsets", "inputs", "outputs", "producer_name", "ir_version"):
+        for key in ("graph_name", "ir_version", "producer_name", "opset_import", "inputs", "outputs"):
             if key in meta:
                 grid.add_row(key, render_value(meta[key]))
         counts = op_counts(nodes)
@@ -146,6 +165,14 @@ class FileInfoScreen(Screen):
         for op, n in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0])):
             ops.add_row(op, str(n))
         grid.add_row("ops", ops)
+        listing = Table(box=None, padding=(0, 1), show_edge=False)
+        for col in ("#", "name", "op", "domain"):
+            listing.add_column(col, justify="right" if col == "#" else "left")
+        for i, node in enumerate(list(nodes)[:MAX_ITEMS]):
+            listing.add_row(str(i), *_node_fields(node))
+        if len(nodes) > MAX_ITEMS:
+            listing.add_row("…", f"{len(nodes) - MAX_ITEMS:,} more", "", "")
+        grid.add_row("node list", listing)
         return grid
 
     def show_code(self, member: str) -> None:
@@ -156,4 +183,4 @@ class FileInfoScreen(Screen):
 
     @on(OptionList.OptionHighlighted, "#code-files")
     def _code_pick(self, event: OptionList.OptionHighlighted) -> None:
-        self.show_code(str(event.option.prompt))
+        self.show_code(str(event.option.id))

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from rich.table import Table
 from rich.text import Text
-from textual.containers import VerticalScroll
+from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.widgets import Static
 
 from ..formatting import basename, fmt_offset, fmt_shape, fmt_value, human_bytes, human_count
@@ -36,14 +36,17 @@ def info_fields(info) -> list[tuple[str, str]]:
     ]
     if info.chunks:
         fields.append(("chunks", f"{len(info.chunks)} pieces"))
+    if info.extras:
+        n = len(info.extras)
+        fields.append(("extras", f"{n} format-specific field{'s' if n != 1 else ''}:"))
     for key in sorted(info.extras, key=str):
-        fields.append((f"extras.{key}", str(info.extras[key])))
+        fields.append((f"· {key}", str(info.extras[key])))
     return fields
 
 
 def _grid(pairs: list[tuple[str, str]]) -> Table:
     grid = Table.grid(padding=(0, 1))
-    grid.add_column(style="dim", no_wrap=True)
+    grid.add_column(style="dim", no_wrap=True, max_width=15, overflow="ellipsis")
     grid.add_column(overflow="fold")
     for k, v in pairs:
         grid.add_row(k, v)
@@ -85,9 +88,11 @@ class TensorDetails(VerticalScroll, can_focus=True):
 
     def compose(self):
         yield self.title
-        yield self.stats
-        yield self.hist
-        yield self.meta
+        with Horizontal(id="d-row"):
+            with Vertical(id="d-main"):
+                yield self.stats
+                yield self.hist
+            yield self.meta
 
     def clear(self, message: str = "") -> None:
         self.title.update(Text(message, style="dim"))
