@@ -386,14 +386,21 @@ class _Walker:
         self.rel_a, self.rel_b = rel_a, rel_b
         self.progress = progress
         self.chunk_bytes = max(64, int(chunk_bytes))
+        self.seen = 0
 
-    def pieces(self, va, vb, ia: TensorInfo, ib: TensorInfo, chunk_bytes: int, report: bool = True):
+    def pieces(self, va, vb, ia: TensorInfo, ib: TensorInfo, chunk_bytes: int, skip: int = 0):
+        """Aligned pieces of both views. Progress is reported as pieces are handed out, except for
+        the first ``skip`` bytes (already reported by an earlier pass over the same pair);
+        ``self.seen`` is the number of bytes handed out so far."""
+        self.seen = 0
         for pa, pb in _aligned(iter_flat_chunks(va, chunk_bytes), iter_flat_chunks(vb, chunk_bytes)):
+            n = pa.nbytes + pb.nbytes
+            if self.progress is not None and self.seen + n > skip:
+                self.progress(self.seen + n - max(self.seen, skip))
+            self.seen += n
             yield pa, pb
             self.rel_a.release_piece(ia.file, pa)
             self.rel_b.release_piece(ib.file, pb)
-            if report and self.progress is not None:
-                self.progress(pa.nbytes + pb.nbytes)
 
     def same_bytes(self, va, vb, ia, ib) -> bool:
         for pa, pb in self.pieces(va, vb, ia, ib, self.chunk_bytes):
@@ -401,13 +408,13 @@ class _Walker:
                 return False
         return True
 
-    def floats(self, va, vb, ia, ib, atol: float, rtol: float, report: bool = True) -> ValueDiff:
+    def floats(self, va, vb, ia, ib, atol: float, rtol: float, skip: int = 0) -> ValueDiff:
         cplx = va.dtype.kind == "c" or vb.dtype.kind == "c"
         work = np.complex128 if cplx else np.float64
         # Each piece becomes ~8 float64 temporaries: keep them to a fraction of chunk_bytes.
         elems = max(1, self.chunk_bytes // 32)
         acc = _Accumulator(atol, rtol)
-        for pa, pb in self.pieces(va, vb, ia, ib, elems * max(va.itemsize, vb.itemsize, 1), report):
+        for pa, pb in self.pieces(va, vb, ia, ib, elems * max(va.itemsize, vb.itemsize, 1), skip):
             acc.add(pa.astype(work), pb.astype(work))
         return acc.result(va.size, "complex128" if cplx else "float64")
 
@@ -504,7 +511,8 @@ def _compare(walker: _Walker, ma, ta, mb, tb, atol, rtol) -> ValueDiff | None:
             return ValueDiff(ta.numel, True, 0.0, 0.0, 0.0, 0.0, None, 0, 0, 0, "bytes")
         if not numeric:
             return ValueDiff(ta.numel, False, mismatched=None, compared_as="bytes")
-        return walker.floats(va, vb, ta, tb, atol, rtol, report=False)  # bytes already counted
+        # The byte pass stopped at the first difference: report only what it did not reach.
+        return walker.floats(va, vb, ta, tb, atol, rtol, skip=walker.seen)
     if not numeric:
         return None
     return walker.floats(ma.read(ta), mb.read(tb), ta, tb, atol, rtol)

@@ -536,3 +536,39 @@ def test_cli_errors_exit_2(capsys, argv, message):
 def test_cli_help_has_example():
     from tensorscope.commands import diff
     assert "Example:\n  tensorscope diff" in diff.DESCRIPTION and diff.HELP
+
+
+def test_progress_counts_every_compared_byte_once(tmp_path):
+    x = rng().standard_normal(1000).astype(np.float32)
+    y = x.copy()
+    y[500] += 1
+    seen = []
+    ma = raw_model(tmp_path / "a.bin", {"same": x, "diff": x, "cast": x})
+    mb = raw_model(tmp_path / "b.bin", {"same": x, "diff": y, "cast": x.astype(np.float16)})
+    diff_models(ma, mb, progress=seen.append, chunk_bytes=256)
+    assert sum(seen) == ma.total_bytes + mb.total_bytes == 8000 + 8000 + 6000
+    assert max(seen) <= 512
+
+
+from hypothesis import given, settings, strategies as st  # noqa: E402
+
+_DT = [np.float64, np.float32, np.float16, ml_dtypes.bfloat16, np.int32, np.int8]
+
+
+@settings(max_examples=40, deadline=None)
+@given(shape=st.lists(st.integers(0, 7), min_size=0, max_size=3), da=st.sampled_from(_DT),
+       db=st.sampled_from(_DT), chunk=st.integers(1, 200), transpose=st.booleans(),
+       seed=st.integers(0, 2**31))
+def test_any_pair_matches_torch(tmp_path_factory, shape, da, db, chunk, transpose, seed):
+    r = np.random.default_rng(seed)
+    base = r.standard_normal(shape) * 50
+    xa = base.astype(da)
+    xb = (base + r.standard_normal(shape) * (r.random(shape) < 0.3)).astype(db)
+    d = tmp_path_factory.mktemp("h")
+    ma = raw_model(d / "a.bin", {"t": (xa, "T") if transpose and xa.ndim == 2 else xa})
+    mb = raw_model(d / "b.bin", {"t": xb})
+    (e,) = diff_models(ma, mb, chunk_bytes=chunk).entries
+    if e.values.identical_bytes:
+        assert xa.dtype == xb.dtype and np.array_equal(xa, xb)
+    else:
+        check_against(e.values, oracle(to_torch(xa), to_torch(xb)))
