@@ -65,6 +65,7 @@ from __future__ import annotations
 import math
 import os
 import re
+import stat
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator, NamedTuple
 
@@ -484,6 +485,7 @@ class _Walker:
         self.node_total = 0
         self.reported: dict[str, int] = {}
         self.metadata: dict[str, Any] = {}
+        self.external_files: dict[str, tuple[str, int]] = {}
 
     # -- reporting --
     def report(self, kind: str, message: str, offset: int | None = None) -> None:
@@ -938,7 +940,8 @@ class _Walker:
         for number in tf.typed:
             if number != storage or tf.raw is not None:
                 self.report("onnx.ignored_data_field", f"{where} ({dtype}) also has "
-                            f"{_TYPED_FIELD_NAMES[number]}, which onnx ignores", tf.typed[number][3])
+                            f"{_TYPED_FIELD_NAMES[number]}, which onnx ignores",
+                            tf.typed[number][3])
         if tf.raw is not None:
             if dtype == "string":
                 raise _err(f"{where}: a string tensor cannot use raw_data", tf.raw[0])
@@ -1041,15 +1044,7 @@ class _Walker:
                 raise _err(f"{where}: external data without a location", at)
             offset = _decimal(entries.get("offset"), "offset", where, at)
             length = _decimal(entries.get("length"), "length", where, at)
-            target = self.resolve(location, where, at)
-            try:
-                st = os.stat(target)
-            except OSError as e:
-                raise _err(f"{where}: external data file {location!r} cannot be opened: "
-                           f"{e.strerror}", at) from None
-            if not os.path.isfile(target):
-                raise _err(f"{where}: external data location {location!r} is not a file", at)
-            size = st.st_size
+            target, size = self.external_file(location, where, at)
             start = offset or 0
             if start > size:
                 raise _err(f"External data offset ({start}) exceeds file size ({size}) for "
@@ -1078,6 +1073,23 @@ class _Walker:
         common["file"] = target
         return TensorInfo(name, dtype, shape, byte_offset=start, nbytes=nbytes,
                           storage_nbytes=span, extras=extras, **common), None
+
+    def external_file(self, location: str, where: str, at: int) -> tuple[str, int]:
+        """(path, size) of an external data file: resolved, checked and stat'ed once per
+        location (one file commonly holds every tensor); never opened."""
+        known = self.external_files.get(location)
+        if known is not None:
+            return known
+        target = self.resolve(location, where, at)
+        try:
+            st = os.stat(target)
+        except OSError as e:
+            raise _err(f"{where}: external data file {location!r} cannot be opened: "
+                       f"{e.strerror}", at) from None
+        if not stat.S_ISREG(st.st_mode):
+            raise _err(f"{where}: external data location {location!r} is not a file", at)
+        self.external_files[location] = (target, st.st_size)
+        return target, st.st_size
 
     def resolve(self, location: str, where: str, at: int) -> str:
         """The external file's path, or an error when the location leaves the model's folder."""
@@ -1128,7 +1140,7 @@ def _decimal(value: str | None, key: str, where: str, at: int) -> int | None:
     return number
 
 
-# -- decoding typed fields (copies) -----------------------------------------------------------------
+# -- decoding typed fields (copies) --------------------------------------------------------------
 def _collect(buf, spans, message: str, number: int) -> list[tuple[str, int, int]]:
     """Every occurrence of field ``number`` across ``spans``: ("packed", a, b), ("one", a, b)
     (fixed or length-delimited payload) or ("varint", value, 0)."""
