@@ -380,8 +380,13 @@ def _is_module_state(state) -> bool:
     return isinstance(state, dict) and "_parameters" in state and "_modules" in state
 
 
-def named_tensors(root, *, max_items: int = 10_000_000) -> Iterator[tuple[tuple[str, ...], tuple[str, ...], TensorRef]]:
+def named_tensors(root, *, max_items: int = 10_000_000,
+                  leaf: Callable[[Call], TensorRef | None] | None = None,
+                  ) -> Iterator[tuple[tuple[str, ...], tuple[str, ...], TensorRef]]:
     """Yield ``(path, raw_path, tensor)`` in saved order.
+
+    ``leaf`` MAY turn an inert `Call` into a tensor before the walk descends into it (plain
+    pickles use it for numpy arrays, whose data arrives by BUILD after the call).
 
     ``path`` is the state_dict-style path (``features.0.weight``): dict keys, list indices,
     attribute names, and for ``nn.Module`` objects the ``_parameters``/``_buffers``/``_modules``
@@ -395,6 +400,8 @@ def named_tensors(root, *, max_items: int = 10_000_000) -> Iterator[tuple[tuple[
     emitted = 0
     while stack:
         obj, path, raw, role = stack.pop()
+        if leaf is not None and type(obj) is Call:
+            obj = leaf(obj) or obj
         if isinstance(obj, TensorRef):
             emitted += 1
             if emitted > max_items:
