@@ -71,7 +71,7 @@ _TAR_PREFIX = slice(345, 500)
 TAR_MEMBERS = ("sys_info", "pickle", "tensors", "storages")
 
 # Small pickles (magic, version, sys_info, keys, tar records) never need many opcodes.
-_SMALL_LIMITS = pickle_vm.Limits(max_opcodes=1_000_000) if hasattr(pickle_vm, "Limits") else None
+_SMALL_LIMITS = pickle_vm.Limits(max_opcodes=1_000_000)
 
 
 # -- sniffing -------------------------------------------------------------------------------------
@@ -107,11 +107,9 @@ def _run(src: ByteSource, start: int, *, end: int | None = None, persistent_load
          hooks=None, member: str | None = None, base: int = 0, limits=None):
     """Run one pickle of the file from ``start``; positions are absolute in the file."""
     data = src.buffer if end is None else src.buffer[:end]
-    kwargs = {}
-    if limits is not None:
-        kwargs["limits"] = limits
     result = pickle_vm.run(data, start=start, persistent_load=persistent_load, hooks=hooks,
-                           file=src.path, member=member, base_offset=base, **kwargs)
+                           limits=limits or pickle_vm.DEFAULT_LIMITS, file=src.path,
+                           member=member, base_offset=base)
     result.raise_for_error()
     return result
 

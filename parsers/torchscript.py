@@ -51,6 +51,7 @@ CODE_FILE_MAX = 16 << 20     # one code file's text (real ones are KBs)
 CODE_TOTAL_MAX = 256 << 20   # all code text kept in memory
 EXTRA_PREVIEW = 4096         # bytes of each extra file shown as text
 MAX_MODULES = 1_000_000      # modules walked (a DAG of shared modules could otherwise explode)
+MAX_TENSORS = 10_000_000     # tensor entries listed (shared modules repeat theirs, as state_dict does)
 
 _CLASS = re.compile(r"^class\s+([A-Za-z_]\w*)\s*(?:\(([^)]*)\))?\s*:", re.M)
 _NAME_LIST = re.compile(r"^[ \t]+(__parameters__|__buffers__)[ \t]*=[ \t]*\[([^\]\n]*)\]", re.M)
@@ -157,14 +158,18 @@ def module_tensors(root, classes: dict[str, ScriptClass], model: ModelFile, file
             yield path, ref
         return
     missing: set[str] = set()
+    # Tensors inside one attribute value, walked once however many modules share the value:
+    # a value referenced from many places (one BINGET each) must not be walked again each time.
+    inside: dict[int, list] = {}
     stack: list[tuple[Call, tuple[str, ...], frozenset[int]]] = [(root, (), frozenset())]
-    walked = 0
+    walked = listed = 0
     while stack:
         obj, path, ancestors = stack.pop()
         walked += 1
-        if walked > MAX_MODULES:
+        if walked > MAX_MODULES or listed > MAX_TENSORS:
             model.evidence.add("torchscript.too_many_modules",
-                               f"more than {MAX_MODULES} modules: the listing stops", file=file)
+                               f"more than {MAX_MODULES} modules or {MAX_TENSORS} tensor entries: "
+                               "the listing stops", file=file)
             return
         name = _qualname(obj)
         cls = classes.get(name)
@@ -189,10 +194,14 @@ def module_tensors(root, classes: dict[str, ScriptClass], model: ModelFile, file
                                        file=file)
                 else:
                     subs.append((value, path + (key,), ancestors | {id(obj)}))
-            else:
-                for sub_path, _raw, ref in torch_pickle.named_tensors(value):
-                    role = "attribute" if cls is not None else "tensor"
-                    attrs.append((path + (key,) + sub_path, ref.with_role(role)))
+            elif isinstance(value, (TensorRef, list, tuple, dict, Call)):
+                found = inside.get(id(value))
+                if found is None:
+                    found = inside[id(value)] = [(p, r) for p, _raw, r in
+                                                 torch_pickle.named_tensors(value)]
+                role = "attribute" if cls is not None else "tensor"
+                attrs.extend((path + (key,) + sub_path, ref.with_role(role)) for sub_path, ref in found)
+        listed += len(own) + len(attrs)
         own.sort(key=lambda item: item[0])  # stable: parameters first, each in attribute order
         for _, p, ref in own:
             yield p, ref

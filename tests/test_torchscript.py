@@ -1,7 +1,6 @@
 """TorchScript archives: our listing against torch.jit.load(f).state_dict(), live."""
 from __future__ import annotations
 
-import io
 import struct
 import sys
 import warnings
@@ -271,3 +270,36 @@ def test_inspect_json(capsys):
     doc = json.loads(capsys.readouterr().out)
     assert doc["summary"]["format"] == "torchscript"
     assert "conv.weight" in [t["name"] for t in doc["tensors"]]
+
+
+def test_shared_attribute_values_are_walked_once(tmp_path):
+    """Hostile: 2000 attributes share one list of 20000 items (one BINGET each). A walk per
+    reference would cost 4e7 steps; the listing stays linear."""
+    import pickle
+    import time
+    import types
+
+    fake = types.ModuleType("__torch__")
+
+    class M:
+        pass
+    M.__module__, M.__qualname__ = "__torch__", "M"
+    fake.M = M
+    sys.modules["__torch__"] = fake
+    try:
+        shared = list(range(20000))
+        obj = M()
+        obj.__dict__.update({f"a{i}": shared for i in range(2000)}, training=True)
+        data = pickle.dumps(obj, protocol=2)
+    finally:
+        del sys.modules["__torch__"]
+    path = tmp_path / "dag.pt"
+    with zipfile.ZipFile(path, "w") as z:
+        z.writestr("dag/data.pkl", data)
+        z.writestr("dag/constants.pkl", pickle.dumps((), protocol=2))
+        z.writestr("dag/code/__torch__.py", "class M(Module):\n  __parameters__ = []\n"
+                                            "  __buffers__ = []\n")
+    t0 = time.perf_counter()
+    with tensorscope.open(path) as model:
+        assert model.tensors == [] and model.evidence.anomalies == []
+    assert time.perf_counter() - t0 < 5
