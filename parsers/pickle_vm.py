@@ -129,7 +129,9 @@ class PickleError(FormatError):
 @dataclass(frozen=True)
 class Limits:
     """Resource bounds for one run. Defaults suit a 100 GB checkpoint with ~1e6 tensors
-    (~35 opcodes, ~8 memo entries and ~4 objects per tensor).
+    (~35 opcodes, ~8 memo entries and ~4 objects per tensor). The opcode, depth, string and
+    integer limits are exact; stack, memo and object counts are checked every 4096 opcodes and
+    at STOP, so they may be overshot by that much before the run fails.
 
     Attributes:
         max_opcodes: opcodes executed.
@@ -1327,11 +1329,11 @@ class _VM:
 
     def op_PUT(self, pos: int) -> int:
         text, nxt = self.readline("PUT", pos, pos + 1)
+        if not self.stack:
+            raise self.underflow("PUT", pos)
         index = _text_index(text, "PUT")
         if index < 0:
             raise self.error("negative PUT argument", pos)
-        if not self.stack:
-            raise self.underflow("PUT", pos)
         self.memo[index] = self.stack[-1]
         return nxt
 
