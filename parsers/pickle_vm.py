@@ -61,8 +61,10 @@ import gc
 import pickletools
 import re
 import struct
+import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import Any
 
 from tensorscope.errors import FormatError, LimitExceeded
@@ -106,9 +108,8 @@ _F64 = struct.Struct(">d")    # BINFLOAT is big-endian
 # Limits on stack, memo and object counts are checked every _CHECK_EVERY opcodes and at STOP,
 # so they may be overshot by at most that many entries; the opcode limit is exact.
 _CHECK_EVERY = 4096
-# Hashing a tuple in C recurses through nested tuples without a guard (a 1e6-deep tuple crashes
-# the interpreter) and caches nothing (a DAG of shared tuples costs 2**depth). Bound both.
-_MAX_HASH_WORK = 10_000_000
+# Tuple elements hashed per run (see _HashGuard): ~1 s of hashing, far above any real pickle.
+_MAX_HASH_WORK = 100_000_000
 # CPython refuses int <-> str conversions above 4300 digits (CVE-2020-10735); so do we, even when
 # the interpreter's own limit was lifted, because int() of a long string is quadratic.
 _MAX_INT_DIGITS = 4300
@@ -463,7 +464,7 @@ def _codecs_encode(args: tuple, pos: int) -> bytes:
     raise _hook_error("_codecs.encode", args)
 
 
-CONTAINER_HOOKS: Mapping[tuple[str, str], Callable[[tuple, int], object]] = {
+CONTAINER_HOOKS: Mapping[tuple[str, str], Callable[[tuple, int], object]] = MappingProxyType({
     ("collections", "OrderedDict"): _ordered_dict,
     ("collections", "defaultdict"): _defaultdict,
     ("builtins", "set"): _make_set,
@@ -475,7 +476,7 @@ CONTAINER_HOOKS: Mapping[tuple[str, str], Callable[[tuple, int], object]] = {
     ("builtins", "bytearray"): _make_bytearray,
     ("__builtin__", "bytearray"): _make_bytearray,
     ("_codecs", "encode"): _codecs_encode,
-}
+})
 """Inert builders for containers that pickles build by calling a builtin. Pure data, no import.
 Merge with your own: ``hooks={**CONTAINER_HOOKS, **mine}``. ``OrderedDict``/``defaultdict`` give
 a plain dict (a later BUILD of their ``__dict__`` is recorded and ignored)."""
@@ -484,47 +485,80 @@ a plain dict (a later BUILD of their ``__dict__`` is recorded and ignored)."""
 # ---------------------------------------------------------------------------------------------
 # Hashing guard shared by the VM and the hooks.
 
-def _check_tuple_key(key: tuple, max_depth: int) -> None:
-    """Raise LimitExceeded if hashing ``key`` could crash (depth) or hang (DAG blow-up)."""
-    done: dict[int, tuple[int, int]] = {}   # id -> (depth, expanded size)
-    path = [(key, iter(key))]
-    while path:
-        node, children = path[-1]
-        for child in children:
-            if type(child) is tuple and id(child) not in done:
-                if len(path) >= max_depth:
-                    raise LimitExceeded("nesting depth of a hashed tuple", max_depth,
-                                        len(path) + 1, format="pickle")
-                path.append((child, iter(child)))
-                break
-        else:
-            path.pop()
-            depth, size = 1, 1
-            for child in node:
-                if type(child) is tuple:
-                    child_depth, child_size = done[id(child)]
-                    depth = max(depth, child_depth + 1)
-                    size += child_size
-                else:
-                    size += 1
-            if size > _MAX_HASH_WORK:
-                raise LimitExceeded("expanded size of a hashed tuple", _MAX_HASH_WORK, size,
-                                    format="pickle")
-            done[id(node)] = (depth, size)
+class _HashGuard:
+    """Bounds the work of hashing tuples during one run (dict keys, set items).
+
+    Tuple hashes are not cached, and C recursion through nested tuples has no guard: a 1e6-deep
+    tuple crashes the interpreter, a DAG of shared tuples costs 2**depth, and one big tuple
+    used as a key again and again (through the memo) costs its size each time. Each tuple's
+    depth and expanded size are computed once per run (iteratively), and every hash is charged
+    to a budget for the run.
+    """
+
+    def __init__(self, max_depth: int):
+        self.max_depth = max_depth
+        self.known: dict[int, tuple[int, int, tuple]] = {}  # id -> (depth, size, the tuple)
+        self.work = 0
+
+    def charge(self, key: tuple) -> None:
+        self.work += self.size_of(key)
+        if self.work > _MAX_HASH_WORK:
+            raise LimitExceeded("tuple hashing work", _MAX_HASH_WORK, self.work,
+                                format="pickle")
+
+    def size_of(self, key: tuple) -> int:
+        known = self.known
+        if id(key) in known:
+            return known[id(key)][1]
+        path = [(key, iter(key))]
+        while path:
+            node, children = path[-1]
+            for child in children:
+                if type(child) is tuple and id(child) not in known:
+                    if len(path) >= self.max_depth:
+                        raise LimitExceeded("nesting depth of a hashed tuple", self.max_depth,
+                                            len(path) + 1, format="pickle")
+                    path.append((child, iter(child)))
+                    break
+            else:
+                path.pop()
+                depth, size = 1, 1
+                for child in node:
+                    if type(child) is tuple:
+                        child_depth, child_size, _ = known[id(child)]
+                        depth = max(depth, child_depth + 1)
+                        size += child_size
+                    else:
+                        size += 1
+                if size > _MAX_HASH_WORK:
+                    raise LimitExceeded("tuple hashing work", _MAX_HASH_WORK, size,
+                                        format="pickle")
+                known[id(node)] = (depth, size, node)   # keeps the tuple (and its id) alive
+        return known[id(key)][1]
 
 
-def _set_key(d: dict, key: Any, value: Any, max_depth: int = DEFAULT_LIMITS.max_depth) -> None:
+_ACTIVE = threading.local()     # .guard: the running VM's _HashGuard, for CONTAINER_HOOKS
+
+
+def _charge_hash(key: tuple) -> None:
+    guard = getattr(_ACTIVE, "guard", None)
+    if guard is None:           # a hook called outside run()
+        guard = _HashGuard(DEFAULT_LIMITS.max_depth)
+    guard.charge(key)
+
+
+def _set_key(d: dict, key: Any, value: Any) -> None:
     if type(key) is tuple:
-        _check_tuple_key(key, max_depth)
+        _charge_hash(key)
     try:
         d[key] = value
     except TypeError:
         d[UnhashableKey(key)] = value
 
 
-def _add_item(s: set, item: Any, max_depth: int = DEFAULT_LIMITS.max_depth) -> None:
+def _add_item(s: set, item: Any) -> None:
     if type(item) is tuple:
-        _check_tuple_key(item, max_depth)
+        _charge_hash(item)
     try:
         s.add(item)
     except TypeError:
@@ -652,6 +686,7 @@ class _VM:
         self.memo: dict = {}
         self.objects = 0        # containers and calls built by op_* methods
         self.buffers = 0
+        self.hash_guard = _HashGuard(limits.max_depth)
         self.result = PickleResult()
 
     # -- errors --------------------------------------------------------------------------------
@@ -1051,18 +1086,6 @@ class _VM:
                 return self.external(f"hook for {func.dotted}", hook, args, pos)
         return Call(func, args, kwargs, pos, opcode)
 
-    def set_key(self, d: dict, key: Any, value: Any, pos: int) -> None:
-        try:
-            _set_key(d, key, value, self.limits.max_depth)
-        except LimitExceeded as exc:
-            raise self.locate(exc, pos) from None
-
-    def add_item(self, s: set, item: Any, pos: int) -> None:
-        try:
-            _add_item(s, item, self.limits.max_depth)
-        except LimitExceeded as exc:
-            raise self.locate(exc, pos) from None
-
     def record_method(self, target: Any, args: tuple, opcode: str, pos: int) -> None:
         """A container opcode applied to an object the VM did not build as a container (a
         `Global`, a `PersistentRef`, a hook's value ...): a loader calls its methods."""
@@ -1100,7 +1123,7 @@ class _VM:
                 except TypeError:
                     pass    # an unhashable key: redo one by one (same result, same order)
             for i in range(0, len(items), 2):
-                self.set_key(target, items[i], items[i + 1], pos)
+                _set_key(target, items[i], items[i + 1])
         elif kind is Call:
             if target._dictitems is None:
                 target._dictitems = []
@@ -1192,7 +1215,7 @@ class _VM:
         kind = type(target)
         if kind is set:
             for item in items:
-                self.add_item(target, item, pos)
+                _add_item(target, item)
         elif kind is Call:
             if target._setitems is None:
                 target._setitems = []
@@ -1207,7 +1230,7 @@ class _VM:
         items = self.mark_items("FROZENSET", pos)
         out: set = set()
         for item in items:
-            self.add_item(out, item, pos)
+            _add_item(out, item)
         self.stack.append(frozenset(out))
         self.objects += 1
         return pos + 1
@@ -1535,8 +1558,11 @@ def run(data: bytes | memoryview, *, start: int = 0, persistent_load=None,
     gc_was_enabled = gc.isenabled()
     if gc_was_enabled:
         gc.disable()
+    outer_guard = getattr(_ACTIVE, "guard", None)
+    _ACTIVE.guard = vm.hash_guard
     try:
         return vm.execute()
     finally:
+        _ACTIVE.guard = outer_guard
         if gc_was_enabled:
             gc.enable()

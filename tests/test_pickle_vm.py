@@ -520,7 +520,24 @@ def test_shared_tuple_dag_as_key_is_bounded():
     parts.append(b"Ns.")
     result = run(b"".join(parts))
     assert isinstance(result.error, LimitExceeded)
-    assert result.error.reason.startswith("expanded size of a hashed tuple exceeds the limit")
+    assert result.error.reason.startswith("tuple hashing work exceeds the limit of 100000000")
+    assert result.error.offset == len(parts[0]) + 2 * 60 + 1     # the SETITEM
+
+
+def test_one_big_tuple_key_reused_through_the_memo_is_bounded():
+    # (0, 1, ..., 99999) memoized, then SETITEM with it as key 2000 times: each hash costs
+    # 100,000 element hashes, 2e8 in all, over the run's budget (a real loader would grind).
+    head = b"}(" + b"K\x00" * 100_000 + b"tq\x000"
+    blob = head + b"h\x00Ns" * 2000 + b"."
+    result = run(blob)
+    assert isinstance(result.error, LimitExceeded)
+    assert result.error.reason.startswith("tuple hashing work exceeds the limit of 100000000")
+    assert run(head + b"h\x00Ns" * 10 + b".").error is None
+
+
+def test_container_hooks_are_read_only():
+    with pytest.raises(TypeError):
+        CONTAINER_HOOKS[("os", "system")] = print
 
 
 # --- property: stdlib pickles of random data ------------------------------------------------------
