@@ -373,7 +373,6 @@ DENYLIST: dict[str, str] = {
     "torch.classes.load_library": "loads native libraries",
     "torch._ops": "loads native operator libraries",
     "torch.library": "registers native operators",
-    "torch.testing._internal": "test helpers run code",
     "keras": "Keras Lambda layers run code",
     "tensorflow": "TensorFlow ops read and write files",
     "yaml.load": "yaml.load builds arbitrary objects",

@@ -104,6 +104,7 @@ RULES: dict[str, tuple[Severity, str]] = {
     "file.decompression-limit": (Severity.HIGH, "A compressed stream exceeds the decompression cap: the rest is not scanned."),
     "file.extension-mismatch": (Severity.MEDIUM, "The file's content does not match its extension (a pickle named .safetensors, a zip named .jpg)."),
     "file.polyglot": (Severity.HIGH, "Different readers see different content in this file (a zip hidden behind another head)."),
+    "file.not-a-model": (Severity.INFO, "A text file that is not a pickle: no loader runs code from it."),
     "file.symlink-outside": (Severity.LOW, "A symlink points outside the scanned tree; it was not followed."),
     "file.unreadable": (Severity.HIGH, "The file could not be opened."),
     "zip.member-unreadable": (Severity.HIGH, "An archive member cannot be read: its content is not scanned."),
@@ -468,6 +469,7 @@ class _Ctx:
         self.reused: dict[tuple[str | None, int], Any] = {}  # (member, abs offset) -> PickleResult
         self.kinds: list[str] = []             # content kinds seen at top level
         self.vm_limits = limits.vm
+        self.blob_mode = False                 # a DCP .distcp: several zips back to back
         self.known_data = False                # raw data a model file points at (ONNX external data)
         self.data_files: set[str] = set()      # files this model's tensors live in
 
@@ -549,7 +551,11 @@ def _scan_file(ctx: _Ctx, src: ByteSource, explicit: bool) -> bool:
     # -- the loader's view, byte level -----------------------------------------------------------
     buf = src.buffer
     kind = _content_kind(head)
-    if kind in ("zip", "empty-zip"):
+    blobs = _dcp_blobs(ctx.path) if kind in ("zip", "empty-zip") else None
+    if blobs:
+        ctx.blob_mode = True
+        understood = _scan_dcp_blobs(ctx, src, blobs)
+    elif kind in ("zip", "empty-zip"):
         understood = _scan_zip(ctx, src, prefix=None, absolute=True, depth=0)
     elif kind == "npy":
         understood = _scan_npy(ctx, buf, None, 0, True, 0)
@@ -584,7 +590,7 @@ def _scan_file(ctx: _Ctx, src: ByteSource, explicit: bool) -> bool:
         _parser_error_finding(ctx, parser_error, understood, kind)
 
     if kind == "unknown" and model is None:
-        if ctx.known_data:
+        if ctx.known_data or _referenced_by_onnx(ctx.path):
             return True  # raw tensor bytes another model file points at
         if not expected_model:
             # a non-model file met in a folder walk (README, config.json ...): not ours to judge
@@ -594,12 +600,57 @@ def _scan_file(ctx: _Ctx, src: ByteSource, explicit: bool) -> bool:
             if not ctx.findings:
                 return False
             return True
+        if _is_text(head):
+            # text that is not a pickle (index JSON, configs, refs): no loader unpickles it
+            ctx.add(Severity.INFO, "file.not-a-model",
+                    "text file that is not a pickle: nothing here is loaded as code")
+            return True
         ctx.fail(f"no reader recognises this content (starts with {head[:8]!r}, {src.size} bytes)")
     elif not understood and not ctx.failures:
         ctx.fail("the content could not be read completely")
 
     _check_extension(ctx, ext, kind, model)
     return True
+
+
+def _referenced_by_onnx(path: str) -> bool:
+    """True when an ONNX model in this folder or the one above keeps external data in ``path``
+    (such files are raw tensor bytes, not unknown content)."""
+    real = os.path.realpath(path)
+    here = os.path.dirname(os.path.abspath(path))
+    for folder in dict.fromkeys([here, os.path.dirname(here)]):
+        try:
+            names = sorted(n for n in os.listdir(folder) if n.lower().endswith(".onnx"))
+        except OSError:
+            continue
+        for n in names[:32]:
+            if real in _onnx_data_files(os.path.join(folder, n)):
+                return True
+    return False
+
+
+def _onnx_data_files(onnx_path: str) -> frozenset[str]:
+    try:
+        st = os.stat(onnx_path)
+    except OSError:
+        return frozenset()
+    key = (os.path.realpath(onnx_path), st.st_mtime_ns, st.st_size)
+    hit = _ONNX_CACHE.get(key)
+    if hit is None:
+        from .formats import open_model
+        try:
+            with open_model(onnx_path) as m:
+                hit = frozenset(os.path.realpath(t.file) for t in m.tensors
+                                if t.file and os.path.realpath(t.file) != key[0])
+        except Exception:  # noqa: BLE001 — a broken model references nothing
+            hit = frozenset()
+        if len(_ONNX_CACHE) > 256:
+            _ONNX_CACHE.clear()
+        _ONNX_CACHE[key] = hit
+    return hit
+
+
+_ONNX_CACHE: dict[tuple, frozenset[str]] = {}
 
 
 def _open_with_parser(ctx: _Ctx):
@@ -616,6 +667,16 @@ def _open_with_parser(ctx: _Ctx):
     except Exception as e:  # noqa: BLE001 — a parser bug must not hide the byte-level findings
         return None, e, None
     return model, None, model.format
+
+
+def _is_text(head: bytes) -> bool:
+    if b"\x00" in head:
+        return False
+    try:
+        head.decode("utf-8")
+    except UnicodeDecodeError as e:
+        return e.start >= len(head) - 4  # a character cut at the end of the sample
+    return True
 
 
 def _sniffs_as_safe_format(head: bytes, size: int) -> bool:
@@ -702,6 +763,8 @@ def _check_extension(ctx: _Ctx, ext: str, kind: str, model) -> None:
 def _judge_model_evidence(ctx: _Ctx, model) -> None:
     ev = model.evidence
     for a in ev.anomalies:
+        if ctx.blob_mode and a.kind.startswith("zip."):
+            continue  # the whole-file zip view of a DCP shard; each blob was read on its own
         _anomaly_finding(ctx, a)
     for rec in ev.pickles:
         key = (rec.member, rec.offset)
@@ -786,15 +849,25 @@ def _scan_zip(ctx: _Ctx, src: ByteSource, prefix: str | None, absolute: bool, de
             key = m.name.split("/", 2)[2]
             if f"{m.name.split('/')[1]}/{key}" in referenced:
                 continue  # a storage: torch reads its bytes raw, never unpickles them
+        if m.error and m.is_encrypted and m.is_stored and \
+                0 <= m.data_offset <= m.data_offset + m.compressed_size <= src.size:
+            # flagged encrypted but STORED: the bytes are plain; a reader ignoring the flag
+            # unpickles them (picklescan GHSA-w8jq-xcqf-f792), so they are scanned.
+            data = src.buffer[m.data_offset:m.data_offset + m.compressed_size]
+            _scan_blob(ctx, data, name, m.data_offset, absolute, depth,
+                       strict=not m.name.lower().endswith(_PICKLE_MEMBER_SUFFIXES))
+            continue
         if m.error:
             ctx.add(Severity.HIGH, "zip.member-unreadable",
                     f"member cannot be read ({m.error}): its content is not scanned", name,
                     m.header_offset if absolute else None, base="file" if absolute else "member")
             ok = False
             continue
-        if m.is_encrypted:
+        if m.is_encrypted and not m.is_stored:
             ok = False
-            continue  # zip.encrypted_member already says it
+            continue  # zip.encrypted_member already says it; the bytes are not readable
+        # A STORED member flagged encrypted is still read: PyTorch's reader ignores the flag
+        # (picklescan GHSA-w8jq-xcqf-f792).
         try:
             if m.is_stored:
                 data = archive.data(m)
@@ -826,6 +899,60 @@ def _scan_zip(ctx: _Ctx, src: ByteSource, prefix: str | None, absolute: bool, de
             ok = False
         elif isinstance(pids, set):
             referenced |= pids
+    return ok
+
+
+def _dcp_blobs(path: str) -> list[tuple[int, int]] | None:
+    """(offset, length) of each torch.save blob in a DCP shard, from the ``.metadata`` next to it
+    (``storage_data`` maps each item to ``_StorageInfo(relative_path, offset, length)``)."""
+    meta = os.path.join(os.path.dirname(os.path.abspath(path)), ".metadata")
+    if not os.path.isfile(meta) or os.path.abspath(meta) == os.path.abspath(path):
+        return None
+    from .parsers.pickle_vm import Call
+    try:
+        with ByteSource(meta) as src:
+            from .parsers import pickle_vm
+            r = pickle_vm.run(src.buffer, hooks=pickle_vm.CONTAINER_HOOKS)
+            value = r.value
+    except (OSError, FormatError):
+        return None
+    state = getattr(value, "state", None)
+    storage = state.get("storage_data") if isinstance(state, dict) else None
+    if not isinstance(storage, dict):
+        return None
+    name = os.path.basename(path)
+    blobs = set()
+    for info in storage.values():
+        st = info.state if isinstance(info, Call) else None
+        if isinstance(st, dict) and st.get("relative_path") == name:
+            off, length = st.get("offset"), st.get("length")
+            if isinstance(off, int) and isinstance(length, int) and off >= 0 and length > 0:
+                blobs.add((off, length))
+    return sorted(blobs) or None
+
+
+def _scan_dcp_blobs(ctx: _Ctx, src: ByteSource, blobs: list[tuple[int, int]]) -> bool:
+    ok = True
+    covered = 0
+    for off, length in blobs:
+        name = f"<blob at byte {off}>"
+        if off + length > src.size:
+            ctx.fail(f"DCP item at byte {off} ({length} bytes) runs past the end of the file")
+            ok = False
+            continue
+        if off > covered:
+            ctx.add(Severity.MEDIUM, "zip.unaccounted-bytes",
+                    f"{off - covered} bytes at {covered}..{off} belong to no checkpoint item",
+                    None, covered)
+        covered = max(covered, off + length)
+        view = src.buffer[off:off + length]
+        if bytes(view[:4]) == MAGIC_ZIP:
+            ok &= _scan_zip(ctx, ByteSource.from_bytes(view, name=ctx.path), name, False, 1)
+        else:
+            ok &= _scan_blob(ctx, view, name, off, True, 1, strict=False) is not False
+    if covered < src.size:
+        ctx.add(Severity.MEDIUM, "zip.unaccounted-bytes",
+                f"{src.size - covered} bytes after the last checkpoint item", None, covered)
     return ok
 
 

@@ -1,0 +1,485 @@
+"""Build the malicious corpus for the scanner tests into a temporary folder (never committed).
+
+Every payload is built opcode by opcode, so no file here is produced by running anything; the
+commands they name (``echo tensorscope-pwned``) are never executed by the scanner or the tests.
+Real containers come from the real libraries (torch.save, torch.jit.save, onnx) and are then
+rewritten to carry the payload, keeping their storages.
+
+``build(out) -> list[Case]``; each `Case` says which rule (and minimum severity, and trigger when
+it matters) the scanner MUST report, and cites the public bypass it reproduces where there is one.
+"""
+from __future__ import annotations
+
+import bz2
+import gzip
+import io
+import lzma
+import struct
+import zipfile
+import zlib
+from dataclasses import dataclass
+from pathlib import Path
+
+CMD = "echo tensorscope-pwned"
+
+# The classic payloads: (module, name) of a callable that runs code when a loader calls it.
+TARGETS = [("os", "system"), ("subprocess", "Popen"), ("builtins", "eval"), ("builtins", "exec"),
+           ("posix", "system"), ("nt", "system"), ("runpy", "_run_code"), ("webbrowser", "open"),
+           ("socket", "create_connection")]
+
+
+@dataclass
+class Case:
+    name: str
+    path: Path
+    rule: str                 # a rule the scan must report
+    severity: str = "critical"  # at least this severity for that rule
+    trigger: str | None = None  # and this trigger, when given
+    source: str = ""          # the public bypass it reproduces
+
+
+# --- opcode helpers ------------------------------------------------------------------------------
+def _unicode(s: str, proto: int) -> bytes:
+    b = s.encode("utf-8")
+    if proto >= 4 and len(b) < 256:
+        return b"\x8c" + bytes([len(b)]) + b           # SHORT_BINUNICODE
+    if proto >= 1:
+        return b"X" + struct.pack("<I", len(b)) + b    # BINUNICODE
+    return b"V" + s.encode("raw_unicode_escape") + b"\n"  # UNICODE
+
+
+def _proto(proto: int) -> bytes:
+    return b"\x80" + bytes([proto]) if proto >= 2 else b""
+
+
+def _frame(body: bytes, proto: int) -> bytes:
+    if proto < 4:
+        return body
+    return b"\x95" + struct.pack("<Q", len(body)) + body
+
+
+def _global(mod: str, name: str) -> bytes:
+    return b"c" + mod.encode() + b"\n" + name.encode() + b"\n"
+
+
+def _stack_global(mod: str, name: str, proto: int = 4) -> bytes:
+    return _unicode(mod, proto) + b"\x94" + _unicode(name, proto) + b"\x94\x93"
+
+
+def reduce_call(mod: str, name: str, arg: str, proto: int) -> bytes:
+    """GLOBAL + args tuple + REDUCE, at any protocol (the classic ``__reduce__`` payload)."""
+    body = _global(mod, name) + b"(" + _unicode(arg, proto) + b"tR"
+    return body
+
+
+def payload(mod: str, name: str, proto: int, form: str, arg: str = CMD) -> bytes:
+    """A complete pickle calling ``mod.name(arg)`` in one opcode form."""
+    if form == "global-reduce":
+        body = reduce_call(mod, name, arg, proto)
+    elif form == "stack-global":
+        body = _stack_global(mod, name, proto) + _unicode(arg, proto) + b"\x85R"
+    elif form == "stack-global-memo":
+        # names stored in the memo first, fetched with BINGET: scanners that only look at the
+        # opcodes right before STACK_GLOBAL miss it (picklescan issue #22, ImaginaryCTF 2023)
+        body = (_unicode("decoy", proto) + b"q\x00" + b"0" + _unicode(mod, proto) + b"q\x01" + b"0"
+                + _unicode(name, proto) + b"q\x02" + b"0" + b"h\x01h\x02\x93" + _unicode(arg, proto)
+                + b"\x85R")
+    elif form == "inst":
+        body = b"(" + _unicode(arg, 0) + b"i" + mod.encode() + b"\n" + name.encode() + b"\n"
+    elif form == "obj":
+        body = b"(" + _global(mod, name) + _unicode(arg, proto) + b"o"
+    elif form == "newobj":
+        body = _global(mod, name) + _unicode(arg, proto) + b"\x85\x81"
+    elif form == "newobj-ex":
+        body = _global(mod, name) + _unicode(arg, proto) + b"\x85}\x92"
+    elif form == "build-setstate":
+        # BUILD with a slot state {'__setstate__': callable}, then a second BUILD calls it
+        body = (_global("collections", "OrderedDict") + b")R" + b"N}" + _unicode("__setstate__", proto)
+                + _global(mod, name) + b"s\x86b" + _unicode(arg, proto) + b"b")
+    else:
+        raise ValueError(form)
+    return _proto(proto) + _frame(body + b".", proto)
+
+
+FORMS_BY_PROTO = {
+    0: ["global-reduce", "inst", "obj", "build-setstate"],
+    1: ["global-reduce", "inst", "obj", "build-setstate"],
+    2: ["global-reduce", "obj", "newobj", "build-setstate"],
+    3: ["global-reduce", "newobj", "build-setstate"],
+    4: ["global-reduce", "stack-global", "stack-global-memo", "newobj", "newobj-ex", "build-setstate"],
+    5: ["global-reduce", "stack-global", "stack-global-memo", "newobj", "newobj-ex", "build-setstate"],
+}
+
+
+def _dotted(mod: str, name: str) -> str:
+    return f"{mod}.{name}"
+
+
+# --- containers -----------------------------------------------------------------------------------
+def _torch_zip_bytes(obj) -> bytes:
+    import torch
+    buf = io.BytesIO()
+    torch.save(obj, buf)
+    return buf.getvalue()
+
+
+def _rewrite_zip(src: bytes, edit) -> bytes:
+    """Copy a zip member by member (STORED), letting ``edit(name, data)`` change each member."""
+    out = io.BytesIO()
+    with zipfile.ZipFile(io.BytesIO(src)) as zin, zipfile.ZipFile(out, "w", zipfile.ZIP_STORED) as zout:
+        for info in zin.infolist():
+            data = edit(info.filename, zin.read(info))
+            if data is None:
+                continue
+            zout.writestr(info.filename, data)
+    return out.getvalue()
+
+
+def inject_pickle(original: bytes, evil_ops: bytes) -> bytes:
+    """Run ``evil_ops`` (ops leaving one value) first, pop its result, then the original pickle:
+    the loader still gets the original object (storages intact) after the payload ran."""
+    proto = b""
+    rest = original
+    if original[:1] == b"\x80":
+        proto, rest = original[:2], original[2:]
+    return proto + evil_ops + b"0" + rest
+
+
+def torch_zip_with_payload(ops: bytes) -> bytes:
+    import torch
+    base = _torch_zip_bytes({"w": torch.arange(6, dtype=torch.float32)})
+    return _rewrite_zip(base, lambda n, d: inject_pickle(d, ops) if n.endswith("/data.pkl") else d)
+
+
+def legacy_bytes(obj) -> bytes:
+    import torch
+    buf = io.BytesIO()
+    torch.save(obj, buf, _use_new_zipfile_serialization=False)
+    return buf.getvalue()
+
+
+def npy_object(payload_bytes: bytes) -> bytes:
+    header = "{'descr': '|O', 'fortran_order': False, 'shape': (1,), }"
+    pad = 64 - (10 + len(header) + 1) % 64
+    header = header + " " * pad + "\n"
+    return b"\x93NUMPY\x01\x00" + struct.pack("<H", len(header)) + header.encode("latin-1") + payload_bytes
+
+
+def _patch_zip(data: bytes, member: str, *, cd_flags_or: int = 0, cd_crc: int | None = None,
+               local_name: bytes | None = None) -> bytes:
+    """Edit one member's central-directory flags/CRC or its local header name in place."""
+    buf = bytearray(data)
+    name = member.encode()
+    # central directory entry
+    pos = buf.find(b"PK\x01\x02")
+    while pos >= 0:
+        n_len, = struct.unpack_from("<H", buf, pos + 28)
+        if bytes(buf[pos + 46:pos + 46 + n_len]) == name:
+            flags, = struct.unpack_from("<H", buf, pos + 8)
+            struct.pack_into("<H", buf, pos + 8, flags | cd_flags_or)
+            if cd_crc is not None:
+                struct.pack_into("<I", buf, pos + 16, cd_crc)
+            if local_name is not None:
+                off, = struct.unpack_from("<I", buf, pos + 42)
+                ln, = struct.unpack_from("<H", buf, off + 26)
+                assert len(local_name) == ln
+                buf[off + 30:off + 30 + ln] = local_name
+        pos = buf.find(b"PK\x01\x02", pos + 4)
+    return bytes(buf)
+
+
+# --- the corpus -----------------------------------------------------------------------------------
+def build(out: Path) -> list[Case]:
+    out.mkdir(parents=True, exist_ok=True)
+    cases: list[Case] = []
+
+    def add(name: str, data: bytes, rule: str, severity: str = "critical", trigger: str | None = None,
+            source: str = "") -> Path:
+        path = out / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(data)
+        cases.append(Case(name, path, rule, severity, trigger, source))
+        return path
+
+    # 1. every classic target x protocol x opcode form, as a plain pickle
+    for mod, name in TARGETS:
+        trig = {"posix": "os", "nt": "os"}.get(mod, mod)
+        for proto, forms in FORMS_BY_PROTO.items():
+            for form in forms:
+                add(f"plain/{mod}.{name}.p{proto}.{form}.pkl", payload(mod, name, proto, form),
+                    "pickle.dangerous-global")
+    # posix/nt are reported under their own names
+    _ = trig
+
+    os_system = reduce_call("os", "system", CMD, 2)
+
+    # 2. real containers carrying the payload
+    add("torch/zip_data_pkl.pt", torch_zip_with_payload(os_system), "pickle.dangerous-global",
+        trigger="os.system")
+    add("torch/zip_stack_global_p4.pt",
+        torch_zip_with_payload(_stack_global("subprocess", "Popen") + _unicode(CMD, 4) + b"\x85R"),
+        "pickle.dangerous-global", trigger="subprocess.Popen")
+    import torch
+    legacy = legacy_bytes({"w": torch.arange(4, dtype=torch.float32)})
+    add("torch/legacy_prepended.pt", payload("os", "system", 2, "global-reduce") + legacy,
+        "pickle.dangerous-global", trigger="os.system")
+    import pickle as _pickle  # used only to WRITE benign pickles (dumps), never to load
+    main = _pickle.dumps({"a": 1}, protocol=2)
+    legacy_evil = (_pickle.dumps(0x1950A86A20F9469CFC6C, protocol=2) + _pickle.dumps(1001, protocol=2)
+                   + _pickle.dumps({"protocol_version": 1001, "little_endian": True,
+                                    "type_sizes": {"short": 2, "int": 4, "long": 4}}, protocol=2)
+                   + inject_pickle(main, reduce_call("runpy", "_run_code", "import os", 2))
+                   + _pickle.dumps([], protocol=2))
+    add("torch/legacy_main_pickle.pt", legacy_evil, "pickle.dangerous-global", trigger="runpy._run_code")
+
+    # TorchScript: a data.pkl payload, and code/ calling outside torch
+    class M(torch.nn.Module):
+        def forward(self, x):
+            return x * 2
+    ts_buf = io.BytesIO()
+    torch.jit.save(torch.jit.script(M()), ts_buf)
+    ts = ts_buf.getvalue()
+    add("torchscript/data_pkl_payload.pt",
+        _rewrite_zip(ts, lambda n, d: inject_pickle(d, os_system) if n.endswith("/data.pkl") else d),
+        "pickle.dangerous-global", trigger="os.system")
+
+    def evil_code(n, d):
+        if "/code/" in n and n.endswith(".py"):
+            return d + b"\ndef backdoor(x: int) -> int:\n  _0 = os.system(\"echo\")\n  return x\n"
+        return d
+    add("torchscript/code_os_system.pt", _rewrite_zip(ts, evil_code), "torchscript.foreign-call",
+        trigger="os.system")
+
+    def custom_code(n, d):
+        if "/code/" in n and n.endswith(".py"):
+            return d + b"\ndef extra(x: Tensor) -> Tensor:\n  return ops.my_evil_ns.run(x)\n"
+        return d
+    add("torchscript/code_custom_op.pt", _rewrite_zip(ts, custom_code), "torchscript.custom-op",
+        "medium", trigger="ops.my_evil_ns.run")
+
+    # .npy object arrays
+    add("npy/object_os_system.npy", npy_object(payload("os", "system", 2, "global-reduce")),
+        "pickle.dangerous-global", trigger="os.system")
+    add("npy/object_p5_stack.npy", npy_object(payload("builtins", "exec", 5, "stack-global")),
+        "pickle.dangerous-global", trigger="builtins.exec")
+    npz = io.BytesIO()
+    with zipfile.ZipFile(npz, "w", zipfile.ZIP_DEFLATED) as z:
+        z.writestr("arr_0.npy", npy_object(payload("os", "system", 2, "global-reduce")))
+    add("npy/object_in_npz.npz", npz.getvalue(), "pickle.dangerous-global", trigger="os.system")
+
+    # compression wrappers (joblib-style) and zip wrappers
+    p = payload("subprocess", "Popen", 4, "stack-global")
+    add("wrapped/payload.pkl.gz", gzip.compress(p), "pickle.dangerous-global", trigger="subprocess.Popen")
+    add("wrapped/payload.pkl.bz2", bz2.compress(p), "pickle.dangerous-global", trigger="subprocess.Popen")
+    add("wrapped/payload.pkl.xz", lzma.compress(p), "pickle.dangerous-global", trigger="subprocess.Popen")
+    add("wrapped/payload.pkl.lzma", lzma.compress(p, format=lzma.FORMAT_ALONE), "pickle.dangerous-global",
+        trigger="subprocess.Popen")
+    add("wrapped/payload.joblib", zlib.compress(p), "pickle.dangerous-global", trigger="subprocess.Popen")
+    zbuf = io.BytesIO()
+    with zipfile.ZipFile(zbuf, "w", zipfile.ZIP_DEFLATED) as z:
+        z.writestr("model/weights.bin", p)   # judged by content, not by name
+    add("wrapped/deflated_member.zip", zbuf.getvalue(), "pickle.dangerous-global", trigger="subprocess.Popen")
+    nested = io.BytesIO()
+    with zipfile.ZipFile(nested, "w", zipfile.ZIP_STORED) as z:
+        z.writestr("outer/inner.pt", torch_zip_with_payload(os_system))
+    add("wrapped/nested_torch_zip.zip", nested.getvalue(), "pickle.dangerous-global", trigger="os.system")
+
+    # 3. public bypasses of other scanners
+    add("bypass/pip_main.pkl", payload("pip", "main", 2, "global-reduce", "install evil"),
+        "pickle.dangerous-global", trigger="pip.main",
+        source="picklescan GHSA-655q-fx9r-782v (pip.main), CVE-2025-1716")
+    add("bypass/pkgutil_resolve_name.pkl",
+        _proto(2) + _global("pkgutil", "resolve_name") + b"(" + _unicode("os:system", 2) + b"tR("
+        + _unicode(CMD, 2) + b"tR.", "pickle.dangerous-global", trigger="pkgutil.resolve_name",
+        source="picklescan GHSA-vvpj-8cmc-gx39 (pkgutil.resolve_name reaches any attribute)")
+    add("bypass/asyncio_submodule.pkl",
+        payload("asyncio.unix_events", "_UnixSubprocessTransport", 4, "stack-global"),
+        "pickle.dangerous-global", trigger="asyncio.unix_events._UnixSubprocessTransport",
+        source="JFrog CVE-2025-10157 (sub-module of a denied module)")
+    add("bypass/_pickle_loads.pkl",
+        _proto(2) + _global("_pickle", "loads") + b"(" + b"C" + bytes([len(os_system) + 3])
+        + b"\x80\x02" + os_system + b"." + b"tR.", "pickle.second-stage",
+        source="picklescan: _pickle vs pickle alias")
+    add("bypass/config_module_load_config.pkl",
+        payload("torch.utils._config_module", "ConfigModule.load_config", 4, "stack-global", "x"),
+        "pickle.second-stage", trigger="torch.utils._config_module.ConfigModule.load_config",
+        source="picklescan advisory: torch.utils._config_module.ConfigModule.load_config (pickle in pickle)")
+    add("bypass/numpy_f2py.pkl", payload("numpy.f2py.crackfortran", "getlincoef", 2, "global-reduce"),
+        "pickle.dangerous-global", trigger="numpy.f2py.crackfortran.getlincoef",
+        source="picklescan advisory: numpy.f2py evaluates strings")
+    add("bypass/ensurepip_run_pip.pkl", payload("ensurepip", "_run_pip", 2, "global-reduce"),
+        "pickle.dangerous-global", trigger="ensurepip._run_pip",
+        source="picklescan GHSA-xp4f-hrf8-rxw7 (ensurepip._run_pip)")
+    add("bypass/timeit.pkl", payload("timeit", "timeit", 2, "global-reduce"),
+        "pickle.dangerous-global", trigger="timeit.timeit",
+        source="picklescan GHSA-v7x6-rv5q-mhwc (timeit.timeit)")
+    add("bypass/operator_methodcaller.pkl",
+        _proto(2) + _global("operator", "methodcaller") + b"(" + _unicode("system", 2) + _unicode(CMD, 2)
+        + b"tR(" + _global("builtins", "__import__") + b"(" + _unicode("os", 2) + b"tRtR.",
+        "pickle.dangerous-global", trigger="operator.methodcaller",
+        source="operator.methodcaller('system', cmd)(__import__('os')) chain (picklescan _operator advisories GHSA-955r-x9j8-7rhh)")
+    add("bypass/_operator_attrgetter.pkl", payload("_operator", "attrgetter", 2, "global-reduce", "system"),
+        "pickle.dangerous-global", trigger="_operator.attrgetter",
+        source="picklescan GHSA-46h3-79wf-xr6c (_operator vs operator)")
+    add("bypass/getattr_chain.pkl",
+        _proto(2) + _global("builtins", "getattr") + b"(" + _global("builtins", "__import__") + b"("
+        + _unicode("os", 2) + b"tR" + _unicode("system", 2) + b"tR(" + _unicode(CMD, 2) + b"tR.",
+        "pickle.indirect-call", "high", source="getattr(__import__('os'), 'system')(cmd) gadget chain")
+    add("bypass/copyreg_reconstructor.pkl",
+        _proto(1) + _global("copy_reg", "_reconstructor") + b"(" + _global("subprocess", "Popen")
+        + _global("__builtin__", "object") + b"NtR.", "pickle.dangerous-global", trigger="subprocess.Popen",
+        source="__reduce__ via copyreg._reconstructor")
+    add("bypass/builtins_type.pkl",
+        _proto(2) + _global("builtins", "type") + b"(" + _unicode("X", 2) + b")}tR.",
+        "pickle.dangerous-global", trigger="builtins.type", source="builtins.type class-creation trick")
+    add("bypass/pathlib_write.pkl",
+        payload("pathlib", "Path.write_text", 4, "stack-global", "/tmp/x"), "pickle.dangerous-global",
+        trigger="pathlib.Path.write_text", source="pathlib write methods through a dotted STACK_GLOBAL name")
+    add("bypass/dunder_builtin_eval_p0.bin", payload("__builtin__", "eval", 0, "global-reduce", "1+1"),
+        "pickle.dangerous-global", trigger="builtins.eval",
+        source="JFrog CVE-2025-10155 (protocol-0 pickle named .bin: no \\x80 magic)")
+    add("bypass/marshal_codetype.pkl",
+        _proto(2) + _global("types", "FunctionType") + b"(" + _global("marshal", "loads") + b"("
+        + b"C\x04abcd" + b"tR" + b"}tR.", "pickle.second-stage", source="marshal.loads + types.FunctionType")
+    add("bypass/sys_modules.pkl", payload("sys", "modules", 4, "stack-global", "x"),
+        "pickle.dangerous-global", trigger="sys.modules")
+    add("bypass/unknown_with_string.pkl", payload("evilpkg.backdoor", "run", 2, "global-reduce"),
+        "pickle.unknown-call-string", "high", trigger="evilpkg.backdoor.run",
+        source="anything outside the allowlist called with a string from the file")
+    add("bypass/unknown_import_only.pkl", _proto(2) + _global("evilpkg", "Thing") + b".",
+        "pickle.user-class", "medium", trigger="evilpkg.Thing")
+    add("bypass/extension_code.pkl", _proto(2) + b"\x82\x07(" + _unicode(CMD, 2) + b"tR.",
+        "pickle.indirect-call", "high", source="EXT1 copyreg extension registry code")
+
+    # second stages
+    inner = payload("os", "system", 2, "global-reduce")
+    add("stage2/pickle_loads_codecs.pkl",
+        _proto(2) + _global("pickle", "loads") + b"(" + _global("_codecs", "encode") + b"("
+        + _unicode(inner.decode("latin-1"), 2) + _unicode("latin1", 2) + b"tRtR.",
+        "pickle.second-stage", source="pickle.loads(_codecs.encode(str, 'latin1'))")
+    ps = add("stage2/pickle_loads_codecs_inner.pkl",
+             _proto(2) + _global("pickle", "loads") + b"(" + _global("_codecs", "encode") + b"("
+             + _unicode(inner.decode("latin-1"), 2) + _unicode("latin1", 2) + b"tRtR.",
+             "pickle.dangerous-global", trigger="os.system", source="the second stage itself is scanned")
+    _ = ps
+    add("stage2/torch_load_bytesio.pkl",
+        _proto(2) + _global("torch", "load") + b"(" + _global("io", "BytesIO") + b"(" + b"C"
+        + bytes([len(inner)]) + inner + b"tRtR.", "pickle.dangerous-global", trigger="os.system",
+        source="torch.load(io.BytesIO(payload))")
+    add("stage2/load_from_bytes.pkl",
+        _proto(2) + _global("torch.storage", "_load_from_bytes") + b"(" + b"C" + bytes([len(inner)])
+        + inner + b"tR.", "pickle.dangerous-global", trigger="os.system",
+        source="torch.storage._load_from_bytes(bytes)")
+
+    # 4. structure that hides code
+    add("structure/broken_after_payload.pkl", inner[:-1] + b"\xff\xfe garbage", "pickle.dangerous-global",
+        trigger="os.system", source="ReversingLabs nullifAI: payload, then a deliberately broken pickle")
+    add("structure/broken_after_payload_flag.pkl", inner[:-1] + b"\xff\xfe garbage", "pickle.parse-error",
+        "high", source="nullifAI: the break itself is reported")
+    torch_evil = torch_zip_with_payload(os_system)
+    broken_zip = _rewrite_zip(torch_evil, lambda n, d: d[:-1] + b"\xff" if n.endswith("/data.pkl") else d)
+    add("structure/broken_pickle_in_zip.pt", broken_zip, "pickle.dangerous-global", trigger="os.system",
+        source="nullifAI: broken pickle inside a torch archive")
+    add("structure/nullifai.7z", b"7z\xbc\xaf\x27\x1c\x00\x04" + bytes(64), "file.unsupported-archive", "high",
+        source="ReversingLabs nullifAI: 7z-compressed PyTorch archives skipped by picklescan")
+    add("structure/pickle_after_stop.pkl", _pickle.dumps({"ok": 1}, protocol=2) + inner,
+        "pickle.dangerous-global", trigger="os.system", source="opcodes after STOP / several pickles")
+    add("structure/pickle_after_stop_flag.pkl", _pickle.dumps({"ok": 1}, protocol=2) + inner,
+        "pickle.multiple-streams", "medium")
+    # every opcode starts a FRAME of length 1: the opcode's argument runs past the frame's end,
+    # which CPython's C unpickler (what pickle.load uses) accepts
+    body = reduce_call("os", "system", CMD, 2) + b"."
+    import pickletools
+    starts = [pos for _, _, pos in pickletools.genops(body)] + [len(body)]
+    one_byte_frames = b"\x80\x04" + b"".join(b"\x95" + struct.pack("<Q", 1) + body[a:b]
+                                             for a, b in zip(starts, starts[1:]))
+    add("structure/one_byte_frames.pkl", one_byte_frames, "pickle.dangerous-global", trigger="os.system",
+        source="1-byte FRAMEs that split opcodes across frames")
+    # zip tricks on a torch archive carrying the payload
+    add("zip/bad_crc.pt", _patch_zip(torch_evil, "archive/data.pkl", cd_crc=0xDEADBEEF),
+        "pickle.dangerous-global", trigger="os.system",
+        source="JFrog CVE-2025-10156 (bad CRC makes picklescan skip the member)")
+    add("zip/bad_crc_flag.pt", _patch_zip(torch_evil, "archive/data.pkl", cd_crc=0xDEADBEEF),
+        "zip.bad-crc", "medium")
+    add("zip/flag_bits.pt", _patch_zip(torch_evil, "archive/data.pkl", cd_flags_or=0x0001),
+        "pickle.dangerous-global", trigger="os.system",
+        source="picklescan GHSA-w8jq-xcqf-f792 / CVE-2025-1945 (zip flag bits)")
+    add("zip/flag_bits_flag.pt", _patch_zip(torch_evil, "archive/data.pkl", cd_flags_or=0x0001),
+        "zip.encrypted-member", "high")
+    add("zip/local_name_mismatch.pt",
+        _patch_zip(torch_evil, "archive/data.pkl", local_name=b"archive/data.pkX"),
+        "zip.local-name-mismatch", "high",
+        source="picklescan GHSA-7q5r-7gvp-wc82 / CVE-2025-1944 (local header name differs)")
+    add("zip/local_name_mismatch_payload.pt",
+        _patch_zip(torch_evil, "archive/data.pkl", local_name=b"archive/data.pkX"),
+        "pickle.dangerous-global", trigger="os.system")
+    stray = _rewrite_zip(_torch_zip_bytes({"w": torch.zeros(2)}), lambda n, d: d)
+    with zipfile.ZipFile(io.BytesIO(stray)) as z:
+        pass
+    sbuf = io.BytesIO(stray)
+    with zipfile.ZipFile(sbuf, "a", zipfile.ZIP_STORED) as z:
+        z.writestr("archive/.data/extra_state", inner)
+        z.writestr("archive/notes.txt", payload("subprocess", "Popen", 2, "global-reduce"))
+    add("zip/stray_members.pt", sbuf.getvalue(), "pickle.dangerous-global", trigger="os.system",
+        source="picklescan GHSA-769v-p64c-89pr / CVE-2025-1889 (pickle members with non-.pkl names)")
+    add("zip/stray_members_txt.pt", sbuf.getvalue(), "pickle.dangerous-global", trigger="subprocess.Popen")
+    dup = io.BytesIO()
+    with zipfile.ZipFile(io.BytesIO(_torch_zip_bytes({"w": torch.zeros(2)}))) as zin, \
+            zipfile.ZipFile(dup, "w", zipfile.ZIP_STORED) as zout:
+        for info in zin.infolist():
+            zout.writestr(info.filename, zin.read(info))
+            if info.filename.endswith("/data.pkl"):
+                zout.writestr(info.filename, inject_pickle(zin.read(info), os_system))
+    import warnings
+    warnings.filterwarnings("ignore", "Duplicate name")
+    add("zip/duplicate_data_pkl.pt", dup.getvalue(), "zip.duplicate-name", "high",
+        source="duplicate names: zipfile takes the last, miniz its own pick")
+    add("zip/duplicate_data_pkl_payload.pt", dup.getvalue(), "pickle.dangerous-global", trigger="os.system")
+    add("zip/prepended_jpeg.pt", b"\xff\xd8\xff\xe0" + bytes(60) + torch_evil, "pickle.dangerous-global",
+        trigger="os.system", source="bytes prepended to a zip: zipfile reads it, torch.load does not")
+    add("zip/prepended_jpeg_flag.pt", b"\xff\xd8\xff\xe0" + bytes(60) + torch_evil, "file.polyglot", "high")
+    add("zip/pickle_then_zip.pt", inner + _torch_zip_bytes({"w": torch.zeros(2)}),
+        "pickle.dangerous-global", trigger="os.system",
+        source="polyglot: torch.load reads the leading pickle, zip tools see an archive")
+    bomb = io.BytesIO()
+    with zipfile.ZipFile(bomb, "w", zipfile.ZIP_DEFLATED) as z:
+        z.writestr("bomb/data.pkl", b"\x80\x02" + b"N0" * (3 << 20) + b"N.")
+    add("zip/deflate_bomb.zip", bomb.getvalue(), "file.decompression-limit", "high",
+        source="decompression bombs: output is capped (the test sets a 1 MiB cap)")
+
+    # misleading extensions
+    add("names/pickle_named.safetensors", inner, "file.extension-mismatch", "high",
+        source="a pickle named .safetensors")
+    add("names/pickle_named_payload.safetensors", inner, "pickle.dangerous-global", trigger="os.system")
+    add("names/zip_named.jpg", torch_evil, "file.extension-mismatch", "medium", source="a zip named .jpg")
+    add("names/zip_named_payload.jpg", torch_evil, "pickle.dangerous-global", trigger="os.system")
+    add("dcp/.metadata", payload("os", "system", 4, "stack-global"), "pickle.dangerous-global",
+        trigger="os.system", source="DCP .metadata is a pickle")
+
+    # ONNX: external data leaving the folder, custom-op domains
+    import onnx
+    from onnx import TensorProto, helper
+    t = helper.make_tensor("w", TensorProto.FLOAT, [2], [1.0, 2.0])
+    t.ClearField("float_data")
+    t.data_location = TensorProto.EXTERNAL
+    for k, v in (("location", "../../../../etc/passwd"), ("offset", "0"), ("length", "8")):
+        e = t.external_data.add()
+        e.key, e.value = k, v
+    node = helper.make_node("Identity", ["w"], ["y"])
+    g = helper.make_graph([node], "g", [], [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2])],
+                          initializer=[t])
+    add("onnx/external_escape.onnx", helper.make_model(g).SerializeToString(),
+        "onnx.external-data-escape", "high", source="ONNX external data path traversal (GHSA-538c-55jv-c5g9)")
+    node = helper.make_node("EvilOp", ["x"], ["y"], domain="com.evil.ops")
+    g = helper.make_graph([node], "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2])])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("com.evil.ops", 1)])
+    add("onnx/custom_domain.onnx", m.SerializeToString(), "onnx.custom-domain", "medium", trigger="com.evil.ops")
+    _ = onnx
+
+    # safetensors headers that lie
+    header = b'{"w":{"dtype":"F32","shape":[4],"data_offsets":[0,1000]}}'
+    header += b" " * (-len(header) % 8)
+    add("safetensors/lying_header.safetensors", struct.pack("<Q", len(header)) + header + bytes(16),
+        "file.unparseable", "high", source="safetensors offsets out of range")
+    return cases
