@@ -1,0 +1,166 @@
+"""`tensorscope convert IN OUT.safetensors`: untrusted checkpoints to safetensors, executing nothing."""
+from __future__ import annotations
+
+import os
+
+from ..render import emit_json, human_bytes, progress, stderr_console, stdout_console
+
+HELP = "convert a checkpoint (torch, ONNX, NumPy ...) to safetensors without executing it"
+DESCRIPTION = """\
+Convert any model tensorscope reads (torch zip, legacy and TorchScript files, DCP and sharded
+checkpoints, ONNX, NumPy .npy/.npz, safetensors) to safetensors. Nothing from the input is
+executed: the tensors are copied from the file's bytes, one bounded piece at a time, so memory
+stays flat whatever the size.
+
+The input is scanned first and the scan's summary printed; a finding at or above --refuse-on
+(default: critical) refuses the conversion unless --allow-unsafe-source is given.
+
+What is written: the state dict (parameters, persistent buffers, the tensors of plain dicts,
+ONNX initializers), named as in the state dict. Tensors sharing a storage are each written as
+their own copy (safetensors forbids aliasing), expanded and non-contiguous tensors are written
+contiguous; all are reported. Dtypes safetensors cannot hold (complex128, complex32, quantized,
+int4, strings ...) and meta tensors refuse the conversion, naming them, unless
+--skip-unsupported. __metadata__ records format "pt", the source format and the input's sha256.
+
+The output is written to OUT.tmp-<random> beside OUT, fsynced, verified if asked (--verify
+reopens it and compares every tensor with the input, bit for bit), and only then renamed to OUT:
+a failure never leaves a half-written file. An existing OUT is replaced only with --force.
+A sharded input gives a sharded output (model-00001-of-0000N.safetensors and
+model.safetensors.index.json next to OUT); --max-shard-size re-shards any input.
+
+Exit status: 0 converted, 1 refused by the scan, 2 error (unsupported tensors included).
+
+Example:
+  tensorscope convert pytorch_model.bin model.safetensors
+  tensorscope convert checkpoint.pt model.safetensors --verify --json
+  tensorscope convert sharded_checkpoint/ out/model.safetensors
+  tensorscope convert big.bin out/model.safetensors --max-shard-size 5GB
+  tensorscope convert suspicious.pt weights.safetensors --allow-unsafe-source
+"""
+
+SEVERITIES = ["info", "low", "medium", "high", "critical"]
+_SHOWN = 10  # names listed per section in the human summary
+
+
+def add_arguments(p):
+    p.add_argument("input", metavar="IN", help="model file or folder to convert")
+    p.add_argument("output", metavar="OUT", help="output .safetensors file (or an existing folder)")
+    p.add_argument("--max-shard-size", metavar="SIZE", default=None,
+                   help="split the output into shards of at most SIZE (5GB, 500MiB, bytes); "
+                        "default: one file, or the input's sharding")
+    p.add_argument("--allow-unsafe-source", action="store_true",
+                   help="convert even when the scan finds something at --refuse-on or above")
+    p.add_argument("--refuse-on", default="critical", choices=SEVERITIES, metavar="SEVERITY",
+                   help="scan severity that refuses the conversion (default: critical)")
+    p.add_argument("--verify", action="store_true",
+                   help="reopen the output and compare every tensor with the input before "
+                        "putting it in place")
+    p.add_argument("--force", action="store_true", help="replace OUT if it exists")
+    p.add_argument("--skip-unsupported", action="store_true",
+                   help="leave out tensors safetensors cannot hold instead of refusing")
+    p.add_argument("--all", action="store_true", dest="include_all",
+                   help="write every tensor the file lists, not only the state dict "
+                        "(non-persistent buffers, TorchScript constants, ONNX node constants)")
+    p.add_argument("--json", action="store_true",
+                   help="machine-readable report on stdout (schema: tensorscope.convert/1)")
+
+
+def run(args) -> int:
+    from ..convert import UnsafeSource, Unconvertible, convert, parse_size
+    from ..scanner import scan_paths
+
+    if not os.path.exists(args.input):
+        stderr_console().print(f"tensorscope convert: error: {args.input}: no such file or directory",
+                               markup=False, highlight=False, soft_wrap=True)
+        return 2
+    try:
+        limit = parse_size(args.max_shard_size) if args.max_shard_size is not None else None
+    except ValueError as e:
+        stderr_console().print(f"tensorscope convert: error: --max-shard-size: {e}",
+                               markup=False, highlight=False, soft_wrap=True)
+        return 2
+    scan = scan_paths(args.input)
+    if not args.json:
+        _print_scan(scan)
+    total = _input_bytes(args.input)
+    try:
+        with progress(total, "convert") as advance:
+            report = convert(args.input, args.output, max_shard_size=limit,
+                             allow_unsafe_source=args.allow_unsafe_source, refuse_at=args.refuse_on,
+                             verify=args.verify, force=args.force, include_all=args.include_all,
+                             skip_unsupported=args.skip_unsupported, scan_report=scan,
+                             progress=advance)
+    except (UnsafeSource, Unconvertible) as e:
+        if args.json:
+            emit_json(e.report.to_dict())
+        else:
+            stderr_console().print(f"tensorscope convert: {e}", markup=False, highlight=False,
+                                   soft_wrap=True)
+        return 1 if isinstance(e, UnsafeSource) else 2
+    if args.json:
+        emit_json(report.to_dict())
+    else:
+        _print_report(report)
+    return 0
+
+
+def _input_bytes(path: str) -> int:
+    if os.path.isfile(path):
+        return os.path.getsize(path)
+    total = 0
+    for root, _, files in os.walk(path):
+        for f in files:
+            try:
+                total += os.path.getsize(os.path.join(root, f))
+            except OSError:
+                pass
+    return total
+
+
+def _print_scan(scan) -> None:
+    out = stdout_console()
+    counts = {k: v for k, v in scan.counts().items() if v}
+    if not scan.findings:
+        out.print("scan: no findings", markup=False, soft_wrap=True)
+        return
+    parts = ", ".join(f"{v} {k}" for k, v in sorted(counts.items(),
+                                                      key=lambda kv: -SEVERITIES.index(kv[0])))
+    out.print(f"scan: {len(scan.findings)} finding(s) ({parts}); worst: {scan.severity}",
+              markup=False, soft_wrap=True)
+    from ..scanner import Severity
+    serious = [f for f in scan.findings if f.severity >= Severity.MEDIUM]
+    for f in serious[:_SHOWN]:
+        out.print(f"  {f}", markup=False, soft_wrap=True)
+    if len(serious) > _SHOWN:
+        out.print(f"  ... {len(serious) - _SHOWN} more (tensorscope scan shows all)", markup=False, soft_wrap=True)
+
+
+def _names(names: list[str]) -> str:
+    shown = ", ".join(names[:_SHOWN])
+    return shown + (f" (+{len(names) - _SHOWN} more)" if len(names) > _SHOWN else "")
+
+
+def _print_report(r) -> None:
+    out = stdout_console()
+    if r.allowed_unsafe and r.scan is not None and r.scan.unsafe:
+        out.print("warning: the source is unsafe to load with torch.load; converted anyway "
+                  "(--allow-unsafe-source). Conversion executed nothing from it.", markup=False, soft_wrap=True)
+    for o in r.outputs:
+        out.print(f"wrote {o['path']}: {o['tensors']} tensors, {human_bytes(o['bytes'])}", markup=False, soft_wrap=True)
+    if r.index:
+        out.print(f"wrote {r.index}", markup=False, soft_wrap=True)
+    out.print(f"{len(r.tensors)} tensors, {human_bytes(r.bytes_written)} from {r.source_format} "
+              f"(sha256 {r.source_sha256})", markup=False, soft_wrap=True)
+    for storage, names in r.shared.items():
+        out.print(f"shared storage {storage}: each written as its own copy: {_names(names)}",
+                  markup=False, soft_wrap=True)
+    if r.expanded:
+        out.print(f"expanded (overlapping strides, written materialised): {_names(r.expanded)}",
+                  markup=False, soft_wrap=True)
+    if r.contiguous:
+        out.print(f"non-contiguous, written contiguous: {_names(r.contiguous)}", markup=False, soft_wrap=True)
+    if r.skipped:
+        out.print(f"skipped {len(r.skipped)}: "
+                  + _names([f"{s['name']} ({s['reason']})" for s in r.skipped]), markup=False, soft_wrap=True)
+    if r.verified:
+        out.print("verified: every tensor equals the input, bit for bit", markup=False, soft_wrap=True)

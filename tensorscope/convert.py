@@ -1,0 +1,832 @@
+"""Convert any model tensorscope reads into safetensors, executing nothing, in bounded memory.
+
+`convert(src, out)` scans the input, opens it with the format parsers (nothing in it runs), picks
+the tensors of its state dict, and streams each one from its zero-copy view into a safetensors
+file. `plan(model)` is the selection step alone (what would be written, refused, skipped).
+
+Output format (what ``safetensors.torch.save_file`` writes, byte for byte; checked by the tests):
+
+- 8 bytes: ``N`` as a little-endian u64; ``N`` bytes of compact JSON (``","`` and ``":"``
+  separators, UTF-8 unescaped, control characters escaped as serde_json does), padded with
+  spaces to a multiple of 8; then the tensor bytes, little-endian, C order, with no hole.
+- The JSON object is ``__metadata__`` first (str -> str), then one entry per tensor
+  ``{"dtype", "shape", "data_offsets": [begin, end]}`` in data order. Data order is safetensors'
+  own: dtype descending in the order of the reference crate's ``Dtype`` enum (which
+  `tensorscope.parsers.safetensors.DTYPES` lists), then name ascending.
+- ``F4`` shapes count fp4 values: a torch ``float4_e2m1fn_x2 [3, 4]`` is written ``F4 [3, 8]``.
+
+What is written (state-dict semantics):
+
+- Tensors whose role is ``tensor`` (plain containers), ``parameter``, ``buffer`` (persistent) or
+  ``initializer`` (ONNX), named as tensorscope names them (the state-dict keys; sparse tensors as
+  their components ``name.indices`` / ``name.values`` ..., recorded in ``__metadata__``).
+  Non-persistent buffers, TorchScript constants, attributes and traced inputs, ONNX node
+  constants and sparse initializers are skipped and reported (``include_all=True`` keeps them).
+- Tensors that share a storage are each written as their own copy (safetensors forbids
+  aliasing): reported in ``shared``. Tensors whose strides overlap (``expand``) are written
+  materialised: ``expanded``. Other non-contiguous tensors are written contiguous: ``contiguous``.
+- Refused, naming the tensors (`Unconvertible`), unless ``skip_unsupported=True`` leaves them
+  out: dtypes safetensors cannot hold (complex128, complex32, quantized qint8/quint8/qint32/
+  quint4x2/quint2x4, int4/uint4/int2/uint2, strings, objects, block-quantized types, NumPy
+  structured/void/string arrays), ONNX fp4/fp6 (its nibble packing is not safetensors'), tensors
+  without stored values (meta tensors, records stored empty), and packed tensors stored with
+  strides. Two tensors with one name, or a tensor named ``__metadata__``, are an error.
+
+``__metadata__`` holds ``format: "pt"`` (what Hugging Face loaders expect), ``source_format``
+(tensorscope's format name), ``source_sha256`` (of the input file; for inputs of several files,
+the sha256 of their ``sha256sum``-style manifest: ``"<hex>  <path relative to the input>\\n"``
+lines sorted by path), ``converted_by``, and ``tensorscope.sparse`` when sparse tensors were
+split. The hash is computed in a thread while the tensors are copied, and written into the header
+(its length is fixed) once known.
+
+Sharding: a sharded input (several weight files with an index) gives a sharded output, tensor
+``t`` going to the shard matching its input shard; ``max_shard_size`` re-shards any input
+greedily in state-dict order (a tensor larger than the limit gets a shard of its own), as
+``huggingface_hub.split_torch_state_dict_into_shards`` does. Shards of ``dir/model.safetensors``
+are ``dir/model-00001-of-00003.safetensors`` ..., with ``dir/model.safetensors.index.json``
+(``{"metadata": {"total_size": bytes}, "weight_map": {name: shard}}``, sorted keys).
+
+Durability: each output is written to ``<OUT>.tmp-<random>`` in the output folder, flushed and
+fsynced, verified when asked (reopened and compared with the input by `tensorscope.diff`, bit for
+bit), then renamed into place (shards first, the index last) and the folder fsynced. On any
+error every temporary file is removed, so a failure never leaves a half-written output. An
+existing output is only replaced with ``force=True``.
+
+Memory: values are read through the memory maps piece by piece (`reader.iter_flat_chunks`), a
+non-contiguous piece copied one at a time, and pages already written are handed back to the
+kernel, so the resident set stays flat whatever the size. Copies happen where the format forces
+them (compressed npz members, typed ONNX fields, byte-swapped NumPy arrays: the tensor once).
+Chunked tensors (DCP) are assembled block by block along their first dimension.
+
+Public API: `convert`, `plan`, `ConversionPlan`, `PlannedTensor`, `ConvertReport`,
+`ConversionRefused`, `UnsafeSource`, `Unconvertible`, `parse_size`, `SAFETENSORS_DTYPES`, `SCHEMA`.
+"""
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import math
+import os
+import secrets
+import threading
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterator, Sequence
+
+import numpy as np
+
+from . import __version__, dtypes
+from .errors import FormatError, TensorscopeError
+from .model import ModelFile, TensorInfo
+from .parsers.safetensors import DTYPES as _ST_READ_DTYPES
+from .parsers.safetensors import HEADER_LEN
+from .reader import CHUNK_BYTES, iter_flat_chunks, strided_view
+
+__all__ = ["convert", "plan", "ConversionPlan", "PlannedTensor", "ConvertReport",
+           "ConversionRefused", "UnsafeSource", "Unconvertible", "parse_size",
+           "SAFETENSORS_DTYPES", "SCHEMA", "STATE_DICT_ROLES"]
+
+SCHEMA = "tensorscope.convert/1"
+
+# Roles that make up a state dict; everything else is skipped unless include_all.
+STATE_DICT_ROLES = frozenset({"tensor", "parameter", "buffer", "initializer"})
+
+# canonical dtype -> safetensors dtype; the reader's table inverted, plus torch's packed fp4.
+SAFETENSORS_DTYPES: dict[str, str] = {canon: st for st, (canon, _bits) in _ST_READ_DTYPES.items()}
+SAFETENSORS_DTYPES["float4_e2m1fn_x2"] = "F4"
+# Data order: the reference writer sorts by its Dtype enum, descending; DTYPES lists the enum.
+_DTYPE_RANK = {st: i for i, st in enumerate(_ST_READ_DTYPES)}
+_SUB_BYTE_BITS = {st: bits for st, (_c, bits) in _ST_READ_DTYPES.items() if bits < 8}
+
+_SHA_PLACEHOLDER = "0" * 64   # replaced in place once the hash is known (same length)
+_METADATA_KEY = "__metadata__"
+
+
+# ------------------------------------------------------------------------------------------------
+# Errors
+# ------------------------------------------------------------------------------------------------
+
+class ConversionRefused(TensorscopeError):
+    """The conversion was not done; ``report`` says why (a `ConvertReport`, status set)."""
+
+    def __init__(self, message: str, report: "ConvertReport"):
+        super().__init__(message)
+        self.report = report
+
+
+class UnsafeSource(ConversionRefused):
+    """The scan found something at or above the refusal threshold (the CLI exits 1)."""
+
+
+class Unconvertible(ConversionRefused):
+    """Tensors safetensors cannot hold, or names it cannot store (the CLI exits 2)."""
+
+
+# ------------------------------------------------------------------------------------------------
+# Planning: which tensors, under which safetensors dtype and shape
+# ------------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True, slots=True)
+class PlannedTensor:
+    """One tensor to write: its source record and how it appears in the output."""
+
+    info: TensorInfo
+    st_dtype: str
+    st_shape: tuple[int, ...]
+
+    @property
+    def name(self) -> str:
+        return self.info.name
+
+    @property
+    def nbytes(self) -> int:
+        return self.info.nbytes
+
+
+@dataclass
+class ConversionPlan:
+    """The outcome of `plan`: tensors to write (state-dict order) and the rest, with reasons.
+
+    Attributes:
+        tensors: what will be written.
+        refused: ``[(TensorInfo, reason)]`` that stop the conversion (unless skipped).
+        skipped: ``[(TensorInfo, reason)]`` left out on purpose (not part of the state dict, or
+            refused and ``skip_unsupported``).
+        shared: ``{storage: [names]}`` for storages viewed by several written tensors.
+        expanded: names of tensors whose strides overlap (written materialised).
+        contiguous: names of other non-contiguous tensors (written contiguous).
+        sparse: ``{sparse tensor name: {"layout", "shape"}}`` for split sparse tensors.
+    """
+
+    tensors: list[PlannedTensor] = field(default_factory=list)
+    refused: list[tuple[TensorInfo, str]] = field(default_factory=list)
+    skipped: list[tuple[TensorInfo, str]] = field(default_factory=list)
+    shared: dict[str, list[str]] = field(default_factory=dict)
+    expanded: list[str] = field(default_factory=list)
+    contiguous: list[str] = field(default_factory=list)
+    sparse: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+    @property
+    def total_bytes(self) -> int:
+        return sum(t.nbytes for t in self.tensors)
+
+
+def _refusal(model: ModelFile, t: TensorInfo) -> str | None:
+    """Why ``t`` cannot be written to safetensors, or None when it can."""
+    spec = dtypes.spec(t.dtype)
+    st = SAFETENSORS_DTYPES.get(t.dtype)
+    if st is None:
+        kinds = {"quantized": "a quantized torch dtype (no safetensors equivalent; dequantize it first)",
+                 "block": "a block-quantized dtype", "string": "strings", "object": "Python objects"}
+        what = kinds.get(spec.kind, "no safetensors equivalent")
+        return f"dtype {t.dtype}: {what}"
+    if t.extras.get("numpy_descr"):
+        return f"NumPy dtype {t.extras['numpy_descr']} (structured, string or void records)"
+    if spec.packed or st in _SUB_BYTE_BITS:
+        if t.source_format == "onnx":
+            return f"dtype {t.dtype} from ONNX: its nibble packing is not defined to match safetensors' {st}"
+        if not t.is_contiguous:
+            return f"packed dtype {t.dtype} stored with strides {list(t.stride)}"
+        if t.dtype == "float4_e2m1fn_x2" and not t.shape:
+            return "0-d float4_e2m1fn_x2 (safetensors F4 needs a last dimension to double)"
+        bits = _SUB_BYTE_BITS.get(st, 8)
+        if st in _SUB_BYTE_BITS and t.dtype != "float4_e2m1fn_x2" and (t.numel * bits) % 8:
+            return f"{t.numel} values of {bits} bits do not fill whole bytes ({st})"
+    error = t.extras.get("error")
+    if error:
+        return f"no readable values: {error}"
+    if t.byte_offset is None and not t.chunks and t.name not in model.custom_readers:
+        device = t.extras.get("device")
+        return "no stored values (meta tensor)" if device == "meta" else "no stored values"
+    return None
+
+
+def _st_shape(t: TensorInfo) -> tuple[int, ...]:
+    if t.dtype == "float4_e2m1fn_x2":  # safetensors counts fp4 values, torch counts pairs
+        return t.shape[:-1] + (t.shape[-1] * 2,)
+    return t.shape
+
+
+def _storage_id(t: TensorInfo) -> str | None:
+    """A name for the storage ``t`` views, unique across files and key spaces (TorchScript's
+    ``constants/`` reuses ``data/``'s keys; a legacy tar holds every storage in one member)."""
+    if t.storage_key is None:
+        return None
+    member = t.extras.get("member")
+    if member and str(member).endswith(str(t.storage_key)):
+        return str(member)
+    return f"{member or os.path.basename(t.file)}:{t.storage_key}"
+
+
+def plan(model: ModelFile, *, include_all: bool = False, skip_unsupported: bool = False) -> ConversionPlan:
+    """Decide what a conversion of ``model`` writes, refuses and skips. Reads no tensor bytes.
+
+    Args:
+        model: an open `ModelFile`.
+        include_all: write every tensor the file lists, not only the state dict.
+        skip_unsupported: leave refused tensors out (reported as skipped) instead of refusing.
+
+    Returns:
+        A `ConversionPlan`.
+
+    Raises:
+        Unconvertible: two written tensors share a name, or a name is ``__metadata__`` or is not
+            valid UTF-8 (these cannot be skipped: the output would silently lose a tensor).
+    """
+    p = ConversionPlan()
+    by_storage: dict[str, list[str]] = {}
+    for t in model.tensors:
+        if not include_all and t.role not in STATE_DICT_ROLES:
+            p.skipped.append((t, f"role {t.role}: not part of the state dict"))
+            continue
+        why = _refusal(model, t)
+        if why is not None:
+            (p.skipped if skip_unsupported else p.refused).append((t, why))
+            continue
+        p.tensors.append(PlannedTensor(t, SAFETENSORS_DTYPES[t.dtype], _st_shape(t)))
+        sid = _storage_id(t)
+        if sid is not None and not t.chunks:
+            by_storage.setdefault(sid, []).append(t.name)
+        if t.numel and not t.chunks and t.name not in model.custom_readers:
+            if t.span_bytes < t.nbytes:
+                p.expanded.append(t.name)
+            elif not t.is_contiguous:
+                p.contiguous.append(t.name)
+        layout = t.extras.get("sparse_layout")
+        if layout and t.extras.get("component") and "." in t.name:
+            p.sparse[t.name.rsplit(".", 1)[0]] = {"layout": str(layout),
+                                                   "shape": list(t.extras.get("sparse_shape") or [])}
+    p.shared = {k: v for k, v in by_storage.items() if len(v) > 1}
+    _check_names(model, p)
+    return p
+
+
+def _check_names(model: ModelFile, p: ConversionPlan) -> None:
+    seen: dict[str, int] = {}
+    problems: list[str] = []
+    for pt in p.tensors:
+        seen[pt.name] = seen.get(pt.name, 0) + 1
+        if pt.name == _METADATA_KEY:
+            problems.append(f"a tensor is named {_METADATA_KEY!r}, which safetensors reserves")
+        try:
+            pt.name.encode("utf-8")
+        except UnicodeEncodeError:
+            problems.append(f"tensor name {pt.name!r} is not valid UTF-8")
+    dups = [n for n, c in seen.items() if c > 1]
+    if dups:
+        problems.append("several tensors are named " + ", ".join(repr(n) for n in dups[:10])
+                        + (f" (+{len(dups) - 10} more)" if len(dups) > 10 else ""))
+    if problems:
+        report = ConvertReport(input=model.path, source_format=model.format, status="refused")
+        raise Unconvertible(f"{model.path}: cannot convert: " + "; ".join(problems), report)
+
+
+# ------------------------------------------------------------------------------------------------
+# The report
+# ------------------------------------------------------------------------------------------------
+
+@dataclass
+class ConvertReport:
+    """What a conversion did (or why it did not).
+
+    JSON schema (`to_dict`, stable; new keys may be added, none removed)::
+
+        {"schema": "tensorscope.convert/1",
+         "status": "converted" | "refused-unsafe" | "refused",
+         "input": str, "source_format": str,
+         "source_sha256": str | null,          # as written into __metadata__
+         "source_files": {path: sha256},       # every input file
+         "outputs": [{"path": str, "tensors": int, "bytes": int}],   # bytes: file size
+         "index": str | null,                  # model.safetensors.index.json when sharded
+         "tensors_written": int, "bytes_written": int,   # tensor bytes
+         "tensors": [{"name", "dtype", "shape", "file"}],  # safetensors dtype/shape, output file
+         "shared": [{"storage": str, "tensors": [str]}],   # de-aliased: each written as a copy
+         "expanded": [str], "contiguous": [str],
+         "skipped": [{"name", "dtype", "reason"}], "refused": [{"name", "dtype", "reason"}],
+         "verified": bool | null,              # null: --verify not asked
+         "allowed_unsafe": bool,
+         "scan": <tensorscope.scan/1 report> | null}
+    """
+
+    input: str
+    source_format: str = ""
+    status: str = "converted"
+    source_sha256: str | None = None
+    source_files: dict[str, str] = field(default_factory=dict)
+    outputs: list[dict[str, Any]] = field(default_factory=list)
+    index: str | None = None
+    tensors: list[dict[str, Any]] = field(default_factory=list)
+    shared: dict[str, list[str]] = field(default_factory=dict)
+    expanded: list[str] = field(default_factory=list)
+    contiguous: list[str] = field(default_factory=list)
+    skipped: list[dict[str, Any]] = field(default_factory=list)
+    refused: list[dict[str, Any]] = field(default_factory=list)
+    verified: bool | None = None
+    allowed_unsafe: bool = False
+    scan: Any = None
+
+    @property
+    def bytes_written(self) -> int:
+        return sum(t["nbytes"] for t in self.tensors)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "schema": SCHEMA, "status": self.status, "input": self.input,
+            "source_format": self.source_format, "source_sha256": self.source_sha256,
+            "source_files": dict(self.source_files), "outputs": list(self.outputs),
+            "index": self.index, "tensors_written": len(self.tensors),
+            "bytes_written": self.bytes_written,
+            "tensors": [{k: t[k] for k in ("name", "dtype", "shape", "file")} for t in self.tensors],
+            "shared": [{"storage": k, "tensors": v} for k, v in self.shared.items()],
+            "expanded": list(self.expanded), "contiguous": list(self.contiguous),
+            "skipped": list(self.skipped), "refused": list(self.refused),
+            "verified": self.verified, "allowed_unsafe": self.allowed_unsafe,
+            "scan": self.scan.to_dict() if hasattr(self.scan, "to_dict") else self.scan,
+        }
+
+
+def _listing(items: Sequence[tuple[TensorInfo, str]]) -> list[dict[str, Any]]:
+    return [{"name": t.name, "dtype": t.dtype, "reason": why} for t, why in items]
+
+
+# ------------------------------------------------------------------------------------------------
+# Sizes and output names
+# ------------------------------------------------------------------------------------------------
+
+_UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12,
+          "KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40}
+
+
+def parse_size(text: str | int) -> int:
+    """``"5GB"`` -> 5_000_000_000, ``"500MiB"`` -> 524_288_000, ``"1024"`` -> 1024 (as the
+    Hugging Face tools read ``max_shard_size``: GB decimal, GiB binary).
+
+    >>> parse_size("5GB"), parse_size("2MiB"), parse_size(7)
+    (5000000000, 2097152, 7)
+    """
+    if isinstance(text, int):
+        value = text
+    else:
+        s = str(text).strip().upper().replace(" ", "")
+        digits = s.rstrip("KMGTIB")
+        unit = s[len(digits):]
+        if unit not in _UNITS or not digits:
+            raise ValueError(f"size {text!r}: expected a number with an optional unit "
+                             "(B, KB, MB, GB, TB, KiB, MiB, GiB, TiB)")
+        try:
+            value = int(float(digits) * _UNITS[unit])
+        except ValueError:
+            raise ValueError(f"size {text!r}: {digits!r} is not a number") from None
+    if value <= 0:
+        raise ValueError(f"size {text!r} must be positive")
+    return value
+
+
+def _output_base(out: str) -> str:
+    """The single-file output path: ``out``, or ``out/model.safetensors`` for a folder."""
+    if os.path.isdir(out) or out.endswith(os.sep):
+        return os.path.join(out, "model.safetensors")
+    return out
+
+
+def _shard_names(base: str, n: int) -> list[str]:
+    stem = base[:-len(".safetensors")] if base.endswith(".safetensors") else base
+    return [f"{stem}-{i:05d}-of-{n:05d}.safetensors" for i in range(1, n + 1)]
+
+
+def _split_greedy(tensors: list[PlannedTensor], limit: int) -> list[list[PlannedTensor]]:
+    shards: list[list[PlannedTensor]] = []
+    current: list[PlannedTensor] = []
+    size = 0
+    for t in tensors:
+        if current and size + t.nbytes > limit:
+            shards.append(current)
+            current, size = [], 0
+        current.append(t)
+        size += t.nbytes
+    if current or not shards:
+        shards.append(current)
+    return shards
+
+
+def _is_sharded_input(model: ModelFile, tensors: list[PlannedTensor]) -> bool:
+    """Several weight files behind one index (a sharded checkpoint), as opposed to one model
+    whose tensors merely live in several files (ONNX external data, DCP ranks)."""
+    files = {t.info.file for t in tensors if not t.info.chunks}
+    if len(files) < 2 or model.format in ("onnx", "dcp"):
+        return False
+    return "shard" in model.format or "weight_map" in model.metadata
+
+
+def _split_by_input(tensors: list[PlannedTensor], files: list[str]) -> list[list[PlannedTensor]]:
+    order = {f: i for i, f in enumerate(files)}
+    groups: dict[str, list[PlannedTensor]] = {}
+    for t in tensors:
+        groups.setdefault(t.info.file, []).append(t)
+    return [groups[f] for f in sorted(groups, key=lambda f: (order.get(f, len(order)), f))]
+
+
+# ------------------------------------------------------------------------------------------------
+# Hashing the input (in a thread, while the tensors are copied)
+# ------------------------------------------------------------------------------------------------
+
+def _input_files(model: ModelFile, src: str) -> list[str]:
+    files = [f for f in (model.files or [src]) if f and os.path.isfile(f)]
+    if os.path.isfile(src) and src not in files:
+        files.insert(0, src)
+    return list(dict.fromkeys(files))
+
+
+class _Hasher(threading.Thread):
+    """sha256 of each input file, read sequentially with a small buffer (no mmap: the resident
+    set does not grow; hashlib and readinto release the GIL, so this runs beside the copy)."""
+
+    BUF = 1 << 20
+
+    def __init__(self, files: list[str]):
+        super().__init__(name="tensorscope-sha256", daemon=True)
+        self.files = files
+        self.digests: dict[str, str] = {}
+        self.error: BaseException | None = None
+        self._cancelled = threading.Event()
+
+    def run(self) -> None:
+        try:
+            buf = bytearray(self.BUF)
+            view = memoryview(buf)
+            for path in self.files:
+                h = hashlib.sha256()
+                with open(path, "rb", buffering=0) as f:
+                    while not self._cancelled.is_set():
+                        n = f.readinto(buf)
+                        if not n:
+                            break
+                        h.update(view[:n])
+                self.digests[path] = h.hexdigest()
+        except BaseException as e:  # re-raised by result() in the caller's thread
+            self.error = e
+
+    def cancel(self) -> None:
+        self._cancelled.set()
+
+    def result(self, root: str) -> tuple[str, dict[str, str]]:
+        self.join()
+        if self.error is not None:
+            raise TensorscopeError(f"cannot hash the input: {self.error}") from self.error
+        if len(self.files) == 1:
+            return self.digests[self.files[0]], dict(self.digests)
+        base = root if os.path.isdir(root) else os.path.dirname(root)
+        rel = {os.path.relpath(p, base): d for p, d in self.digests.items()}
+        manifest = "".join(f"{d}  {p}\n" for p, d in sorted(rel.items()))
+        return hashlib.sha256(manifest.encode("utf-8")).hexdigest(), dict(self.digests)
+
+
+# ------------------------------------------------------------------------------------------------
+# Reading values piece by piece
+# ------------------------------------------------------------------------------------------------
+
+def _releaser(model: ModelFile):
+    from .diffing import _PageReleaser  # the diff engine's MADV_DONTNEED helper
+    return _PageReleaser(model)
+
+
+def _chunked_pieces(model: ModelFile, info: TensorInfo, chunk_bytes: int) -> Iterator[np.ndarray]:
+    """A chunked tensor (DCP) in C order, assembled one block of leading rows at a time."""
+    spec = dtypes.spec(info.dtype)
+    where = dict(format=info.source_format or "convert", file=info.file)
+    shape = info.shape
+    views = []
+    for c in info.chunks:
+        if len(c.offsets) != len(shape) or len(c.sizes) != len(shape) or any(
+                o < 0 or s < 0 or o + s > d for o, s, d in zip(c.offsets, c.sizes, shape)):
+            raise FormatError(f"chunk of {info.name!r} at {list(c.offsets)} size {list(c.sizes)} "
+                              f"lies outside the tensor's shape {list(shape)}", **where)
+        v = strided_view(model, c.tensor)
+        if v.shape != tuple(c.sizes):
+            raise FormatError(f"chunk of {info.name!r} at {list(c.offsets)} has shape "
+                              f"{list(v.shape)}, expected {list(c.sizes)}", **where)
+        views.append((c, v))
+    if not shape:
+        block = np.zeros((), dtype=spec.numpy)
+        for _, v in views:
+            block[()] = v
+        yield block.reshape(1)
+        return
+    row_bytes = math.prod(shape[1:]) * spec.itemsize
+    rows = max(1, chunk_bytes // max(row_bytes, 1))
+    for r0 in range(0, shape[0], rows):
+        r1 = min(shape[0], r0 + rows)
+        block = np.zeros((r1 - r0,) + shape[1:], dtype=spec.numpy)  # holes read as 0, as assemble_chunks
+        for c, v in views:
+            lo, hi = max(r0, c.offsets[0]), min(r1, c.offsets[0] + c.sizes[0])
+            if lo >= hi:
+                continue
+            dst = (slice(lo - r0, hi - r0),) + tuple(slice(o, o + s) for o, s in
+                                                     zip(c.offsets[1:], c.sizes[1:]))
+            block[dst] = v[lo - c.offsets[0]:hi - c.offsets[0]]
+        yield block.reshape(-1)
+
+
+def _pieces(model: ModelFile, info: TensorInfo, chunk_bytes: int, release) -> Iterator[np.ndarray]:
+    """The tensor's bytes in C order as contiguous little-endian 1-D pieces."""
+    if info.chunks:
+        yield from _chunked_pieces(model, info, chunk_bytes)
+        return
+    arr = model.read(info)
+    for piece in iter_flat_chunks(arr, chunk_bytes):
+        if piece.dtype.byteorder == ">":  # big-endian NumPy data: safetensors is little-endian
+            piece = piece.astype(piece.dtype.newbyteorder("<"))
+        yield piece
+        release(info.file, piece)
+
+
+# ------------------------------------------------------------------------------------------------
+# Writing one safetensors file
+# ------------------------------------------------------------------------------------------------
+
+def _data_order(tensors: list[PlannedTensor]) -> list[PlannedTensor]:
+    """safetensors' own order: dtype (enum rank) descending, then name ascending (bytewise UTF-8,
+    which is code point order)."""
+    return sorted(tensors, key=lambda t: (-_DTYPE_RANK[t.st_dtype], t.name))
+
+
+def _header(ordered: list[PlannedTensor], metadata: dict[str, str] | None) -> bytes:
+    obj: dict[str, Any] = {}
+    if metadata:
+        obj[_METADATA_KEY] = metadata
+    begin = 0
+    for t in ordered:
+        obj[t.name] = {"dtype": t.st_dtype, "shape": list(t.st_shape),
+                       "data_offsets": [begin, begin + t.nbytes]}
+        begin += t.nbytes
+    text = json.dumps(obj, ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode("utf-8")
+    pad = (8 - len(text) % 8) % 8  # data starts on a multiple of 8, as the reference writer pads
+    return HEADER_LEN.pack(len(text) + pad) + text + b" " * pad
+
+
+def _write_file(path: str, model: ModelFile, ordered: list[PlannedTensor], metadata: dict[str, str],
+                chunk_bytes: int, release, advance: Callable[[int], None]) -> int:
+    """Write one safetensors file (header with a placeholder hash); returns the header size."""
+    header = _header(ordered, metadata)
+    with open(path, "xb") as f:
+        f.write(header)
+        for t in ordered:
+            written = 0
+            for piece in _pieces(model, t.info, chunk_bytes, release):
+                raw = piece.view(np.uint8) if piece.dtype != np.uint8 else piece
+                f.write(memoryview(np.ascontiguousarray(raw)))
+                written += raw.nbytes
+                advance(raw.nbytes)
+            if written != t.nbytes:  # a reader bug must never become a silently shifted file
+                raise TensorscopeError(f"tensor {t.name!r}: read {written} bytes, expected {t.nbytes}")
+        f.flush()
+    return len(header)
+
+
+def _patch_hash(path: str, header_len: int, old: bytes, new: bytes) -> None:
+    with open(path, "r+b") as f:
+        head = f.read(header_len)
+        at = head.find(old)
+        if at < 0 or len(old) != len(new):
+            raise TensorscopeError(f"{path}: hash placeholder not found in the header")
+        f.seek(at)
+        f.write(new)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def _fsync_dir(folder: str) -> None:
+    try:
+        fd = os.open(folder or ".", os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass  # some filesystems refuse fsync on folders; the files themselves are synced
+    finally:
+        os.close(fd)
+
+
+# ------------------------------------------------------------------------------------------------
+# Verification (the diff engine)
+# ------------------------------------------------------------------------------------------------
+
+def _expected_model(model: ModelFile, tensors: list[PlannedTensor]) -> ModelFile:
+    """The input restricted to ``tensors``, sharing its maps (for a diff against an output)."""
+    exp = ModelFile(model.format, model.path, [t.info for t in tensors], sources=model.sources,
+                    files=model.files)
+    for t in tensors:
+        info = t.info
+        if info.dtype == "float4_e2m1fn" and t.st_dtype == "F4" and info.shape and info.shape[-1] % 2 == 0:
+            # The safetensors reader lists an even F4 as torch's float4_e2m1fn_x2 (same bytes).
+            info = dataclasses.replace(info, dtype="float4_e2m1fn_x2", stride=None, nbytes=info.nbytes,
+                                       shape=info.shape[:-1] + (info.shape[-1] // 2,))
+            exp.tensors[exp.tensors.index(t.info)] = info
+        if info.name in model.custom_readers:
+            exp.custom_readers[info.name] = model.custom_readers[info.name]
+    return exp
+
+
+def _verify(model: ModelFile, tensors: list[PlannedTensor], path: str) -> None:
+    from .diffing import diff_models
+    from .formats import open_model
+    with open_model(path, format="safetensors") as written:
+        result = diff_models(_expected_model(model, tensors), written, atol=0.0, rtol=0.0,
+                             detect_prefix=False, detect_renames=False)
+    # Bit for bit: every tensor "same" with identical bytes (layout changes are expected).
+    bad = [e for e in result.entries
+           if e.status != "same" or e.values is None or not e.values.identical_bytes]
+    if bad or len(result.entries) != len(tensors):
+        names = ", ".join(f"{e.name} ({e.status}{': ' + '; '.join(e.changes) if e.changes else ''})"
+                          for e in bad[:5])
+        raise TensorscopeError(f"verification failed for {path}: {len(bad)} tensor(s) differ from "
+                               f"the input: {names}")
+
+
+# ------------------------------------------------------------------------------------------------
+# The conversion
+# ------------------------------------------------------------------------------------------------
+
+def _severity(value):
+    from .scanner import Severity
+    if value is None or isinstance(value, Severity):
+        return value
+    return Severity.parse(str(value))
+
+
+def convert(src: str | os.PathLike, out: str | os.PathLike, *, max_shard_size: int | str | None = None,
+            allow_unsafe_source: bool = False, refuse_at: Any = "critical", verify: bool = False,
+            force: bool = False, include_all: bool = False, skip_unsupported: bool = False,
+            metadata: dict[str, str] | None = None, record_source: bool = True,
+            scan_report: Any = None, progress: Callable[[int], None] | None = None,
+            chunk_bytes: int = CHUNK_BYTES) -> ConvertReport:
+    """Convert a model file or folder to safetensors without executing anything from it.
+
+    Args:
+        src: any input `tensorscope.open` reads (torch zip/legacy/TorchScript, DCP and sharded
+            folders, ONNX, NumPy, safetensors).
+        out: the output file (``model.safetensors``) or an existing folder (``out/model.safetensors``).
+            Sharded outputs are named after it (see the module docstring).
+        max_shard_size: bytes (or ``"5GB"``) per output shard; None keeps one file, or the input's
+            sharding for a sharded input.
+        allow_unsafe_source: convert even when the scan reaches ``refuse_at``.
+        refuse_at: the scan severity that refuses the conversion (default ``critical``).
+        verify: reopen every output and compare it with the input, bit for bit, before renaming.
+        force: replace existing outputs.
+        include_all, skip_unsupported: see `plan`.
+        metadata: extra ``__metadata__`` entries (str -> str); they override the defaults.
+        record_source: write ``format``, ``source_format``, ``source_sha256`` and ``converted_by``.
+        scan_report: a `ScanReport` already computed for ``src`` (the CLI prints it first);
+            None scans here.
+        progress: called with the number of tensor bytes written after each piece.
+        chunk_bytes: bytes copied per step (peak memory is a small multiple of it).
+
+    Returns:
+        The `ConvertReport` (status ``converted``).
+
+    Raises:
+        UnsafeSource: the scan reached ``refuse_at`` and ``allow_unsafe_source`` is False.
+        Unconvertible: tensors safetensors cannot hold (named in the message).
+        TensorscopeError: the input cannot be read, an output exists without ``force``,
+            verification failed. No output file is left behind by any failure.
+
+    Example:
+        >>> report = convert("pytorch_model.bin", "model.safetensors", verify=True)  # doctest: +SKIP
+        >>> report.tensors_written, report.outputs                                  # doctest: +SKIP
+    """
+    from .formats import open_model
+    from .scanner import scan_paths
+
+    src, out = os.fspath(src), os.fspath(out)
+    if not os.path.exists(src):
+        raise FileNotFoundError(f"{src}: no such file or directory")
+    report = ConvertReport(input=src, allowed_unsafe=bool(allow_unsafe_source))
+    report.scan = scan_report if scan_report is not None else scan_paths(src)
+    threshold = _severity(refuse_at)
+    worst = report.scan.severity
+    if worst is not None and threshold is not None and worst >= threshold and not allow_unsafe_source:
+        report.status = "refused-unsafe"
+        first = next(f for f in report.scan.findings if f.severity >= threshold)
+        raise UnsafeSource(f"{src}: refused: the scan found {worst} issues ({first.rule}: "
+                           f"{first.message}); nothing was converted. Pass --allow-unsafe-source "
+                           "to convert the tensors anyway (conversion executes nothing)", report)
+
+    limit = parse_size(max_shard_size) if max_shard_size is not None else None
+    with open_model(src) as model:
+        report.source_format = model.format
+        try:
+            p = plan(model, include_all=include_all, skip_unsupported=skip_unsupported)
+        except Unconvertible as e:
+            e.report.scan, e.report.allowed_unsafe = report.scan, report.allowed_unsafe
+            raise
+        report.skipped = _listing(p.skipped)
+        report.refused = _listing(p.refused)
+        report.shared, report.expanded, report.contiguous = p.shared, p.expanded, p.contiguous
+        if p.refused:
+            report.status = "refused"
+            shown = "; ".join(f"{t.name} ({why})" for t, why in p.refused[:8])
+            more = f" (+{len(p.refused) - 8} more)" if len(p.refused) > 8 else ""
+            raise Unconvertible(f"{src}: cannot convert {len(p.refused)} tensor(s) to safetensors: "
+                                f"{shown}{more}. Pass --skip-unsupported to leave them out", report)
+
+        if not p.tensors:
+            report.status = "refused"
+            raise Unconvertible(f"{src}: nothing to convert: no tensor is left to write "
+                                f"({len(p.skipped)} skipped: "
+                                + ", ".join(f"{t.name} ({why})" for t, why in p.skipped[:5]) + ")",
+                                report)
+        if limit is not None:
+            groups = _split_greedy(p.tensors, limit)
+        elif _is_sharded_input(model, p.tensors):
+            groups = _split_by_input(p.tensors, list(model.files))
+        else:
+            groups = [p.tensors]
+        base = _output_base(out)
+        paths = [base] if len(groups) == 1 else _shard_names(base, len(groups))
+        index = base + ".index.json" if len(groups) > 1 else None
+        _check_targets(src, model, paths + ([index] if index else []), force)
+
+        hasher = _Hasher(_input_files(model, src)) if record_source else None
+        meta: dict[str, str] = {}
+        if record_source:
+            meta = {"format": "pt", "source_format": model.format, "source_sha256": _SHA_PLACEHOLDER,
+                    "converted_by": f"tensorscope {__version__}"}
+        if p.sparse:
+            meta["tensorscope.sparse"] = json.dumps(p.sparse, sort_keys=True, separators=(",", ":"))
+        if metadata:
+            meta.update({str(k): str(v) for k, v in metadata.items()})
+        if metadata and "source_sha256" in metadata:
+            hasher = None  # the caller supplies it
+
+        temps: list[tuple[str, str, int]] = []  # (temp, final, header length)
+        release = _releaser(model).release_piece
+        advance = progress or (lambda n: None)
+        try:
+            if hasher is not None:
+                hasher.start()
+            for group, final in zip(groups, paths):
+                tmp = f"{final}.tmp-{secrets.token_hex(4)}"
+                temps.append((tmp, final, 0))
+                hlen = _write_file(tmp, model, _data_order(group), meta, chunk_bytes, release, advance)
+                temps[-1] = (tmp, final, hlen)
+            if hasher is not None:
+                digest, per_file = hasher.result(src)
+                report.source_sha256, report.source_files = digest, per_file
+                for tmp, _, hlen in temps:  # fsyncs each file
+                    _patch_hash(tmp, hlen, f'"{_SHA_PLACEHOLDER}"'.encode(), f'"{digest}"'.encode())
+            else:
+                report.source_sha256 = meta.get("source_sha256")
+                for tmp, _, _ in temps:
+                    _fsync_file(tmp)
+            if verify:
+                for (tmp, _, _), group in zip(temps, groups):
+                    _verify(model, group, tmp)
+                report.verified = True
+            index_tmp = None
+            if index is not None:
+                index_tmp = f"{index}.tmp-{secrets.token_hex(4)}"
+                weight_map = {t.name: os.path.basename(final) for group, final in zip(groups, paths)
+                              for t in group}
+                doc = {"metadata": {"total_size": p.total_bytes}, "weight_map": weight_map}
+                with open(index_tmp, "x", encoding="utf-8") as f:
+                    f.write(json.dumps(doc, indent=2, sort_keys=True, ensure_ascii=False) + "\n")
+                    f.flush()
+                    os.fsync(f.fileno())
+                temps.append((index_tmp, index, 0))
+            for tmp, final, _ in temps:  # shards first, the index last
+                os.replace(tmp, final)
+            _fsync_dir(os.path.dirname(os.path.abspath(base)))
+        except BaseException:
+            for tmp, _, _ in temps:  # first of all: no half-written output survives
+                try:
+                    os.unlink(tmp)
+                except FileNotFoundError:
+                    pass
+            if hasher is not None:
+                hasher.cancel()
+            raise
+
+    report.index = index
+    for group, final in zip(groups, paths):
+        report.outputs.append({"path": final, "tensors": len(group), "bytes": os.path.getsize(final)})
+        report.tensors.extend({"name": t.name, "dtype": t.st_dtype, "shape": list(t.st_shape),
+                               "nbytes": t.nbytes, "file": final} for t in group)
+    return report
+
+
+def _fsync_file(path: str) -> None:
+    with open(path, "r+b") as f:
+        os.fsync(f.fileno())
+
+
+def _check_targets(src: str, model: ModelFile, targets: list[str], force: bool) -> None:
+    inputs = {os.path.realpath(f) for f in _input_files(model, src)}
+    for t in targets:
+        folder = os.path.dirname(os.path.abspath(t))
+        if not os.path.isdir(folder):
+            raise TensorscopeError(f"{t}: the output folder {folder} does not exist")
+        if os.path.realpath(t) in inputs:
+            raise TensorscopeError(f"{t}: the output would overwrite the input")
+        if os.path.exists(t) and not force:
+            raise TensorscopeError(f"{t}: exists; pass --force to replace it")
