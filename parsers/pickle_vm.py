@@ -648,8 +648,9 @@ class _CallerFault(Exception):
 # ---------------------------------------------------------------------------------------------
 # The VM.
 
-# Opcodes handled inline in `_VM.execute` (the hot ones, by frequency in torch pickles); every
-# other opcode has an `op_<NAME>` method. Checked against pickletools at import time.
+# Opcodes handled inline in `_VM.execute` (the hot ones; the if-chain there is ordered by their
+# frequency in torch pickles of protocols 2 and 4); every other opcode has an `op_<NAME>`
+# method. Checked against pickletools at import time.
 _INLINE = ("BININT1", "LONG_BINPUT", "BINGET", "BINPUT", "MARK", "BINUNICODE", "TUPLE",
            "TUPLE2", "EMPTY_TUPLE", "NEWFALSE", "MEMOIZE", "SHORT_BINUNICODE", "TUPLE1",
            "TUPLE3", "LONG_BINGET", "BININT", "BININT2", "NONE", "NEWTRUE", "EMPTY_DICT",
@@ -778,15 +779,15 @@ class _VM:
                     if op == BININT1:
                         stack.append(data[pos + 1])
                         pos += 2
-                    elif op == LONG_BINPUT:
-                        memo[unpack_u32(data, pos + 1)[0]] = stack[-1]
-                        pos += 5
                     elif op == BINGET:
                         stack.append(memo[data[pos + 1]])
                         pos += 2
-                    elif op == BINPUT:
-                        memo[data[pos + 1]] = stack[-1]
-                        pos += 2
+                    elif op == LONG_BINPUT:
+                        memo[unpack_u32(data, pos + 1)[0]] = stack[-1]
+                        pos += 5
+                    elif op == MEMOIZE:
+                        memo[len(memo)] = stack[-1]
+                        pos += 1
                     elif op == MARK:
                         if len(metastack) >= max_depth:
                             raise self.limit("MARK nesting depth", max_depth, len(metastack) + 1,
@@ -794,16 +795,6 @@ class _VM:
                         metastack.append(stack)
                         stack = self.stack = []
                         pos += 1
-                    elif op == BINUNICODE:
-                        size = unpack_u32(data, pos + 1)[0]
-                        end = pos + 5 + size
-                        if end > n or size > max_string:
-                            raise self.short("BINUNICODE", size, pos, pos + 5)
-                        if raw is None:
-                            stack.append(str(data[pos + 5:end], "utf-8", "surrogatepass"))
-                        else:   # bytes.decode is ~40 ns faster than str(memoryview, ...)
-                            stack.append(data[pos + 5:end].decode("utf-8", "surrogatepass"))
-                        pos = end
                     elif op == TUPLE:
                         if not metastack:
                             raise self.no_mark("TUPLE", pos)
@@ -837,11 +828,28 @@ class _VM:
                             except Exception as exc:
                                 raise _CallerFault(f"hook for {func.dotted}") from exc
                         pos += 1
+                    elif op == BINUNICODE:
+                        size = unpack_u32(data, pos + 1)[0]
+                        end = pos + 5 + size
+                        if end > n or size > max_string:
+                            raise self.short("BINUNICODE", size, pos, pos + 5)
+                        if raw is None:
+                            stack.append(str(data[pos + 5:end], "utf-8", "surrogatepass"))
+                        else:   # bytes.decode is ~40 ns faster than str(memoryview, ...)
+                            stack.append(data[pos + 5:end].decode("utf-8", "surrogatepass"))
+                        pos = end
+                    elif op == SHORT_BINUNICODE:
+                        size = data[pos + 1]
+                        end = pos + 2 + size
+                        if end > n:
+                            raise self.short("SHORT_BINUNICODE", size, pos, pos + 2)
+                        if raw is None:
+                            stack.append(str(data[pos + 2:end], "utf-8", "surrogatepass"))
+                        else:
+                            stack.append(data[pos + 2:end].decode("utf-8", "surrogatepass"))
+                        pos = end
                     elif op == EMPTY_TUPLE:
                         stack.append(())
-                        pos += 1
-                    elif op == NEWFALSE:
-                        stack.append(False)
                         pos += 1
                     elif op == BINPERSID:
                         pid = stack[-1]
@@ -856,19 +864,12 @@ class _VM:
                             except Exception as exc:
                                 raise _CallerFault("persistent_load") from exc
                         pos += 1
-                    elif op == MEMOIZE:
-                        memo[len(memo)] = stack[-1]
+                    elif op == NEWFALSE:
+                        stack.append(False)
                         pos += 1
-                    elif op == SHORT_BINUNICODE:
-                        size = data[pos + 1]
-                        end = pos + 2 + size
-                        if end > n:
-                            raise self.short("SHORT_BINUNICODE", size, pos, pos + 2)
-                        if raw is None:
-                            stack.append(str(data[pos + 2:end], "utf-8", "surrogatepass"))
-                        else:
-                            stack.append(data[pos + 2:end].decode("utf-8", "surrogatepass"))
-                        pos = end
+                    elif op == BINPUT:
+                        memo[data[pos + 1]] = stack[-1]
+                        pos += 2
                     elif op == TUPLE1:
                         stack[-1] = (stack[-1],)
                         built += 1
