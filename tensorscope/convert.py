@@ -192,6 +192,8 @@ def _refusal(model: ModelFile, t: TensorInfo) -> str | None:
         bits = _SUB_BYTE_BITS.get(st, 8)
         if st in _SUB_BYTE_BITS and t.dtype != "float4_e2m1fn_x2" and (t.numel * bits) % 8:
             return f"{t.numel} values of {bits} bits do not fill whole bytes ({st})"
+    if t.extras.get("pickled"):
+        return "a pickled tensor subclass (its values are not a plain storage)"
     error = t.extras.get("error")
     if error:
         return f"no readable values: {error}"
