@@ -43,7 +43,7 @@ before the failure: a loader runs every opcode before a broken one.
 
 Public API: `run`, `Limits`, `DEFAULT_LIMITS`, `PickleResult`, `GlobalSeen`, `CallSeen`, `Global`,
 `Call`, `PersistentRef`, `OutOfBandBuffer`, `Extension`, `UnhashableKey`, `BuildStates`, `NOTSET`,
-`CONTAINER_HOOKS`, `PickleError`.
+`DECLINE`, `CONTAINER_HOOKS`, `PickleError`.
 
 Example:
     >>> import pickle
@@ -72,7 +72,7 @@ from tensorscope.errors import FormatError, LimitExceeded
 __all__ = [
     "run", "Limits", "DEFAULT_LIMITS", "PickleResult", "GlobalSeen", "CallSeen", "Global", "Call",
     "PersistentRef", "OutOfBandBuffer", "Extension", "UnhashableKey", "BuildStates", "NOTSET",
-    "CONTAINER_HOOKS", "PickleError", "HIGHEST_PROTOCOL",
+    "DECLINE", "CONTAINER_HOOKS", "PickleError", "HIGHEST_PROTOCOL",
 ]
 
 HIGHEST_PROTOCOL = 5
@@ -178,6 +178,17 @@ class _NotSet:
 
 NOTSET = _NotSet()
 """`Call.state` before any BUILD."""
+
+
+class _Decline:
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return "DECLINE"
+
+
+DECLINE = _Decline()
+"""Returned by a hook: build no value, push the inert `Call` the VM would have built."""
 
 
 class Global:
@@ -693,22 +704,28 @@ class _VM:
     # -- errors --------------------------------------------------------------------------------
 
     def error(self, reason: str, pos: int) -> PickleError:
-        return PickleError(reason, file=self.file, member=self.member, offset=self.base + pos)
+        err = PickleError(reason, file=self.file, member=self.member, offset=self.base + pos)
+        err._pickle_vm_placed = True
+        return err
 
     def limit(self, resource: str, limit: int, actual: int, pos: int) -> LimitExceeded:
-        return LimitExceeded(resource, limit, actual, format="pickle", file=self.file,
-                             member=self.member, offset=self.base + pos)
+        err = LimitExceeded(resource, limit, actual, format="pickle", file=self.file,
+                            member=self.member, offset=self.base + pos)
+        err._pickle_vm_placed = True
+        return err
 
     def locate(self, err: FormatError, pos: int) -> FormatError:
-        """Give an error raised without a place (hooks, helpers) this opcode's place."""
+        """Place an error raised by a hook, persistent_load or helper. Its offset, if any, is
+        relative to ``data`` (hooks get relative positions); without one it is the opcode's."""
+        if not getattr(err, "_pickle_vm_placed", False):
+            err.offset = self.base + (pos if err.offset is None else err.offset)
+            err._pickle_vm_placed = True
         if not err.format:
             err.format = "pickle"
         if err.file is None:
             err.file = self.file
         if err.member is None:
             err.member = self.member
-        if err.offset is None:
-            err.offset = self.base + pos
         err.args = (err._render(),)
         return err
 
@@ -822,11 +839,14 @@ class _VM:
                             stack[-1] = Call(func, args, None, pos, "REDUCE")
                         else:
                             try:
-                                stack[-1] = hook(args, pos)
+                                value = hook(args, pos)
                             except FormatError:
                                 raise
                             except Exception as exc:
                                 raise _CallerFault(f"hook for {func.dotted}") from exc
+                            if value is DECLINE:
+                                value = Call(func, args, None, pos, "REDUCE")
+                            stack[-1] = value
                         pos += 1
                     elif op == BINUNICODE:
                         size = unpack_u32(data, pos + 1)[0]
@@ -1084,7 +1104,9 @@ class _VM:
         if type(func) is Global and not kwargs:
             hook = self.hooks.get((func.module, func.name))     # also for Globals made by hand
             if hook is not None:
-                return self.external(f"hook for {func.dotted}", hook, args, pos)
+                value = self.external(f"hook for {func.dotted}", hook, args, pos)
+                if value is not DECLINE:
+                    return value
         return Call(func, args, kwargs, pos, opcode)
 
     def record_method(self, target: Any, args: tuple, opcode: str, pos: int) -> None:
@@ -1534,8 +1556,11 @@ def run(data: bytes | memoryview, *, start: int = 0, persistent_load=None,
             FormatError (kept as ``result.error``). Without it a `PersistentRef` is pushed.
         hooks: ``{(module, name): f(args, pos) -> object}`` applied when REDUCE, NEWOBJ,
             NEWOBJ_EX (without kwargs), INST or OBJ calls that `Global`; e.g. `CONTAINER_HOOKS`.
-            A hook MAY raise FormatError. Any other exception from a hook or from
-            persistent_load becomes a PickleError whose ``__cause__`` is the original.
+            A hook MAY return `DECLINE` to get the inert `Call` instead. Hooks and
+            persistent_load MAY raise FormatError: its ``offset``, if set, is relative to
+            ``data`` like the ``pos`` they were given (the VM adds ``base_offset``; without an
+            offset the opcode's is used) and file/member are filled in. Any other exception
+            becomes a PickleError whose ``__cause__`` is the original.
         limits: resource bounds (`DEFAULT_LIMITS`).
         file, member, base_offset: where ``data`` comes from, for error messages; an error at
             ``pos`` reports ``offset = base_offset + pos``.

@@ -332,10 +332,29 @@ def test_hook_errors_are_located():
             base_offset=100)
     assert str(r.error) == ("pickle: model.pt:archive/data.pkl at byte 106: "
                             "rebuild wants 6 arguments")
+    relative = PickleError("bad size tuple", offset=4)     # hooks place errors relatively
+
+    def placed(args, pos):
+        raise relative
+
+    r = run(blob, hooks={("m", "f"): placed}, base_offset=100)
+    assert str(r.error) == "pickle: at byte 104: bad size tuple"
     r = run(blob, hooks={("m", "f"): bug})
     assert str(r.error) == "pickle: at byte 6: hook for m.f raised KeyError: 'oops'"
     assert isinstance(r.error.__cause__, KeyError)
     assert len(r.calls) == 1   # the loader would have called it
+
+
+def test_hook_may_decline():
+    blob = ops("\x80\x02cm\nf\nK\x01\x85R.")
+    result = run(blob, hooks={("m", "f"): lambda args, pos: pickle_vm.DECLINE})
+    call = result.value
+    assert isinstance(call, Call) and call.func.dotted == "m.f" and call.func.pos == 2
+    assert call.args == (1,) and call.opcode == "REDUCE" and call.pos == blob.index(b"R.")
+    assert len(result.calls) == 1
+    newobj = run(ops("\x80\x02cm\nf\n)\x81."),
+                 hooks={("m", "f"): lambda args, pos: pickle_vm.DECLINE})
+    assert isinstance(newobj.value, Call) and newobj.value.opcode == "NEWOBJ"
 
 
 def test_persistent_load_is_used_and_recorded():
