@@ -2,12 +2,13 @@
 
 Startup: the file(s) are parsed in a thread worker (a loading screen shows meanwhile), then the
 browse screen (one path) or the diff screen (two paths) is pushed; a file that fails to parse
-gets the error screen with its one-line message. In parallel a second worker runs the static
-scan (`tensorscope.scan`) on every path; its result feeds the safety banner on every screen and
+gets the error screen with its one-line message. Then a second worker runs the static scan
+(`tensorscope.scan`) on every path; its result feeds the safety banner on every screen and
 the scan screen (``s`` from anywhere). Nothing here reads past the public `tensorscope` API.
 """
 from __future__ import annotations
 
+import gc
 import os
 import threading
 
@@ -21,6 +22,8 @@ from .formatting import basename, one_line
 from .messages import LoadFailed, ModelsLoaded, ScanFinished
 
 __all__ = ["TensorscopeApp", "make_app"]
+
+FREEZE_ABOVE = 20_000  # tensors above which the parsed model is frozen out of the cyclic GC
 
 
 class TensorscopeApp(App):
@@ -54,15 +57,25 @@ class TensorscopeApp(App):
         # CSS, first compose); the load worker only waits for it.
         self._opened: list = []
         self._open_error: tuple[str, BaseException] | None = None
+        self._tree = None
         self._opener = threading.Thread(target=self._open_all, name="tensorscope-open", daemon=True)
         self._opener.start()
 
     def _open_all(self) -> None:
         import tensorscope
 
+        from .model_index import build_tree
+
         for p in self.paths:
             try:
-                self._opened.append(tensorscope.open(p))
+                model = tensorscope.open(p)
+                self._opened.append(model)
+                if self.other is None:  # the browse screen's module tree, built off the UI thread
+                    self._tree = build_tree(model.tensors, root_name=basename(p))
+                if len(model.tensors) > FREEZE_ABOVE:
+                    # The model lives as long as the app: move its objects out of the cyclic GC's
+                    # reach, or every full collection walks them again (seconds at 100k tensors).
+                    gc.freeze()
             except BaseException as err:  # reported on the error screen by load_models
                 self._open_error = (p, err)
                 return
@@ -76,10 +89,14 @@ class TensorscopeApp(App):
 
         self.push_screen(LoadingScreen([basename(p) for p in self.paths]))
         self.load_models()
-        if self.scan_enabled:
-            self.run_scan()
-        else:
+        if not self.scan_enabled:
             self.scan_done, self.scan_error = True, "disabled"
+
+    def _start_scan(self) -> None:
+        # The scan starts once parsing is over: run together they would share one GIL and
+        # both finish later; this way the first screen comes first and the banner follows.
+        if self.scan_enabled and not self.scan_done:
+            self.run_scan()
 
     # -- workers ----------------------------------------------------------------------------------
     @work(thread=True, exclusive=True, group="load")
@@ -118,12 +135,15 @@ class TensorscopeApp(App):
         if message.b is not None:
             self.switch_screen(DiffScreen(message.a, message.b))
         else:
-            self.switch_screen(BrowseScreen(message.a))
+            self.switch_screen(BrowseScreen(message.a, root=self._tree))
+        # after the new screen has painted
+        self.set_timer(0.05, lambda: self.call_after_refresh(self._start_scan))
 
     def on_load_failed(self, message: LoadFailed) -> None:
         from .screens.misc import ErrorScreen
 
         self.load_error = message.message
+        self._start_scan()
         self.switch_screen(ErrorScreen(basename(message.path), message.message))
 
     def on_scan_finished(self, message: ScanFinished) -> None:

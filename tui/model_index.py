@@ -9,6 +9,7 @@ values so it stays fast at 100,000 tensors.
 from __future__ import annotations
 
 import fnmatch
+import gc
 from dataclasses import dataclass, field
 from typing import Sequence
 
@@ -23,7 +24,7 @@ def tensor_path(t) -> tuple[str, ...]:
     return path
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class ModuleNode:
     """One module (a path prefix). ``direct`` holds tensor indices whose parent is this node."""
 
@@ -53,6 +54,18 @@ class ModuleNode:
 
 def build_tree(tensors: Sequence, root_name: str = "model") -> ModuleNode:
     """Group tensors into modules and total params/bytes per subtree in O(tensors + modules)."""
+    # Tens of thousands of small container objects would trigger the cyclic GC over and over
+    # (each pass walking every TensorInfo): pause it while building, as the parsers do.
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        return _build_tree(tensors, root_name)
+    finally:
+        if enabled:
+            gc.enable()
+
+
+def _build_tree(tensors: Sequence, root_name: str) -> ModuleNode:
     root = ModuleNode(root_name, ())
     nodes: dict[tuple[str, ...], ModuleNode] = {(): root}
     for i, t in enumerate(tensors):

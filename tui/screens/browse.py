@@ -28,6 +28,8 @@ __all__ = ["BrowseScreen", "PAGE_ROWS", "MAX_CHILDREN"]
 
 PAGE_ROWS = 200      # rows added to the table at a time
 MAX_CHILDREN = 500   # tree children shown per node; the rest are reachable by filtering
+DEBOUNCE_ABOVE = 20_000  # tensors above which filter keystrokes are coalesced
+DEBOUNCE_SECONDS = 0.12
 COLUMNS = ("name", "dtype", "shape", "params", "bytes", "offset")
 SORT_CYCLE = ("#",) + COLUMNS
 
@@ -51,12 +53,12 @@ class BrowseScreen(Screen):
         Binding("escape", "back", "Back", show=False),
     ]
 
-    def __init__(self, model, *, closable: bool = False, label: str = ""):
+    def __init__(self, model, *, closable: bool = False, label: str = "", root: ModuleNode | None = None):
         super().__init__()
         self.model = model
         self.closable = closable
         self.label = label or basename(model.path)
-        self.root = build_tree(model.tensors, root_name=self.label)
+        self.root = root if root is not None else build_tree(model.tensors, root_name=self.label)
         self.node: ModuleNode = self.root
         self.pattern = ""
         self.sort = "#"
@@ -65,6 +67,7 @@ class BrowseScreen(Screen):
         self.loaded = 0
         self.current: str | None = None  # key of the tensor in the details pane
         self._expanded: set[int] = set()
+        self._filter_timer = None
 
     # -- layout -----------------------------------------------------------------------------------
     def compose(self) -> ComposeResult:
@@ -251,7 +254,13 @@ class BrowseScreen(Screen):
     @on(Input.Changed, "#filter")
     def _filter_changed(self, event: Input.Changed) -> None:
         self.pattern = event.value
-        self.refresh_table()
+        if len(self.model.tensors) <= DEBOUNCE_ABOVE:
+            self.refresh_table()
+            return
+        # Large models: coalesce a burst of keystrokes into one refresh.
+        if self._filter_timer is not None:
+            self._filter_timer.stop()
+        self._filter_timer = self.set_timer(DEBOUNCE_SECONDS, self.refresh_table)
 
     @on(Input.Submitted, "#filter")
     def _filter_done(self, event: Input.Submitted) -> None:
