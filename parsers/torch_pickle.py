@@ -361,19 +361,18 @@ def rebuild_hooks() -> dict[tuple[str, str], Callable]:
     """VM hooks: torch's rebuild functions become TensorRefs; containers become data."""
     hooks = dict(pickle_vm.CONTAINER_HOOKS)
     hooks.update(_REBUILDERS)
-    hooks[("torch._tensor", "_rebuild_from_type_v2")] = _hook_or_call(
-        _rebuild_from_type_v2, "torch._tensor", "_rebuild_from_type_v2")
+    hooks[("torch._tensor", "_rebuild_from_type_v2")] = _hook_or_call(_rebuild_from_type_v2)
     hooks[("torch.serialization", "_get_layout")] = _get_layout
     hooks[("torch", "Size")] = _torch_size
     return hooks
 
 
-def _hook_or_call(fn, module: str, name: str):
-    """A hook that may decline (None): the value is then the inert Call the VM would have built
-    (the VM has already recorded the call)."""
+def _hook_or_call(fn):
+    """A hook that may decline (None): the VM then keeps its own inert Call (real global, real
+    opcode), which it has already recorded."""
     def hook(args, pos):
         out = fn(args, pos)
-        return out if out is not None else Call(Global(module, name, pos), args, None, pos, "REDUCE")
+        return out if out is not None else pickle_vm.DECLINE
     return hook
 
 
