@@ -115,6 +115,7 @@ SCHEMA = "tensorscope.diff/1"
 
 # Kinds whose elements numpy can convert to float64 one by one.
 _NUMERIC_KINDS = ("float", "int", "uint", "bool", "complex")
+FLOAT_ELEMS = 1 << 16  # elements per float64 step: 512 KiB buffers that stay in cache
 
 
 # ------------------------------------------------------------------------------------------------
@@ -410,19 +411,19 @@ class _Walker:
 
     def floats(self, va, vb, ia, ib, atol: float, rtol: float, skip: int = 0) -> ValueDiff:
         cplx = va.dtype.kind == "c" or vb.dtype.kind == "c"
-        work = np.complex128 if cplx else np.float64
-        # Each piece becomes ~8 float64 temporaries: keep them to a fraction of chunk_bytes.
-        elems = max(1, self.chunk_bytes // 32)
-        acc = _Accumulator(atol, rtol)
+        # Pieces of at most FLOAT_ELEMS elements converted into reused float64 buffers: they stay
+        # in cache and no temporary is allocated per piece (fresh pages cost more than the math).
+        elems = max(1, min(FLOAT_ELEMS, self.chunk_bytes // 32))
+        acc = _Accumulator(atol, rtol, elems, cplx)
         for pa, pb in self.pieces(va, vb, ia, ib, elems * max(va.itemsize, vb.itemsize, 1), skip):
-            acc.add(pa.astype(work), pb.astype(work))
+            acc.add(pa, pb)
         return acc.result(va.size, "complex128" if cplx else "float64")
 
 
 class _Accumulator:
-    """Running sums for the float statistics, one chunk at a time."""
+    """Running sums for the float statistics, one piece at a time, in reused buffers."""
 
-    def __init__(self, atol: float, rtol: float):
+    def __init__(self, atol: float, rtol: float, elems: int, cplx: bool):
         self.atol, self.rtol = float(atol), float(rtol)
         self.max_abs = -math.inf
         self.max_rel = -math.inf
@@ -430,37 +431,74 @@ class _Accumulator:
         self.dot = self.xx = self.yy = 0.0
         self.count = 0
         self.mismatched = self.nan = self.inf = 0
+        work = np.complex128 if cplx else np.float64
+        self.x, self.y = np.empty(elems, work), np.empty(elems, work)
+        self.ad, self.t, self.r = (np.empty(elems, np.float64) for _ in range(3))
+        self.flag = np.empty(elems, np.bool_)
 
-    def add(self, x: np.ndarray, y: np.ndarray) -> None:
+    def add(self, pa: np.ndarray, pb: np.ndarray) -> None:
+        n = pa.size
+        x, y = self.x[:n], self.y[:n]
+        np.copyto(x, pa, casting="unsafe")
+        np.copyto(y, pb, casting="unsafe")
         with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
-            ad = np.abs(x - y)
-            ay = np.abs(y)
-            # torch.isclose: a == b, or a finite error within atol + rtol*|b| (NaN never matches).
-            close = (x == y) | (np.isfinite(ad) & (ad <= self.atol + self.rtol * ay))
-            self.mismatched += int(close.size - np.count_nonzero(close))
-            fx, fy = np.isfinite(x), np.isfinite(y)
-            both = fx & fy
-            if not both.all():
-                nan = np.isnan(x) | np.isnan(y)
-                self.nan += int(np.count_nonzero(nan))
-                self.inf += int(np.count_nonzero(~both & ~nan & (x != y)))
-                x, y, ad, ay = x[both], y[both], ad[both], ay[both]
-            if ad.size == 0:
-                return
-            self.count += ad.size
-            self.max_abs = max(self.max_abs, float(ad.max()))
-            rel = np.where(ad == 0, 0.0, ad / ay)
-            self.max_rel = max(self.max_rel, float(rel.max()))
-            self.sum_abs += float(ad.sum())
-            self.sum_sq += float(np.dot(ad, ad))
             if x.dtype.kind == "c":
-                self.dot += float(np.vdot(x, y).real)
-                self.xx += float(np.vdot(x, x).real)
-                self.yy += float(np.vdot(y, y).real)
-            else:
-                self.dot += float(np.dot(x, y))
-                self.xx += float(np.dot(x, x))
-                self.yy += float(np.dot(y, y))
+                self._general(x, y)
+                return
+            ad, t, r = self.ad[:n], self.t[:n], self.r[:n]
+            np.subtract(x, y, out=ad)
+            np.abs(ad, out=ad)
+            worst = float(ad.max())
+            if not math.isfinite(worst):
+                # A NaN or Inf somewhere (or an overflowing difference): the careful path.
+                self._general(x, y)
+                return
+            # Every |a-b| is finite, so both sides are finite at every position.
+            np.abs(y, out=t)
+            np.divide(ad, t, out=r)                     # 0/0 -> NaN (ignored), x/0 -> inf
+            rel = float(np.fmax.reduce(r))
+            # torch.isclose on finite values: |a-b| <= atol + rtol*|b| (a == b implies it).
+            t *= self.rtol
+            t += self.atol
+            self.mismatched += int(np.count_nonzero(np.greater(ad, t, out=self.flag[:n])))
+            self.count += n
+            self.max_abs = max(self.max_abs, worst)
+            self.max_rel = max(self.max_rel, 0.0 if math.isnan(rel) else rel)
+            self.sum_abs += float(ad.sum())
+            self.sum_sq += float(np.multiply(ad, ad, out=r).sum())
+            self.dot += float(np.multiply(x, y, out=r).sum())
+            self.xx += float(np.multiply(x, x, out=r).sum())
+            self.yy += float(np.multiply(y, y, out=r).sum())
+
+    def _general(self, x: np.ndarray, y: np.ndarray) -> None:
+        """Any values, NaN and Inf included (allocates temporaries; also the complex path)."""
+        ad = np.abs(x - y)
+        ay = np.abs(y)
+        # torch.isclose: a == b, or a finite error within atol + rtol*|b| (NaN never matches).
+        close = (x == y) | (np.isfinite(ad) & (ad <= self.atol + self.rtol * ay))
+        self.mismatched += int(close.size - np.count_nonzero(close))
+        both = np.isfinite(x) & np.isfinite(y)
+        if not both.all():
+            nan = np.isnan(x) | np.isnan(y)
+            self.nan += int(np.count_nonzero(nan))
+            self.inf += int(np.count_nonzero(~both & ~nan & (x != y)))
+            x, y, ad, ay = x[both], y[both], ad[both], ay[both]
+        if ad.size == 0:
+            return
+        self.count += ad.size
+        self.max_abs = max(self.max_abs, float(ad.max()))
+        rel = np.where(ad == 0, 0.0, ad / ay)
+        self.max_rel = max(self.max_rel, float(rel.max()))
+        self.sum_abs += float(ad.sum())
+        self.sum_sq += float((ad * ad).sum())
+        if x.dtype.kind == "c":
+            self.dot += float((x.conj() * y).real.sum())
+            self.xx += float((x.conj() * x).real.sum())
+            self.yy += float((y.conj() * y).real.sum())
+        else:
+            self.dot += float((x * y).sum())
+            self.xx += float((x * x).sum())
+            self.yy += float((y * y).sum())
 
     def result(self, numel: int, compared_as: str) -> ValueDiff:
         if self.count == 0:
