@@ -87,6 +87,9 @@ def open_model(path: str | os.PathLike, *, format: str | None = None) -> ModelFi
                 return mod.open_dir(path)
         raise UnknownFormat(f"{path}: folder holds no model this tool recognises "
                             "(no *.index.json, DCP .metadata or model file)")
+    if path.endswith(".index.json") and format in (None, "sharded"):
+        # A sharded checkpoint's index (model.safetensors.index.json): the model is its shards.
+        return _parser("sharded").open_index(path)
     src = ByteSource(path)
     try:
         head = src.head(HEAD_BYTES)

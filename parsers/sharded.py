@@ -1,0 +1,357 @@
+"""Sharded checkpoints and model folders: one model across several files.
+
+Spec (Hugging Face conventions, as ``transformers`` writes and reads them; FORMATS.md "HF index"):
+- An index file ``<name>.index.json`` (``model.safetensors.index.json``,
+  ``pytorch_model.bin.index.json``) is a JSON object ``{"metadata": {"total_size": n, ...},
+  "weight_map": {tensor name: shard file name}}``. Shard names are relative to the index's folder
+  (``model-0000i-of-0000n.safetensors``); each shard is a complete model file of its own format.
+- Every tensor of the map MUST be in its shard. A tensor in a shard but not in the map is loaded by
+  transformers anyway (recorded as ``sharded.unmapped_tensor``); a name held by two shards keeps
+  the map's choice (``sharded.duplicate_tensor``). ``total_size`` SHOULD be the sum of the tensors'
+  bytes (``sharded.total_size_mismatch`` otherwise).
+- A shard name MUST stay inside the model folder: absolute names, ``..`` components and symlinks
+  resolving outside are refused (CWE-22). In a Hugging Face cache (``models--org--name/`` holding
+  ``blobs/``, ``refs/`` and ``snapshots/<rev>/``) snapshot files are symlinks into ``../../blobs/``:
+  the boundary is then the ``models--*`` folder.
+- A folder is a model when it holds: one index file (with several, the safetensors index wins, as
+  in transformers); else one group of shards ``<stem>-0000i-of-0000n.<ext>`` without an index
+  (every number from 1 to n MUST be present); else exactly one model file (safetensors first, then
+  ``.bin``/``.pt``/``.pth``/``.ckpt``, ``.gguf``, ``.onnx``, ``.pt2``, ``.npz``/``.npy``). A
+  ``models--*`` cache folder opens the snapshot ``refs/main`` names, else the newest one.
+
+What this parser produces: a ModelFile of format ``sharded`` whose tensors are the shards'
+tensors, in index order (each keeping its own ``file``), with the shards' sources, custom readers
+and evidence merged so `read` works across files. ``metadata`` has the index metadata, the shard
+list (file, format, tensors, bytes) and each shard's own metadata.
+
+Public: ``FORMAT``, ``sniff_dir(path)``, ``open_dir(path)``, ``open_index(path)``.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+from typing import Any
+
+from tensorscope.errors import FormatError
+from tensorscope.model import ModelFile
+
+__all__ = ["FORMAT", "sniff_dir", "open_dir", "open_index", "is_index_file"]
+
+FORMAT = "sharded"
+INDEX_MAX = 64 << 20   # an index of a 1e6-tensor model is ~60 MB
+_SHARD = re.compile(r"^(?P<stem>.+)-(?P<i>\d{5})-of-(?P<n>\d{5})\.(?P<ext>safetensors|bin|pt|pth|gguf)$")
+# Single model files, best first (transformers prefers safetensors over .bin).
+_MODEL_EXTS = (".safetensors", (".bin", ".pt", ".pth", ".ckpt"), ".gguf", ".onnx", ".pt2",
+               (".npz", ".npy"))
+
+
+def _fail(reason: str, file: str, offset: int | None = None) -> FormatError:
+    return FormatError(reason, format=FORMAT, file=file, offset=offset)
+
+
+def is_index_file(path: str) -> bool:
+    return os.path.basename(path).endswith(".index.json")
+
+
+# -- where the model is ---------------------------------------------------------------------------
+def _hf_repo_of(folder: str) -> str | None:
+    """The ``models--*`` cache folder that ``folder`` is (or is a snapshot of), if any."""
+    real = os.path.realpath(folder)
+    for cand in (real, os.path.dirname(os.path.dirname(real))):
+        if os.path.basename(cand).startswith("models--") and os.path.isdir(os.path.join(cand, "snapshots")):
+            return cand
+    return None
+
+
+def _snapshot(repo: str) -> str | None:
+    snaps = os.path.join(repo, "snapshots")
+    try:
+        with open(os.path.join(repo, "refs", "main"), encoding="utf-8") as f:
+            rev = f.read(256).strip()
+        if rev and "/" not in rev and rev not in (".", "..") and os.path.isdir(os.path.join(snaps, rev)):
+            return os.path.join(snaps, rev)
+    except (OSError, UnicodeDecodeError):
+        pass
+    try:
+        revs = [os.path.join(snaps, r) for r in os.listdir(snaps)]
+    except OSError:
+        return None
+    revs = [r for r in revs if os.path.isdir(r)]
+    return max(revs, key=lambda r: os.lstat(r).st_mtime) if revs else None
+
+
+def _files(folder: str) -> list[str]:
+    try:
+        names = sorted(os.listdir(folder))
+    except OSError:
+        return []
+    return [n for n in names if os.path.isfile(os.path.join(folder, n))]
+
+
+def _plan(folder: str) -> tuple[str, Any, list[str]] | None:
+    """(kind, what, ignored alternatives): ("index", path) | ("shards", [paths]) | ("single", path)."""
+    names = _files(folder)
+    indexes = [n for n in names if n.endswith(".index.json")]
+    if indexes:
+        indexes.sort(key=lambda n: (n != "model.safetensors.index.json",
+                                    ".safetensors." not in n, n))
+        return "index", os.path.join(folder, indexes[0]), indexes[1:]
+    groups: dict[tuple[str, str, str], list[str]] = {}
+    for n in names:
+        m = _SHARD.match(n)
+        if m:
+            groups.setdefault((m["stem"], m["n"], m["ext"]), []).append(n)
+    if groups:
+        keys = sorted(groups, key=lambda k: (k[2] != "safetensors", k))
+        ignored = [n for k in keys[1:] for n in groups[k]]
+        return "shards", (keys[0], sorted(groups[keys[0]])), ignored
+    for exts in _MODEL_EXTS:
+        found = [n for n in names if n.endswith(exts)]
+        if len(found) == 1:
+            rest = [n for n in names if n != found[0] and n.endswith(_all_exts())]
+            return "single", os.path.join(folder, found[0]), rest
+        if found:
+            return None   # several candidates of the same kind: not one model
+    return None
+
+
+def _all_exts() -> tuple[str, ...]:
+    out: list[str] = []
+    for e in _MODEL_EXTS:
+        out.extend(e if isinstance(e, tuple) else (e,))
+    return tuple(out)
+
+
+def _resolve(path: str) -> tuple[str, str, str | None]:
+    """(folder holding the model, containment root, HF revision or None)."""
+    repo = _hf_repo_of(path)
+    if repo is not None and os.path.realpath(path) == repo:
+        snap = _snapshot(repo)
+        if snap is None:
+            raise _fail("Hugging Face cache folder has no snapshot", path)
+        return snap, repo, os.path.basename(snap)
+    return path, repo or path, os.path.basename(os.path.realpath(path)) if repo else None
+
+
+def sniff_dir(path: str) -> bool:
+    try:
+        folder, _, _ = _resolve(path)
+    except FormatError:
+        return False
+    return _plan(folder) is not None
+
+
+# -- opening ----------------------------------------------------------------------------------------
+def _inside(root: str, name: str, *, origin: str, what: str) -> str:
+    """The path of ``name`` inside ``root``'s model folder, refusing escapes (CWE-22)."""
+    if not name or "\0" in name or os.path.isabs(name) or name.startswith(("/", "\\")) \
+            or any(part == ".." for part in re.split(r"[/\\]", name)):
+        raise _fail(f"{what} {name!r} is not a plain relative path inside the model folder "
+                    "(path traversal refused)", origin)
+    return name
+
+
+def _check_real(root: str, path: str, origin: str, name: str) -> None:
+    real_root = os.path.realpath(root)
+    real = os.path.realpath(path)
+    if real != real_root and not real.startswith(real_root.rstrip(os.sep) + os.sep):
+        raise _fail(f"shard {name!r} resolves to {real}, outside the model folder {real_root} "
+                    "(symlink escape refused)", origin)
+
+
+def _open_shard(folder: str, root: str, name: str, origin: str, why: str) -> ModelFile:
+    from tensorscope.formats import open_model  # the registry imports this module lazily
+    _inside(root, name, origin=origin, what="shard name")
+    path = os.path.join(folder, name)
+    if not os.path.lexists(path) or not os.path.exists(path):
+        raise _fail(f"shard {name} {why} does not exist", path)
+    _check_real(root, path, origin, name)
+    if os.path.isdir(path):
+        raise _fail(f"shard {name} is a folder, not a model file", path)
+    return open_model(path)
+
+
+def _read_index(path: str) -> tuple[dict, dict, list[str]]:
+    """(weight_map, metadata, duplicate names) of an index file."""
+    try:
+        size = os.path.getsize(path)
+        if size > INDEX_MAX:
+            raise _fail(f"index file of {size} bytes exceeds the {INDEX_MAX}-byte limit", path)
+        with open(path, "rb") as f:
+            raw = f.read(INDEX_MAX + 1)
+    except OSError as e:
+        raise _fail(f"cannot read the index: {e.strerror}", path) from None
+    dups: list[str] = []
+
+    def pairs(items):
+        d = {}
+        for k, v in items:
+            if k in d:
+                dups.append(k)
+            d[k] = v
+        return d
+    try:
+        doc = json.loads(raw, object_pairs_hook=pairs)
+    except RecursionError:
+        raise _fail("index JSON nests too deeply", path) from None
+    except ValueError as e:
+        pos = getattr(e, "pos", None)
+        raise _fail(f"invalid index JSON: {e}", path, pos if isinstance(pos, int) else None) from None
+    if not isinstance(doc, dict) or not isinstance(doc.get("weight_map"), dict):
+        raise _fail('index has no "weight_map" object', path)
+    wm = doc["weight_map"]
+    for k, v in wm.items():
+        if not isinstance(v, str):
+            raise _fail(f"weight_map[{k!r}] is {type(v).__name__}, not a shard file name", path)
+    meta = doc.get("metadata") if isinstance(doc.get("metadata"), dict) else {}
+    return wm, meta, dups
+
+
+class _Merger:
+    def __init__(self, path: str, origin: str):
+        self.model = ModelFile(FORMAT, path, files=[])
+        self.origin = origin
+        self.shards: list[dict] = []
+        self.opened: dict[str, ModelFile] = {}
+
+    def add(self, name: str, sub: ModelFile) -> None:
+        self.opened[name] = sub
+        m = self.model
+        m.files.extend(f for f in sub.files if f not in m.files)
+        m.sources.update(sub.sources)
+        m.custom_readers.update(sub.custom_readers)
+        m.evidence.extend(sub.evidence)
+        m.extras.setdefault("shards", {})[name] = sub.extras
+        self.shards.append({"file": name, "format": sub.format, "tensors": len(sub.tensors),
+                            "bytes": sub.total_bytes, "metadata": sub.metadata})
+
+    def close(self) -> None:
+        for sub in self.opened.values():
+            sub.close()
+
+
+def _from_index(index: str, folder: str, root: str) -> ModelFile:
+    wm, imeta, dups = _read_index(index)
+    merger = _Merger(index, index)
+    model = merger.model
+    model.files.append(index)
+    try:
+        order: list[str] = []
+        first: dict[str, str] = {}
+        for tname, shard in wm.items():
+            if shard not in first:
+                first[shard] = tname
+                order.append(shard)
+        for shard in order:
+            merger.add(shard, _open_shard(folder, root, shard, index,
+                                          f"(named by the index for {first[shard]!r})"))
+        for name in dups:
+            model.evidence.add("sharded.duplicate_key", f"weight_map names {name!r} twice; the "
+                               "last entry wins", file=index)
+        mapped = set(wm)
+        for tname, shard in wm.items():
+            sub = merger.opened[shard]
+            if tname not in sub:
+                raise _fail(f"tensor {tname!r} is mapped to shard {shard}, which does not hold it",
+                            index)
+            model.tensors.append(sub.tensor(tname))
+        for shard in order:
+            for t in merger.opened[shard].tensors:
+                if t.name not in mapped:
+                    model.evidence.add("sharded.unmapped_tensor", f"shard {shard} holds {t.name!r}, "
+                                       "which the index does not map (transformers loads it anyway)",
+                                       file=index)
+                    model.tensors.append(t)
+                elif wm[t.name] != shard:
+                    model.evidence.add("sharded.duplicate_tensor", f"{t.name!r} is in shard {shard} "
+                                       f"too; the index maps it to {wm[t.name]}", file=index)
+        total = imeta.get("total_size")
+        if isinstance(total, int) and total != model.total_bytes:
+            model.evidence.add("sharded.total_size_mismatch", f"index total_size is {total}, the "
+                               f"mapped tensors take {model.total_bytes} bytes", file=index)
+        model.metadata = {"index": os.path.basename(index), "index_metadata": imeta,
+                          "shards": merger.shards}
+        return model
+    except BaseException:
+        merger.close()
+        raise
+
+
+def _from_shards(folder: str, root: str, key: tuple[str, str, str], names: list[str]) -> ModelFile:
+    stem, n, ext = key
+    count = int(n)
+    merger = _Merger(folder, folder)
+    model = merger.model
+    try:
+        present = set(names)
+        for i in range(1, count + 1):
+            name = f"{stem}-{i:05d}-of-{n}.{ext}"
+            if name not in present:
+                raise _fail(f"shard {name} is missing (the shards are numbered 1..{count}, no index)",
+                            os.path.join(folder, name))
+            merger.add(name, _open_shard(folder, root, name, folder, "(numbered shard)"))
+        seen: dict[str, str] = {}
+        for name in merger.opened:
+            for t in merger.opened[name].tensors:
+                if t.name in seen:
+                    model.evidence.add("sharded.duplicate_tensor", f"{t.name!r} is in {seen[t.name]} "
+                                       f"and {name}; the first is listed", file=os.path.join(folder, name))
+                    continue
+                seen[t.name] = name
+                model.tensors.append(t)
+        extra = sorted(present - set(merger.opened))
+        if extra:
+            model.evidence.add("sharded.extra_shard", f"shards beyond 1..{count}: {', '.join(extra)}",
+                               file=folder)
+        model.metadata = {"index": None, "shards": merger.shards}
+        return model
+    except BaseException:
+        merger.close()
+        raise
+
+
+def _single(path: str, root: str) -> ModelFile:
+    folder = os.path.dirname(path)
+    name = os.path.basename(path)
+    merger = _Merger(folder, folder)
+    try:
+        sub = _open_shard(folder, root, name, folder, "(the folder's model file)")
+        merger.add(name, sub)
+        merger.model.tensors.extend(sub.tensors)
+        merger.model.objects = sub.objects
+        merger.model.metadata = {"index": None, "shards": merger.shards}
+        return merger.model
+    except BaseException:
+        merger.close()
+        raise
+
+
+def open_index(path: str) -> ModelFile:
+    """Open the model an index file describes (shards relative to its folder)."""
+    path = os.fspath(path)
+    folder = os.path.dirname(path) or "."
+    repo = _hf_repo_of(folder)
+    return _from_index(path, folder, repo or folder)
+
+
+def open_dir(path: str) -> ModelFile:
+    """Open a model folder: index, numbered shards, one model file, or a Hugging Face cache."""
+    path = os.fspath(path)
+    folder, root, revision = _resolve(path)
+    plan = _plan(folder)
+    if plan is None:
+        raise _fail("folder holds no index file, numbered shards or single model file", folder)
+    kind, what, ignored = plan
+    if kind == "index":
+        model = _from_index(what, folder, root)
+    elif kind == "shards":
+        model = _from_shards(folder, root, what[0], what[1])
+    else:
+        model = _single(what, root)
+    model.path = path
+    if revision:
+        model.metadata["hf_revision"] = revision
+    if ignored:
+        model.metadata["ignored_files"] = ignored
+    return model
