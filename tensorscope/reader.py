@@ -55,12 +55,17 @@ def strided_view(model: "ModelFile", info: "TensorInfo") -> np.ndarray:
     else:
         np_dtype, itemsize, shape = spec.numpy, spec.itemsize, info.shape
         strides = tuple(s * itemsize for s in info.stride)
-    if info.numel == 0:
-        empty = np.empty(shape, dtype=np_dtype)
-        empty.flags.writeable = False  # read-only like every other view
-        return empty
-    # np.ndarray over the map: shares memory; the map is read-only so the view is too.
-    arr = np.ndarray(shape, dtype=np_dtype, buffer=src.raw, offset=info.byte_offset, strides=strides)
+    try:
+        if info.numel == 0:
+            empty = np.empty(shape, dtype=np_dtype)
+            empty.flags.writeable = False  # read-only like every other view
+            return empty
+        # np.ndarray over the map: shares memory; the map is read-only so the view is too.
+        arr = np.ndarray(shape, dtype=np_dtype, buffer=src.raw, offset=info.byte_offset,
+                         strides=strides)
+    except ValueError as e:  # a dimension numpy cannot index (2^63 x 0, stride-0 giants)
+        raise FormatError(f"tensor {info.name!r} of shape {info.shape} cannot be viewed: {e}",
+                          **where) from None
     if arr.flags.writeable:
         arr.flags.writeable = False
     return arr

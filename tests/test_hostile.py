@@ -1,0 +1,65 @@
+"""Hostile-input regressions: each test is one input the fuzzers (`fuzz/run_long.py`,
+`tests/test_fuzz.py`) or a review found to break an invariant of issue #9, rebuilt here byte by
+byte, with the exact outcome now expected.
+
+Invariants: any input gives a `ModelFile` or a `TensorscopeError`; `scan` never raises; work and
+memory are bounded by the input's size, never by a number the file claims; nothing executes.
+"""
+from __future__ import annotations
+
+import io
+import os
+import struct
+import subprocess
+import sys
+import time
+import zipfile
+from pathlib import Path
+
+import pytest
+
+import tensorscope
+from tensorscope import FormatError, TensorscopeError
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def npy(header: bytes, body: bytes = b"") -> bytes:
+    """A version 1.0 .npy: magic, header padded with spaces to a multiple of 64, body."""
+    header += b" " * (63 - (10 + len(header)) % 64) + b"\n"
+    return b"\x93NUMPY\x01\x00" + struct.pack("<H", len(header)) + header + body
+
+
+def exercise(path: Path) -> list[str]:
+    """open + read every tensor + scan; returns the errors met (TensorscopeError messages)."""
+    errors = []
+    try:
+        with tensorscope.open(path) as model:
+            for t in model.tensors:
+                try:
+                    model.read(t.name)
+                except TensorscopeError as e:
+                    errors.append(str(e))
+    except TensorscopeError as e:
+        errors.append(str(e))
+    tensorscope.scan(path)  # never raises
+    return errors
+
+
+# -------------------------------------------------------------------------------------------------
+# Found by fuzz/run_long.py
+
+def test_empty_npy_with_a_dimension_numpy_cannot_index(tmp_path):
+    # run_long, numpy target, "field" mutator on fixtures/formats/empty.npy: the shape (0, 3)
+    # became (0, 2^64 - 1). numel is 0, so no bytes are needed, but np.empty refused the shape
+    # with a raw ValueError from reader.strided_view.
+    p = tmp_path / "empty_giant.npy"
+    p.write_bytes(npy(b"{'descr': '<f4', 'fortran_order': False, 'shape': (0, 18446744073709551615), }"))
+    with tensorscope.open(p) as model:
+        (t,) = model.tensors
+        assert t.shape == (0, 18446744073709551615)
+        with pytest.raises(FormatError) as err:
+            model.read(t.name)
+    assert str(err.value).startswith(
+        f"npy: {p}: tensor '<root>' of shape (0, 18446744073709551615) cannot be viewed: ")
+    tensorscope.scan(p)
