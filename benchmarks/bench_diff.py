@@ -5,7 +5,7 @@
 
 Inputs: two ~2 GB float16 state dicts of 500 tensors (480 of 1024x2048 and 20 of 2048) that differ
 in 4 tensors (a slice moved by 1e-3), as ``.pt`` (torch.save) and ``.safetensors``, plus a byte copy
-of A for the identical case. Generated once (needs torch and safetensors) and kept in
+of A for the identical case, and (``.pt`` only) a C where every tensor differs. Generated once (needs torch and safetensors) and kept in
 ``benchmarks/.cache/`` (gitignored).
 
 Each measurement is a whole process: wall time and peak RSS (``ru_maxrss`` of that child alone,
@@ -51,31 +51,36 @@ print(worst)
 
 def generate(cache: Path) -> None:
     cache.mkdir(parents=True, exist_ok=True)
-    if all((cache / n).exists() for n in ("a.pt", "b.pt", "a_copy.pt", "a.safetensors",
-                                          "b.safetensors", "a_copy.safetensors")):
+    base = ("a.pt", "b.pt", "a_copy.pt", "a.safetensors", "b.safetensors", "a_copy.safetensors")
+    missing_base = not all((cache / n).exists() for n in base)
+    if not missing_base and (cache / "c.pt").exists():
         return
     # Imported only here: a child's ru_maxrss can include the parent's RSS at fork time, so the
     # measuring process stays small.
     import torch
     from safetensors.torch import save_file
 
-    print(f"generating ~2 GB state dicts in {cache} (once) ...", file=sys.stderr)
-    g = torch.Generator().manual_seed(0)
-    a = {}
-    for i in range(N_BIG):
-        a[f"layer.{i}.weight"] = torch.randn(BIG_SHAPE, generator=g, dtype=torch.float16)
-    for i in range(N_SMALL):
-        a[f"bias.{i}"] = torch.randn(SMALL_SHAPE, generator=g, dtype=torch.float16)
-    torch.save(a, cache / "a.pt")
-    save_file(a, str(cache / "a.safetensors"))
-    for k in PERTURBED:
-        t = a[k].clone()
-        t.view(-1)[:1000] += 1e-3
-        a[k] = t
-    torch.save(a, cache / "b.pt")
-    save_file(a, str(cache / "b.safetensors"))
-    shutil.copyfile(cache / "a.pt", cache / "a_copy.pt")
-    shutil.copyfile(cache / "a.safetensors", cache / "a_copy.safetensors")
+    if missing_base:
+        print(f"generating ~2 GB state dicts in {cache} (once) ...", file=sys.stderr)
+        g = torch.Generator().manual_seed(0)
+        a: dict = {}
+        for i in range(N_BIG):
+            a[f"layer.{i}.weight"] = torch.randn(BIG_SHAPE, generator=g, dtype=torch.float16)
+        for i in range(N_SMALL):
+            a[f"bias.{i}"] = torch.randn(SMALL_SHAPE, generator=g, dtype=torch.float16)
+        torch.save(a, cache / "a.pt")
+        save_file(a, str(cache / "a.safetensors"))
+        for k in PERTURBED:
+            t = a[k].clone()
+            t.view(-1)[:1000] += 1e-3
+            a[k] = t
+        torch.save(a, cache / "b.pt")
+        save_file(a, str(cache / "b.safetensors"))
+        shutil.copyfile(cache / "a.pt", cache / "a_copy.pt")
+        shutil.copyfile(cache / "a.safetensors", cache / "a_copy.safetensors")
+    # Every tensor differs (one training step later, say): the float64 path on all ~1G elements.
+    a = torch.load(cache / "a.pt", mmap=True, weights_only=True)
+    torch.save({k: v + 1e-3 for k, v in a.items()}, cache / "c.pt")
 
 
 def measure(argv: list[str]) -> tuple[float, float, int]:
@@ -115,7 +120,10 @@ def main(argv=None) -> int:
         a, b, same = (str(args.cache / f"{n}.{fmt}") for n in ("a", "b", "a_copy"))
         peer = TORCH_PT if fmt == "pt" else TORCH_ST
         size = os.path.getsize(a) / 2**30
-        for case, other in (("4 tensors differ", b), ("identical", same)):
+        cases = [("4 tensors differ", b), ("identical", same)]
+        if fmt == "pt":
+            cases.append(("all tensors differ", str(args.cache / "c.pt")))
+        for case, other in cases:
             ours = bench("tensorscope diff --json", [py, "-m", "tensorscope", "diff", a, other,
                                                      "--json"], args.runs)
             theirs = bench("torch max|a-b|", [py, "-c", peer, a, other], args.runs)
