@@ -267,9 +267,10 @@ def _from_index(index: str, folder: str, root: str) -> ModelFile:
                     model.evidence.add("sharded.duplicate_tensor", f"{t.name!r} is in shard {shard} "
                                        f"too; the index maps it to {wm[t.name]}", file=index)
         total = imeta.get("total_size")
-        if isinstance(total, int) and total != model.total_bytes:
+        mapped_bytes = sum(t.nbytes for t in model.tensors[:len(wm)])
+        if isinstance(total, int) and not isinstance(total, bool) and total != mapped_bytes:
             model.evidence.add("sharded.total_size_mismatch", f"index total_size is {total}, the "
-                               f"mapped tensors take {model.total_bytes} bytes", file=index)
+                               f"mapped tensors take {mapped_bytes} bytes", file=index)
         model.metadata = {"index": os.path.basename(index), "index_metadata": imeta,
                           "shards": merger.shards}
         return model

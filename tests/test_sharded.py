@@ -1,0 +1,193 @@
+"""Sharded checkpoints and model folders: merged listing against torch.load / safe_open per shard."""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors import safe_open
+
+import tensorscope
+from tensorscope import cli, formats
+from torch_oracle import FIXTURES, dtype_name, our_bytes, stored_bytes
+
+SHARDED = FIXTURES / "distributed" / "sharded"
+HF_REPO = SHARDED / "hf_cache" / "models--org--tiny"
+NEW_REV = "2222222222222222222222222222222222222222"
+OLD_REV = "1111111111111111111111111111111111111111"
+
+
+def _shard_tensors(path: Path) -> dict[str, torch.Tensor]:
+    if path.suffix == ".safetensors":
+        with safe_open(path, "pt") as f:
+            return {k: f.get_tensor(k) for k in f.keys()}
+    return torch.load(path, weights_only=True, mmap=True)
+
+
+def _expected(folder: Path) -> tuple[list[str], dict[str, tuple[str, torch.Tensor]]]:
+    """(names in expected order, {name: (shard file name, tensor)}) from the index or the shards."""
+    indexes = sorted(folder.glob("*.index.json"))
+    if indexes:
+        wm = json.loads(indexes[0].read_text())["weight_map"]
+        shards = {s: _shard_tensors(folder / s) for s in dict.fromkeys(wm.values())}
+        return list(wm), {k: (s, shards[s][k]) for k, s in wm.items()}
+    out: dict[str, tuple[str, torch.Tensor]] = {}
+    files = sorted(p for p in folder.iterdir() if p.suffix in (".safetensors", ".bin"))
+    for p in files:
+        for k, t in _shard_tensors(p).items():
+            out.setdefault(k, (p.name, t))
+    if len(files) == 1:   # one model file: its own order
+        with tensorscope.open(files[0]) as m:
+            return m.names, out
+    return list(out), out
+
+
+CASES = [("st_index", SHARDED / "st_index", SHARDED / "st_index"),
+         ("bin_index", SHARDED / "bin_index", SHARDED / "bin_index"),
+         ("index_file", SHARDED / "st_index" / "model.safetensors.index.json", SHARDED / "st_index"),
+         ("no_index", SHARDED / "no_index", SHARDED / "no_index"),
+         ("single", SHARDED / "single", SHARDED / "single"),
+         ("hf_repo", HF_REPO, HF_REPO / "snapshots" / NEW_REV),
+         ("hf_snapshot_old", HF_REPO / "snapshots" / OLD_REV, HF_REPO / "snapshots" / OLD_REV)]
+
+
+@pytest.mark.parametrize("case,path,folder", CASES, ids=[c[0] for c in CASES])
+def test_matches_shards(case, path, folder):
+    order, expected = _expected(folder)
+    with tensorscope.open(path) as model:
+        assert model.format == "sharded"
+        assert model.names == order
+        for name, (shard, t) in expected.items():
+            info = model.tensor(name)
+            assert Path(info.file).name == shard, name
+            assert info.dtype == dtype_name(t) and info.shape == tuple(t.shape), name
+            assert our_bytes(model.read(name)) == stored_bytes(t), name
+        assert [s["file"] for s in model.metadata["shards"]] == list(dict.fromkeys(s for s, _ in expected.values()))
+        assert not model.evidence.anomalies
+
+
+def test_index_metadata_and_revision():
+    with tensorscope.open(HF_REPO) as model:
+        assert model.metadata["hf_revision"] == NEW_REV
+        assert model.metadata["index"] == "model.safetensors.index.json"
+        assert model.metadata["index_metadata"] == {"total_size": model.total_bytes}
+        assert [s["format"] for s in model.metadata["shards"]] == ["safetensors", "safetensors"]
+        assert model.metadata["shards"][0]["metadata"]["__metadata__"] == {"format": "pt"}
+
+
+def test_refs_main_absent_picks_newest_snapshot(tmp_path):
+    repo = tmp_path / "models--org--tiny"
+    shutil.copytree(HF_REPO, repo, symlinks=True)
+    (repo / "refs" / "main").unlink()
+    os.utime(repo / "snapshots" / OLD_REV, (2e9, 2e9), follow_symlinks=False)
+    with tensorscope.open(repo) as model:
+        assert model.metadata["hf_revision"] == OLD_REV
+
+
+@pytest.mark.parametrize("path,expected", [
+    (SHARDED / "st_index", ["sharded"]), (HF_REPO, ["sharded"]), (SHARDED / "single", ["sharded"]),
+    (SHARDED, []), (FIXTURES / "distributed" / "dcp" / "single", ["dcp"]),
+])
+def test_identify_folders(path, expected):
+    assert formats.identify(path) == expected
+
+
+# -- hostile / inconsistent ---------------------------------------------------------------------
+def _copy(tmp_path: Path, name: str) -> Path:
+    dst = tmp_path / name
+    shutil.copytree(SHARDED / name, dst, symlinks=True)
+    return dst
+
+
+def _edit_index(folder: Path, edit) -> Path:
+    index = next(folder.glob("*.index.json"))
+    doc = json.loads(index.read_text())
+    edit(doc)
+    index.write_text(json.dumps(doc))
+    return index
+
+
+def _error(capsys, path) -> str:
+    assert cli.main(["inspect", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1
+    return err.removeprefix("tensorscope: error: ").rstrip("\n")
+
+
+def test_missing_shard_is_named(tmp_path, capsys):
+    folder = _copy(tmp_path, "st_index")
+    (folder / "model-00002-of-00002.safetensors").unlink()
+    assert _error(capsys, folder) == (
+        f"sharded: {folder}/model-00002-of-00002.safetensors: shard model-00002-of-00002.safetensors "
+        "(named by the index for 'layers.1.attn.bias') does not exist")
+
+
+def test_tensor_missing_from_its_shard(tmp_path, capsys):
+    folder = _copy(tmp_path, "st_index")
+    index = _edit_index(folder, lambda d: d["weight_map"].update(
+        {"ghost.weight": "model-00001-of-00002.safetensors"}))
+    assert _error(capsys, folder) == (
+        f"sharded: {index}: tensor 'ghost.weight' is mapped to shard "
+        "model-00001-of-00002.safetensors, which does not hold it")
+
+
+def test_unmapped_tensor_is_an_anomaly(tmp_path):
+    folder = _copy(tmp_path, "st_index")
+    _edit_index(folder, lambda d: d["weight_map"].pop("head.weight"))
+    with tensorscope.open(folder) as model:
+        kinds = [a.kind for a in model.evidence.anomalies]
+        assert kinds == ["sharded.unmapped_tensor", "sharded.total_size_mismatch"]
+        assert model.names[-1] == "head.weight"
+
+
+@pytest.mark.parametrize("shard", ["../st_index/model-00001-of-00002.safetensors", "/etc/passwd"])
+def test_escaping_shard_names_are_refused(tmp_path, capsys, shard):
+    folder = _copy(tmp_path, "st_index")
+    index = _edit_index(folder, lambda d: d["weight_map"].update({"embed.weight": shard}))
+    assert _error(capsys, folder) == (
+        f"sharded: {index}: shard name {shard!r} is not a plain relative path inside the model "
+        "folder (path traversal refused)")
+
+
+def test_symlink_out_of_the_folder_is_refused(tmp_path, capsys):
+    folder = _copy(tmp_path, "st_index")
+    outside = tmp_path / "outside.safetensors"
+    shutil.move(folder / "model-00001-of-00002.safetensors", outside)
+    os.symlink(outside, folder / "model-00001-of-00002.safetensors")
+    index = folder / "model.safetensors.index.json"
+    assert _error(capsys, folder) == (
+        f"sharded: {index}: shard 'model-00001-of-00002.safetensors' resolves to {outside}, outside "
+        f"the model folder {folder} (symlink escape refused)")
+
+
+def test_missing_numbered_shard(tmp_path, capsys):
+    folder = _copy(tmp_path, "no_index")
+    (folder / "model-00002-of-00003.safetensors").unlink()
+    assert _error(capsys, folder) == (
+        f"sharded: {folder}/model-00002-of-00003.safetensors: shard model-00002-of-00003.safetensors "
+        "is missing (the shards are numbered 1..3, no index)")
+
+
+def test_truncated_shard_names_the_shard(tmp_path, capsys):
+    folder = _copy(tmp_path, "bin_index")
+    shard = folder / "pytorch_model-00002-of-00002.bin"
+    shard.write_bytes(shard.read_bytes()[:500])
+    msg = _error(capsys, folder)
+    assert str(shard) in msg
+
+
+@pytest.mark.parametrize("text,message", [
+    ('{"weight_map": ', "invalid index JSON: Expecting value: line 1 column 16 (char 15)"),
+    ('{"metadata": {}}', 'index has no "weight_map" object'),
+    ('{"weight_map": {"a": 3}}', "weight_map['a'] is int, not a shard file name"),
+    ("[" * 100000, "index JSON nests too deeply"),
+])
+def test_bad_index_json(tmp_path, capsys, text, message):
+    folder = _copy(tmp_path, "st_index")
+    index = folder / "model.safetensors.index.json"
+    index.write_text(text)
+    at = " at byte 15" if "char 15" in message else ""
+    assert _error(capsys, index) == f"sharded: {index}{at}: {message}"
