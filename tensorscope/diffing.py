@@ -104,6 +104,7 @@ from typing import Any, Callable, Iterator, Sequence
 import numpy as np
 
 from . import dtypes
+from .errors import TensorscopeError
 from .model import ModelFile, TensorInfo
 from .reader import iter_flat_chunks
 
@@ -759,12 +760,16 @@ def diff_models(a, b, *, atol: float = 1e-8, rtol: float = 1e-5, values: bool = 
         The `DiffResult`.
 
     Raises:
-        TensorscopeError: a file cannot be opened or a tensor's bytes cannot be read.
+        TensorscopeError: a negative tolerance, a file that cannot be opened, or a tensor whose
+            bytes cannot be read.
 
     Example:
         >>> r = diff_models("old.pt", "new.safetensors", atol=1e-6)   # doctest: +SKIP
         >>> r.counts, r.exit_code                                      # doctest: +SKIP
     """
+    for label, tol in (("atol", atol), ("rtol", rtol)):
+        if not tol >= 0:  # also rejects NaN; torch.isclose refuses negative tolerances too
+            raise TensorscopeError(f"{label} must be a number >= 0, got {tol}")
     opened: list[ModelFile] = []
     try:
         ma = _as_model(a, opened)

@@ -527,6 +527,8 @@ def test_cli_options(capsys):
     (["missing.pt", "base.safetensors"], "missing.pt: no such file or directory"),
     (["base.safetensors", "base.safetensors", "--map", "nonsense"], "expected OLD=NEW"),
     (["base.safetensors"], "the following arguments are required: b"),
+    (["base.safetensors", "base.safetensors", "--atol", "-1"], "atol must be a number >= 0, got -1.0"),
+    (["base.safetensors", "base.safetensors", "--rtol", "nan"], "rtol must be a number >= 0, got nan"),
 ])
 def test_cli_errors_exit_2(capsys, argv, message):
     argv = [str(FIXTURES / x) if x.endswith((".pt", ".safetensors")) else x for x in argv]
