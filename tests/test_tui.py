@@ -219,6 +219,10 @@ async def test_filter_with_slash_substring_and_glob():
         assert "filter '*.bias'" in static_text(screen, "#table-status")
         await pilot.press("escape")
         assert len(table_names(screen)) == 18 and not screen.has_class("-filtering")
+        # keys that are also bindings (q quits, s scans, t toggles the theme) type into the filter
+        await pilot.press("slash", "q", "s", "t", "question_mark")
+        assert screen.query_one("#filter").value == "qst?" and app.screen is screen
+        assert app.current_theme.dark
 
 
 @run_async
@@ -398,6 +402,7 @@ async def test_help_theme_and_palette():
         assert isinstance(app.screen, HelpScreen)
         keys = dict(app.screen.bindings)
         assert "Filter" in keys.values() and "Scan" in keys.values()
+        assert "Diff" not in keys.values()  # one file: nothing to diff
         await pilot.press("escape")
         assert app.current_theme.dark
         await pilot.press("t")

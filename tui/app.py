@@ -153,6 +153,11 @@ class TensorscopeApp(App):
         self.scan_updated.publish(None)
 
     # -- actions ----------------------------------------------------------------------------------
+    def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        if action == "diff" and not self.other:
+            return False  # no second file: no diff to go back to
+        return True
+
     def action_scan(self) -> None:
         from .screens.scan import ScanScreen
 
@@ -174,13 +179,16 @@ class TensorscopeApp(App):
 
         if isinstance(self.screen, HelpScreen):
             return
-        seen, rows = set(), []
+        seen, ranked = set(), []
         for key, active in self.screen.active_bindings.items():
             b = active.binding
-            if not b.description or (b.action, b.description) in seen:
+            if not b.description or not active.enabled or (b.action, b.description) in seen:
                 continue
             seen.add((b.action, b.description))
-            rows.append((b.key_display or self.get_key_display(b), b.description))
+            # this screen's keys first, then the app's, then the focused widget's
+            rank = 0 if active.node is self.screen else 1 if active.node is self else 2
+            ranked.append((rank, b.key_display or self.get_key_display(b), b.description))
+        rows = [(key, desc) for _, key, desc in sorted(ranked, key=lambda r: r[0])]
         rows.append(("ctrl+p", "Command palette"))
         self.push_screen(HelpScreen(rows))
 
