@@ -1,6 +1,7 @@
 """Sharded checkpoints and model folders: merged listing against torch.load / safe_open per shard."""
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
@@ -15,9 +16,35 @@ from tensorscope import cli, formats
 from torch_oracle import FIXTURES, dtype_name, our_bytes, stored_bytes
 
 SHARDED = FIXTURES / "distributed" / "sharded"
-HF_REPO = SHARDED / "hf_cache" / "models--org--tiny"
 NEW_REV = "2222222222222222222222222222222222222222"
 OLD_REV = "1111111111111111111111111111111111111111"
+
+
+def _blob(blobs: Path, src: Path) -> str:
+    digest = hashlib.sha256(src.read_bytes()).hexdigest()
+    shutil.copyfile(src, blobs / digest)
+    return digest
+
+
+@pytest.fixture(scope="module")
+def hf_repo(tmp_path_factory) -> Path:
+    """A huggingface_hub cache entry: ``blobs/<sha256>``, ``refs/main`` and two snapshots whose
+    files are relative symlinks into ``../../blobs/`` (refs/main names the newer, sharded one)."""
+    repo = tmp_path_factory.mktemp("hf_cache") / "models--org--tiny"
+    blobs = repo / "blobs"
+    blobs.mkdir(parents=True)
+    revisions = {
+        OLD_REV: {"model.safetensors": SHARDED / "single" / "model.safetensors"},
+        NEW_REV: {p.name: p for p in (SHARDED / "st_index").iterdir()},
+    }
+    for rev, files in revisions.items():
+        snap = repo / "snapshots" / rev
+        snap.mkdir(parents=True)
+        for name, src in files.items():
+            os.symlink(f"../../blobs/{_blob(blobs, src)}", snap / name)
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text(NEW_REV)
+    return repo
 
 
 def _shard_tensors(path: Path) -> dict[str, torch.Tensor]:
@@ -45,17 +72,23 @@ def _expected(folder: Path) -> tuple[list[str], dict[str, tuple[str, torch.Tenso
     return list(out), out
 
 
+# (case, path to open, folder whose files are the oracle); "HF/..." is inside the hf_repo fixture.
 CASES = [("st_index", SHARDED / "st_index", SHARDED / "st_index"),
          ("bin_index", SHARDED / "bin_index", SHARDED / "bin_index"),
          ("index_file", SHARDED / "st_index" / "model.safetensors.index.json", SHARDED / "st_index"),
          ("no_index", SHARDED / "no_index", SHARDED / "no_index"),
          ("single", SHARDED / "single", SHARDED / "single"),
-         ("hf_repo", HF_REPO, HF_REPO / "snapshots" / NEW_REV),
-         ("hf_snapshot_old", HF_REPO / "snapshots" / OLD_REV, HF_REPO / "snapshots" / OLD_REV)]
+         ("hf_repo", "HF", f"HF/snapshots/{NEW_REV}"),
+         ("hf_snapshot_old", f"HF/snapshots/{OLD_REV}", f"HF/snapshots/{OLD_REV}")]
+
+
+def _in_repo(p, repo: Path) -> Path:
+    return repo / p[3:] if isinstance(p, str) and p.startswith("HF/") else repo if p == "HF" else p
 
 
 @pytest.mark.parametrize("case,path,folder", CASES, ids=[c[0] for c in CASES])
-def test_matches_shards(case, path, folder):
+def test_matches_shards(case, path, folder, hf_repo):
+    path, folder = _in_repo(path, hf_repo), _in_repo(folder, hf_repo)
     order, expected = _expected(folder)
     with tensorscope.open(path) as model:
         assert model.format == "sharded"
@@ -69,8 +102,8 @@ def test_matches_shards(case, path, folder):
         assert not model.evidence.anomalies
 
 
-def test_index_metadata_and_revision():
-    with tensorscope.open(HF_REPO) as model:
+def test_index_metadata_and_revision(hf_repo):
+    with tensorscope.open(hf_repo) as model:
         assert model.metadata["hf_revision"] == NEW_REV
         assert model.metadata["index"] == "model.safetensors.index.json"
         assert model.metadata["index_metadata"] == {"total_size": model.total_bytes}
@@ -78,9 +111,9 @@ def test_index_metadata_and_revision():
         assert model.metadata["shards"][0]["metadata"]["__metadata__"] == {"format": "pt"}
 
 
-def test_refs_main_absent_picks_newest_snapshot(tmp_path):
+def test_refs_main_absent_picks_newest_snapshot(tmp_path, hf_repo):
     repo = tmp_path / "models--org--tiny"
-    shutil.copytree(HF_REPO, repo, symlinks=True)
+    shutil.copytree(hf_repo, repo, symlinks=True)
     (repo / "refs" / "main").unlink()
     os.utime(repo / "snapshots" / OLD_REV, (2e9, 2e9), follow_symlinks=False)
     with tensorscope.open(repo) as model:
@@ -88,11 +121,28 @@ def test_refs_main_absent_picks_newest_snapshot(tmp_path):
 
 
 @pytest.mark.parametrize("path,expected", [
-    (SHARDED / "st_index", ["sharded"]), (HF_REPO, ["sharded"]), (SHARDED / "single", ["sharded"]),
+    (SHARDED / "st_index", ["sharded"]), ("HF", ["sharded"]), (SHARDED / "single", ["sharded"]),
     (SHARDED, []), (FIXTURES / "distributed" / "dcp" / "single", ["dcp"]),
 ])
-def test_identify_folders(path, expected):
-    assert formats.identify(path) == expected
+def test_identify_folders(path, expected, hf_repo):
+    assert formats.identify(_in_repo(path, hf_repo)) == expected
+
+
+def test_blob_symlinks_outside_the_repo_are_refused(tmp_path, hf_repo, capsys):
+    """Inside a cache the boundary is the models--* folder: a link to another repo's blob escapes."""
+    repo = tmp_path / "models--org--tiny"
+    shutil.copytree(hf_repo, repo, symlinks=True)
+    other = tmp_path / "models--org--other" / "blobs"
+    other.mkdir(parents=True)
+    snap = repo / "snapshots" / NEW_REV
+    target = other / "x"
+    shutil.copyfile(snap / "model-00001-of-00002.safetensors", target)
+    (snap / "model-00001-of-00002.safetensors").unlink()
+    os.symlink("../../../models--org--other/blobs/x", snap / "model-00001-of-00002.safetensors")
+    assert _error(capsys, repo) == (
+        f"sharded: {snap.resolve() / 'model.safetensors.index.json'}: shard "
+        f"'model-00001-of-00002.safetensors' resolves to {target}, outside the model folder "
+        f"{repo.resolve()} (symlink escape refused)")
 
 
 # -- hostile / inconsistent ---------------------------------------------------------------------
