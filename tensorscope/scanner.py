@@ -153,6 +153,7 @@ MAGIC_RAR = b"Rar!\x1a\x07"
 MAGIC_ZSTD = b"\x28\xb5\x2f\xfd"
 _ZLIB_HEADS = {b"\x78\x01", b"\x78\x5e", b"\x78\x9c", b"\x78\xda"}
 _I64 = struct.Struct("<q")
+_IMPORT_OPCODES = frozenset(b"ci\x93\x82\x83\x84")
 
 # Extensions, by the content a loader expects behind them.
 _EXT_KIND = {
@@ -979,6 +980,10 @@ def _scan_blob(ctx: _Ctx, data: memoryview, member: str | None, base: int, absol
         return True
     if kind == "tar":
         return _scan_tar(ctx, data, member, depth, base, absolute)
+    if strict and len(data) <= 4096 and not any(b in _IMPORT_OPCODES for b in bytes(data)):
+        # a record that may or may not be a pickle but holds no opcode that imports anything
+        # (GLOBAL 'c', INST 'i', STACK_GLOBAL, EXT1/2/4): it cannot make a loader run code
+        return True
     keys: set[str] = set()
     is_pickle, ok = _scan_pickle_file(ctx, data, member, base, absolute, depth, lenient=not strict,
                                       keys=keys)
