@@ -19,8 +19,17 @@ SIZES = [(80, 24), (120, 40)]
 
 
 async def _settle(pilot) -> None:
-    await pilot.pause()
-    await pilot.app.workers.wait_for_complete()
+    """Wait until parsing, the scan (it starts after the first paint) and every worker are done."""
+    import asyncio
+
+    app = pilot.app
+    for _ in range(1000):
+        await pilot.pause()
+        await app.workers.wait_for_complete()
+        if app.scan_done and type(app.screen).__name__ != "LoadingScreen":
+            break
+        await asyncio.sleep(0.01)
+    await app.workers.wait_for_complete()
     await pilot.pause()
 
 
