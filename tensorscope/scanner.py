@@ -43,7 +43,6 @@ Public API: `scan_paths`, `scan_file`, `Severity`, `Finding`, `ScanReport`, `RUL
 """
 from __future__ import annotations
 
-import ast
 import base64
 import binascii
 import bz2
@@ -1573,51 +1572,76 @@ _STANDARD_OP_NAMESPACES = {"aten", "prim", "quantized", "_quantized", "quantized
                            "mkldnn_prepacked", "xnnpack", "_nnapi", "vulkan", "metal", "onednn"}
 
 
-def _dotted_func(node) -> str | None:
-    parts = []
-    while isinstance(node, ast.Attribute):
-        parts.append(node.attr)
-        node = node.value
-    if isinstance(node, ast.Name):
-        parts.append(node.id)
-        return ".".join(reversed(parts))
-    return None
+_TS_SAFE_IMPORT_ROOTS = ("torch", "__torch__", "typing", "__future__", "math", "warnings")
+
+
+def _code_tokens(text: str):
+    """Python tokens of a code file, via the pure-Python tokenizer: nothing is compiled (the
+    `compile` audit event never fires) and deep nesting cannot exhaust the C parser's stack."""
+    import io
+    import tokenize
+    skip = (tokenize.COMMENT, tokenize.NL, tokenize.NEWLINE, tokenize.INDENT, tokenize.DEDENT,
+            tokenize.ENCODING)
+    return [t for t in tokenize.generate_tokens(io.StringIO(text).readline) if t.type not in skip]
+
+
+def _code_calls_and_bindings(tokens):
+    """(calls, bound, imports): dotted call targets with their line, locally bound names, and
+    imported module names. A call is ``NAME(.NAME)* (`` not preceded by ``.`` or ``def``/``class``."""
+    import keyword
+    import tokenize
+    calls, bound, imports = [], set(), []
+    n = len(tokens)
+    for i, tok in enumerate(tokens):
+        if tok.type != tokenize.NAME:
+            continue
+        prev = tokens[i - 1].string if i else ""
+        nxt = tokens[i + 1].string if i + 1 < n else ""
+        if prev in ("def", "class"):
+            bound.add(tok.string)
+            continue
+        if prev == "." or (keyword.iskeyword(tok.string) and tok.string not in ("import", "from")):
+            continue  # the middle of a dotted chain (handled from its root), or `return (`
+        if tok.string in ("import", "from"):
+            j, parts = i + 1, []
+            while j < n and (tokens[j].type == tokenize.NAME or tokens[j].string == "."):
+                if tokens[j].string in ("import", "as"):
+                    break
+                parts.append(tokens[j].string)
+                j += 1
+            imports.append(("".join(parts), tok.start[0]))
+            continue
+        if nxt in ("=", ":", ",", ")") and prev in ("(", ",", "for", "as", "") or nxt in ("=", ":"):
+            bound.add(tok.string)  # assignment targets, parameters, loop and `as` names
+        if prev in ("for", "as"):
+            bound.add(tok.string)
+        j, parts = i, [tok.string]
+        while j + 2 < n and tokens[j + 1].string == "." and tokens[j + 2].type == tokenize.NAME:
+            parts.append(tokens[j + 2].string)
+            j += 2
+        if j + 1 < n and tokens[j + 1].string == "(":
+            calls.append((".".join(parts), tok.start[0]))
+    return calls, bound, imports
 
 
 def _check_torchscript_code(ctx: _Ctx, member: str, text: str) -> None:
     """Calls in a TorchScript ``code/`` file must stay within torch, ops and the builtins."""
+    import tokenize
     try:
-        tree = ast.parse(text, filename=member)   # parsed, never compiled or run
-    except (SyntaxError, ValueError, RecursionError, MemoryError) as e:
-        ctx.add(Severity.HIGH, "torchscript.code-unparseable", f"code file does not parse: {e}", member)
+        tokens = _code_tokens(text)
+    except (tokenize.TokenError, SyntaxError, ValueError, MemoryError) as e:
+        ctx.add(Severity.HIGH, "torchscript.code-unparseable", f"code file does not tokenize: {e}", member)
         return
-    bound: set[str] = set()
-    for node in ast.walk(tree):
-        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
-            bound.add(node.name)
-        elif isinstance(node, ast.arg):
-            bound.add(node.arg)
-        elif isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
-            bound.add(node.id)
-        elif isinstance(node, (ast.Import, ast.ImportFrom)):
-            mod = getattr(node, "module", None) or ""
-            for alias in node.names:
-                root = (mod or alias.name).split(".")[0]
-                if root not in ("torch", "__torch__", "typing", "__future__", "math", "warnings"):
-                    sev = Severity.CRITICAL if root in _TS_DANGER_ROOTS else Severity.HIGH
-                    ctx.add(sev, "torchscript.foreign-call",
-                            f"TorchScript code imports {mod or alias.name}: outside torch", member,
-                            None, mod or alias.name, "member")
-                bound.add((alias.asname or alias.name).split(".")[0])
+    calls, bound, imports = _code_calls_and_bindings(tokens)
+    for module, _line in imports:
+        root = module.split(".")[0]
+        if root and root not in _TS_SAFE_IMPORT_ROOTS:
+            sev = Severity.CRITICAL if root in _TS_DANGER_ROOTS else Severity.HIGH
+            ctx.add(sev, "torchscript.foreign-call",
+                    f"TorchScript code imports {module}: outside torch", member, None, module, "member")
     seen = set()
-    for node in ast.walk(tree):
-        if not isinstance(node, ast.Call):
-            continue
-        dotted = _dotted_func(node.func)
-        if dotted is None:
-            continue
+    for dotted, line in calls:
         root = dotted.split(".")[0]
-        line = getattr(node, "lineno", None)
         if dotted in seen:
             continue
         if root in _TS_DANGER_ROOTS and root not in bound or \

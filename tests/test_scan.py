@@ -128,16 +128,7 @@ _FORBIDDEN_PREFIXES = ("os.system", "os.exec", "os.spawn", "os.posix_spawn", "os
 def _audit_hook(event, args):
     if not _AUDIT["active"]:
         return
-    if event == "compile":
-        # ast.parse (TorchScript code, NumPy headers via literal_eval) compiles to an AST only;
-        # any other compile is a failure.
-        frame = sys._getframe(1)
-        for _ in range(4):
-            if frame is None:
-                break
-            if frame.f_code.co_name == "parse" and frame.f_code.co_filename.endswith("ast.py"):
-                return
-            frame = frame.f_back
+    if event == "compile":  # not even ast.parse: code files are tokenized, npy headers hand-parsed
         _AUDIT["events"].append((event, repr(args)[:200]))
     elif event == "import":
         if args[0] not in sys.modules:
