@@ -381,7 +381,7 @@ def _is_module_state(state) -> bool:
     return isinstance(state, dict) and "_parameters" in state and "_modules" in state
 
 
-def named_tensors(root, *, max_items: int = 10_000_000,
+def named_tensors(root, *, max_items: int = 10_000_000, max_depth: int = 1000,
                   leaf: Callable[[Call], TensorRef | None] | None = None,
                   ) -> Iterator[tuple[tuple[str, ...], tuple[str, ...], TensorRef]]:
     """Yield ``(path, raw_path, tensor)`` in saved order.
@@ -393,6 +393,8 @@ def named_tensors(root, *, max_items: int = 10_000_000,
     attribute names, and for ``nn.Module`` objects the ``_parameters``/``_buffers``/``_modules``
     levels folded away. ``raw_path`` keeps every level. Each container is expanded once (a
     shared sub-object is named at its first path), which bounds the walk by the object count.
+    Containers more than ``max_depth`` levels down are not expanded: every level copies its
+    path, so a million-deep list would otherwise cost O(depth^2) (hostile input, issue #9).
     Sparse tensors yield one entry per component (``name.indices``, ``name.values``).
     """
     seen: set[int] = set()
@@ -415,7 +417,7 @@ def named_tensors(root, *, max_items: int = 10_000_000,
                 extras = {"sparse_layout": obj.layout, "sparse_shape": list(obj.shape), "component": comp}
                 yield path + (comp,), raw + (comp,), t.with_role(role or t.role, **extras)
             continue
-        if not isinstance(obj, (dict, list, tuple, Call)) or id(obj) in seen:
+        if not isinstance(obj, (dict, list, tuple, Call)) or id(obj) in seen or len(raw) > max_depth:
             continue
         seen.add(id(obj))
         children: list[tuple[Any, tuple, tuple, str | None]] = []
