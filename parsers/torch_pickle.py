@@ -461,7 +461,7 @@ def _module_children(state: dict, path: tuple, raw: tuple):
         elif attr == "_modules" and isinstance(value, dict):
             for k, v in value.items():
                 yield v, path + (_key(k),), raw + ("_modules", _key(k)), None
-        elif not attr.startswith("_"):
+        elif isinstance(attr, str) and not attr.startswith("_"):  # hostile keys: ints, objects
             # Plain attributes that hold tensors (self.scale = torch.ones(1)) keep their names.
             yield value, path + (attr,), raw + (attr,), None
 

@@ -80,3 +80,20 @@ def test_million_deep_list_pickle_lists_in_linear_time(tmp_path):
         assert model.metadata["opcodes"] == 2 * n + 1
     tensorscope.scan(p)
     assert time.monotonic() - t0 < 30  # ~3 s here; quadratic was > 120 s
+
+
+def test_module_state_with_a_key_that_is_not_a_string(tmp_path):
+    # run_long, torch_zip target ("field" on fixtures/torch/module.pt) and legacy target
+    # ("duplicate" on legacy_module.pt): an nn.Module-like state dict (it has _parameters and
+    # _modules) with a key that is not a str (here the int 1; the fuzzer found a TensorRef and an
+    # UnhashableKey) made torch_pickle._module_children call key.startswith: AttributeError.
+    # PROTO 2, GLOBAL __main__.M, EMPTY_TUPLE, NEWOBJ, EMPTY_DICT, MARK,
+    # "_parameters" {}, "_modules" {}, 1 None, SETITEMS, BUILD, STOP
+    p = tmp_path / "module.pkl"
+    p.write_bytes(b"\x80\x02c__main__\nM\n)\x81}("
+                  b"X\x0b\x00\x00\x00_parameters}X\x08\x00\x00\x00_modules}K\x01Nub.")
+    with tensorscope.open(p) as model:
+        assert model.format == "pickle"
+        assert model.tensors == []
+    report = tensorscope.scan(p)
+    assert [f.trigger for f in report.findings if f.trigger] == ["__main__.M"]
