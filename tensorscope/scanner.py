@@ -87,6 +87,7 @@ class Severity(IntEnum):
 # when the context says so (e.g. a zip anomaly in a DCP blob).
 RULES: dict[str, tuple[Severity, str]] = {
     "pickle.dangerous-global": (Severity.CRITICAL, "The pickle imports a callable or module that can run code, spawn processes, touch files or the network, or load more pickles."),
+    "pickle.torch-storage-bytes": (Severity.LOW, "torch's own pickling of a tensor (pickle.dumps(tensor)): a nested torch.load of bytes that were scanned and found clean."),
     "pickle.second-stage": (Severity.CRITICAL, "The pickle hands bytes to a deserializer (pickle.loads, torch.load, numpy.load, marshal.loads...): a second stage, scanned recursively."),
     "pickle.unknown-call-string": (Severity.HIGH, "The pickle calls a global outside the allowlist with a string taken from the file."),
     "pickle.indirect-call": (Severity.HIGH, "The pickle calls the result of another call or a non-global object (getattr chains, methodcaller)."),
@@ -1163,12 +1164,23 @@ def _judge_result(ctx: _Ctx, r, member: str | None, base: int, offset_base: str,
             dotted = ".".join(policy.normalize(f.module, f.name))
             if _is_loader(f.module, f.name):
                 payloads = [p for p in (_unwrap_bytes(a) for a in c.args) if p]
+                findings_before, failures_before = len(ctx.findings), len(ctx.failures)
+                for p in payloads:
+                    _scan_second_stage(ctx, p, member, c.pos, depth)
+                inner_clean = bool(payloads) and len(ctx.failures) == failures_before and all(
+                    x.severity <= Severity.INFO for x in ctx.findings[findings_before:])
+                if dotted == "torch.storage._load_from_bytes" and inner_clean:
+                    # What torch itself writes for pickle.dumps(tensor) (Storage.__reduce__): the
+                    # nested torch.load runs a checkpoint we scanned completely and found clean.
+                    out.append((Severity.LOW, "pickle.torch-storage-bytes",
+                                f"torch's own tensor pickling: hands a {len(payloads[0])}-byte legacy "
+                                f"checkpoint to {dotted} (torch.load without weights_only); that "
+                                "checkpoint was scanned and is clean", base + c.pos, dotted))
+                    continue
                 out.append((Severity.CRITICAL, "pickle.second-stage",
                             f"hands {'a ' + str(len(payloads[0])) + '-byte payload' if payloads else 'data'} "
                             f"to {dotted}: a second stage"
-                            + (" (scanned below)" if payloads else ""), base + c.pos, dotted))
-                for p in payloads:
-                    _scan_second_stage(ctx, p, member, c.pos, depth)
+                            + (" (scanned too)" if payloads else ""), base + c.pos, dotted))
                 continue
         for a in c.args if isinstance(c.args, tuple) else ():
             if isinstance(a, (bytes, bytearray)) and len(a) >= 8 and a[:1] == b"\x80" and a[1:2] and a[1] <= 5:
