@@ -1,0 +1,540 @@
+"""Measure tensorscope against the tools people use instead, at LLM scale, and write BENCHMARKS.md.
+
+    python benchmarks/run.py                     # everything, 3 runs each, writes BENCHMARKS.md
+    python benchmarks/run.py --only inspect scale --runs 5
+    python benchmarks/run.py --quick             # CI smoke test: tiny inputs, 1 run, < 1 minute
+
+Inputs are generated once into ``benchmarks/.cache/`` (gitignored; ``--quick`` uses
+``benchmarks/.cache/quick/``) by child processes (see ``benchmarks/common.py``):
+
+- a ~2 GB float16 state dict of 500 tensors as torch zip, legacy torch (non-zip) and safetensors,
+  and as ONNX (~1.9 GB: protobuf's 2 GiB limit) with external data and embedded;
+- a second state dict differing in 4 tensors, and a byte copy of the first (diff);
+- a 10,000-tensor checkpoint (torch zip and safetensors);
+- the same 500-tensor model at 2, 20 and 100 GB as sparse files (tensor data are holes): a
+  torch zip written by ``torch.save`` with ``skip_data``, and Hugging Face sharded safetensors
+  (5 GB shards + index). They show that listing costs do not grow with the data.
+
+Every case is a whole process (``os.wait4``: wall time and that child's peak RSS), one warm-up
+run (page cache warm), then the median of ``--runs`` runs. tensorscope runs as its CLI
+(``python -m tensorscope inspect --json PATH > /dev/null``) or, where the CLI has no equivalent
+(reading one tensor), as a ``python -c`` script on the library; peers as small ``python -c``
+scripts doing the equivalent work, and picklescan / modelscan as their own commands when they
+are installed (on PATH, next to this Python, or in a venv at ``benchmarks/.cache/peers``).
+A tensorscope command that does not exist yet, or a peer that is not installed, gives a
+"not available" row instead of failing the run.
+
+Cases (``--only``): inspect, scale, read, scan, diff, convert, tui.
+Output: the results table with the machine it ran on, in BENCHMARKS.md (``--out``), and the raw
+samples in ``<cache>/results.json``.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+import common  # noqa: E402  (the benchmarks folder is not a package)
+from common import CACHE, SHARD_BYTES, Result, measure, run_once  # noqa: E402
+
+ROOT = HERE.parent
+PY = sys.executable
+TS = [PY, "-m", "tensorscope"]
+CASES = ("inspect", "scale", "read", "scan", "diff", "convert", "tui")
+READ_NAME = "layer.250.weight"          # a tensor in the middle of the 2 GB state dict
+ONNX_READ_NAME = "model.layers.25.mlp.w0.weight"
+
+# -- peers: what people run instead ---------------------------------------------------------------
+TORCH_LIST = """
+import sys, torch
+sd = torch.load(sys.argv[1], mmap=sys.argv[2] == "mmap", weights_only=True)
+rows = [(k, str(v.dtype), tuple(v.shape)) for k, v in sd.items()]
+print(len(rows))
+"""
+
+ST_LIST = """
+import glob, os, sys
+from safetensors import safe_open
+path = sys.argv[1]
+files = sorted(glob.glob(os.path.join(path, "*.safetensors"))) if os.path.isdir(path) else [path]
+rows = []
+for file in files:
+    with safe_open(file, framework="np") as f:
+        for k in f.keys():
+            s = f.get_slice(k)
+            rows.append((k, s.get_dtype(), tuple(s.get_shape())))
+print(len(rows))
+"""
+
+ONNX_LIST = """
+import sys, onnx
+m = onnx.load(sys.argv[1], load_external_data=sys.argv[2] == "all")
+rows = [(t.name, t.data_type, tuple(t.dims)) for t in m.graph.initializer]
+print(len(rows))
+"""
+
+TS_READ = """
+import sys, numpy as np, tensorscope
+with tensorscope.open(sys.argv[1]) as m:
+    print(float(np.asarray(m.read(sys.argv[2]), dtype=np.float32).sum()))
+"""
+
+TORCH_READ = """
+import sys, torch
+sd = torch.load(sys.argv[1], mmap=sys.argv[3] == "mmap", weights_only=True)
+print(float(sd[sys.argv[2]].float().sum()))
+"""
+
+ST_READ = """
+import sys, numpy as np
+from safetensors import safe_open
+with safe_open(sys.argv[1], framework="np") as f:
+    print(float(f.get_tensor(sys.argv[2]).astype(np.float32).sum()))
+"""
+
+ONNX_READ = """
+import os, sys, numpy as np, onnx
+from onnx import numpy_helper
+from onnx.external_data_helper import load_external_data_for_tensor
+m = onnx.load(sys.argv[1], load_external_data=False)
+t = next(t for t in m.graph.initializer if t.name == sys.argv[2])
+load_external_data_for_tensor(t, os.path.dirname(sys.argv[1]))
+print(float(numpy_helper.to_array(t).astype(np.float32).sum()))
+"""
+
+TORCH_CONVERT = """
+import sys, torch
+from safetensors.torch import save_file
+sd = torch.load(sys.argv[1], weights_only=True, mmap=sys.argv[3] == "mmap")
+save_file(sd, sys.argv[2], metadata={"format": "pt"})
+"""
+
+
+# -- results --------------------------------------------------------------------------------------
+@dataclass
+class Row:
+    """One line of a table: tensorscope on an input, against one peer (or none)."""
+    case: str
+    input: str
+    ours_label: str
+    ours: Result | None
+    peer_label: str = "-"
+    peer: Result | None = None
+    note: str = ""
+    headline: str = ""          # non-empty: quoted in the headline list with this wording
+    extra: dict = field(default_factory=dict)
+
+
+def _na(reason: str) -> Result:
+    return Result(error=reason)
+
+
+def _fmt_wall(r: Result | None) -> str:
+    if r is None:
+        return "-"
+    return f"{r.wall:.2f} s" if r.ok else r.error
+
+
+def _fmt_rss(r: Result | None) -> str:
+    if r is None or not r.ok:
+        return "-"
+    return f"{r.rss / 2**20:,.0f} MiB"
+
+
+def _ratio(peer: Result | None, ours: Result | None, attr: str) -> str:
+    if not (peer and ours and peer.ok and ours.ok) or not getattr(ours, attr):
+        return "-"
+    return f"{getattr(peer, attr) / getattr(ours, attr):.1f}x"
+
+
+def _compare(peer: Result, ours: Result, attr: str, better: str, worse: str) -> str:
+    """"3.2x faster" / "1.5x slower" (peer / tensorscope, or its inverse)."""
+    a, b = getattr(peer, attr), getattr(ours, attr)
+    if not a or not b:
+        return "-"
+    return f"{a / b:.1f}x {better}" if a >= b else f"{b / a:.1f}x {worse}"
+
+
+def _size(path: Path) -> int:
+    if path.is_dir():
+        return sum(p.stat().st_size for p in path.iterdir() if p.is_file())
+    return path.stat().st_size
+
+
+def _gb(n: int) -> str:
+    return f"{n / 1e9:.1f} GB" if n >= 1e8 else f"{n / 1e6:.2f} MB"
+
+
+# -- the run --------------------------------------------------------------------------------------
+class Bench:
+    def __init__(self, args):
+        self.args = args
+        self.quick = args.quick
+        self.cache = CACHE / "quick" if args.quick else CACHE
+        self.runs = args.runs
+        self.rows: list[Row] = []
+        self.notes: list[str] = []
+        self._available: dict[str, bool] = {}
+
+    # availability
+    def has_command(self, name: str) -> bool:
+        if name not in self._available:
+            self._available[name] = run_once(TS + [name, "--help"]).code == 0
+        return self._available[name]
+
+    def tool(self, name: str) -> str | None:
+        for folder in (Path(PY).parent, CACHE / "peers" / "bin"):
+            if (folder / name).exists():
+                return str(folder / name)
+        return shutil.which(name)
+
+    def m(self, argv, **kw) -> Result:
+        r = measure(argv, self.runs, warmup=not self.quick, **kw)
+        tag = f"{r.wall:.2f} s {r.rss / 2**20:.0f} MiB" if r.ok else r.error
+        print(f"  {' '.join(Path(a).name if os.sep in a else a[:40] for a in argv[1:6])}: {tag}",
+              flush=True)
+        return r
+
+    def ours(self, command: str, argv: list[str], **kw) -> Result:
+        if not self.has_command(command):
+            return _na(f"not available: `tensorscope {command}` is missing")
+        return self.m(TS + argv, **kw)
+
+    # inputs
+    def paths(self) -> dict[str, Path]:
+        c = self.cache
+        return {"pt": c / "diff" / "a.pt", "pt_b": c / "diff" / "b.pt", "pt_same": c / "diff" / "a_copy.pt",
+                "st": c / "diff" / "a.safetensors", "st_b": c / "diff" / "b.safetensors",
+                "legacy": c / "legacy" / "a_legacy.pt",
+                "onnx_ext": c / "onnx" / "external" / "model.onnx",
+                "onnx_emb": c / "onnx" / "embedded.onnx",
+                "many_pt": c / "tui" / f"model_{self.many}.pt",
+                "many_st": c / "tui" / f"model_{self.many}.safetensors"}
+
+    @property
+    def many(self) -> int:
+        return 200 if self.quick else 10_000
+
+    @property
+    def sparse_sizes(self) -> list[tuple[str, int, int]]:
+        # (label, rows, cols) of 500 float16 tensors: ~2.1, ~21 and ~105 GB
+        if self.quick:
+            return [("tiny", 16, 16), ("small", 64, 64)]
+        return [("2GB", 1024, 2048), ("20GB", 4096, 5120), ("100GB", 10240, 10240)]
+
+    def generate(self, cases: list[str]) -> None:
+        self.cache.mkdir(parents=True, exist_ok=True)
+        print(f"inputs in {self.cache} (generated once)", flush=True)
+        calls = []
+        if set(cases) & {"inspect", "read", "scan", "diff", "convert", "tui"}:
+            calls.append(("gen_state_dicts", (str(self.cache), self.quick)))
+        if set(cases) & {"inspect", "read"}:
+            calls.append(("gen_onnx", (str(self.cache), self.quick)))
+        if set(cases) & {"inspect", "tui"}:
+            calls.append(("gen_many", (str(self.cache), self.many)))
+        if "scale" in cases:
+            n = 20 if self.quick else 500
+            shard = 20_000 if self.quick else SHARD_BYTES
+            for label, rows, cols in self.sparse_sizes:
+                calls.append(("gen_sparse", (str(self.cache / "sparse" / label), n, rows, cols, shard)))
+        common.generate_in_child(calls)
+
+    # cases
+    def case_inspect(self) -> None:
+        p = self.paths()
+        items = [
+            ("torch zip", p["pt"], [("torch.load(mmap=True) + names/shapes", [PY, "-c", TORCH_LIST, "{}", "mmap"])], True),
+            ("torch legacy (non-zip)", p["legacy"], [("torch.load (mmap needs a zip) + names/shapes", [PY, "-c", TORCH_LIST, "{}", "-"])], True),
+            ("safetensors", p["st"], [("safe_open + keys/get_slice shapes", [PY, "-c", ST_LIST, "{}"])], True),
+            ("ONNX, external data", p["onnx_ext"], [("onnx.load(load_external_data=False)", [PY, "-c", ONNX_LIST, "{}", "none"]),
+                                                     ("onnx.load", [PY, "-c", ONNX_LIST, "{}", "all"])], True),
+            ("ONNX, embedded", p["onnx_emb"], [("onnx.load", [PY, "-c", ONNX_LIST, "{}", "all"])], False),
+            (f"{self.many:,}-tensor torch zip", p["many_pt"], [("torch.load(mmap=True) + names/shapes", [PY, "-c", TORCH_LIST, "{}", "mmap"])], False),
+            (f"{self.many:,}-tensor safetensors", p["many_st"], [("safe_open + keys/get_slice shapes", [PY, "-c", ST_LIST, "{}"])], False),
+        ]
+        for label, path, peers, in_quick in items:
+            if self.quick and not in_quick:
+                continue
+            print(f"inspect {label}", flush=True)
+            ours = self.ours("inspect", ["inspect", "--json", str(path)])
+            size = _size(path.parent if "external" in label else path)
+            for peer_label, argv in peers:
+                peer = self.m([a.replace("{}", str(path)) for a in argv])
+                headline = label in ("torch zip", "torch legacy (non-zip)", "safetensors") or (
+                    "ONNX" in label and peer_label == "onnx.load")
+                self.rows.append(Row("inspect", f"{label}, {_gb(size)}", "inspect --json",
+                                     ours, peer_label, peer,
+                                     headline=f"inspect, {label} ({_gb(size)}), vs {peer_label}"
+                                     if headline else ""))
+
+    def case_scale(self) -> None:
+        first: dict[str, Result] = {}
+        for size_label, _, _ in self.sparse_sizes:
+            folder = self.cache / "sparse" / size_label
+            for kind, path, peer_label, argv in (
+                    ("torch zip", folder / "model.pt", "torch.load(mmap=True) + names/shapes",
+                     [PY, "-c", TORCH_LIST, str(folder / "model.pt"), "mmap"]),
+                    ("sharded safetensors", folder / "sharded", "safe_open per shard + shapes",
+                     [PY, "-c", ST_LIST, str(folder / "sharded")])):
+                n_files = len(list(path.glob("*.safetensors"))) if path.is_dir() else 1
+                label = f"sparse {kind}, {_gb(_size(path))}" + (f" ({n_files} shards)" if n_files > 1 else "")
+                print(f"scale {label}", flush=True)
+                ours = self.ours("inspect", ["inspect", "--json", str(path)])
+                peer = self.m(argv) if not (self.quick and kind in first) else None
+                row = Row("scale", label, "inspect --json", ours, peer_label if peer else "-", peer)
+                if kind in first and ours.ok and first[kind].ok:
+                    row.note = (f"vs smallest: time {ours.wall / first[kind].wall:.2f}x, "
+                                f"RSS {ours.rss / first[kind].rss:.2f}x")
+                    if size_label == self.sparse_sizes[-1][0]:
+                        row.headline = (f"inspect a {_gb(_size(path))} {kind} vs the same model at "
+                                        f"{_gb(_size(self.cache / 'sparse' / self.sparse_sizes[0][0] / path.name))}")
+                        row.extra["flat"] = {"wall": ours.wall / first[kind].wall, "rss": ours.rss / first[kind].rss}
+                first.setdefault(kind, ours)
+                self.rows.append(row)
+
+    def case_read(self) -> None:
+        p = self.paths()
+        items = [
+            ("torch zip", p["pt"], READ_NAME, "torch.load(mmap=True)[name]", [PY, "-c", TORCH_READ, str(p["pt"]), READ_NAME, "mmap"], True),
+            ("torch legacy", p["legacy"], READ_NAME, "torch.load()[name] (no mmap for legacy)", [PY, "-c", TORCH_READ, str(p["legacy"]), READ_NAME, "-"], False),
+            ("safetensors", p["st"], READ_NAME, "safe_open().get_tensor(name)", [PY, "-c", ST_READ, str(p["st"]), READ_NAME], True),
+            ("ONNX, external data", p["onnx_ext"], ONNX_READ_NAME, "onnx.load(no data) + load_external_data_for_tensor",
+             [PY, "-c", ONNX_READ, str(p["onnx_ext"]), ONNX_READ_NAME], False),
+        ]
+        for label, path, name, peer_label, argv, in_quick in items:
+            if self.quick and not in_quick:
+                continue
+            print(f"read {label}", flush=True)
+            ours = self.m([PY, "-c", TS_READ, str(path), name])
+            peer = self.m(argv)
+            size = _size(path.parent if "external" in label else path)
+            shape = "[4, 8]" if self.quick else ("[1024, 1856]" if "ONNX" in label else "[1024, 2048]")
+            self.rows.append(Row("read", f"{label}, {_gb(size)}: one {shape} tensor, sum",
+                                 "tensorscope.open().read(name)", ours, peer_label, peer,
+                                 headline=f"read one tensor, {label} ({_gb(size)}), vs {peer_label}"
+                                 if label in ("torch zip", "safetensors") else ""))
+
+    def case_scan(self) -> None:
+        p = self.paths()
+        for label, path in (("torch zip", p["pt"]), ("torch legacy", p["legacy"])):
+            if self.quick and label != "torch zip":
+                continue
+            print(f"scan {label}", flush=True)
+            ours = self.ours("scan", ["scan", "--json", str(path)])
+            for tool in ("picklescan", "modelscan"):
+                exe = self.tool(tool)
+                peer = self.m([exe, "-p", str(path)]) if exe else _na(
+                    f"not installed (`pip install {tool}` failed or was not run)")
+                self.rows.append(Row("scan", f"{label}, {_gb(_size(path))}", "scan --json", ours,
+                                     f"{tool} -p", peer,
+                                     headline=f"scan, {label} ({_gb(_size(path))}), vs {tool}"
+                                     if label == "torch zip" else ""))
+
+    def case_diff(self) -> None:
+        import bench_diff   # only strings and constants at import time
+        p = self.paths()
+        items = [("torch zip, 4 tensors differ", p["pt"], p["pt_b"], bench_diff.TORCH_PT, True),
+                 ("safetensors, 4 tensors differ", p["st"], p["st_b"], bench_diff.TORCH_ST, False),
+                 ("torch zip, identical copies", p["pt"], p["pt_same"], bench_diff.TORCH_PT, False)]
+        for label, a, b, peer_code, in_quick in items:
+            if self.quick and not in_quick:
+                continue
+            print(f"diff {label}", flush=True)
+            ours = self.ours("diff", ["diff", "--json", str(a), str(b)])
+            peer = self.m([PY, "-c", peer_code, str(a), str(b)])
+            peer_label = ("torch mmap: max abs(a - b) per tensor" if "torch" in label
+                          else "safe_open get_tensor: max abs(a - b) per tensor")
+            self.rows.append(Row("diff", f"{label}, 2 x {_gb(_size(a))}", "diff --json", ours,
+                                 peer_label, peer,
+                                 headline=f"diff, {label} (2 x {_gb(_size(a))}), vs {peer_label}"
+                                 if not self.quick or "torch" in label else ""))
+
+    def case_convert(self) -> None:
+        p = self.paths()
+        out_dir = self.cache / "convert_out"
+        out_dir.mkdir(exist_ok=True)
+        ours_out, peer_out = out_dir / "ours.safetensors", out_dir / "theirs.safetensors"
+
+        def clean():
+            for f in out_dir.iterdir():
+                f.unlink()
+        print("convert torch zip -> safetensors", flush=True)
+        ours = self.ours("convert", ["convert", str(p["pt"]), str(ours_out), "--force"], before=clean,
+                         ok_codes=(0,))
+        for peer_label, mode in (("torch.load + save_file", "-"),
+                                 ("torch.load(mmap=True) + save_file", "mmap")):
+            if self.quick and mode == "mmap":
+                continue
+            peer = self.m([PY, "-c", TORCH_CONVERT, str(p["pt"]), str(peer_out), mode], before=clean,
+                          ok_codes=(0,))
+            self.rows.append(Row("convert", f"torch zip -> safetensors, {_gb(_size(p['pt']))}",
+                                 "convert IN OUT --force", ours, peer_label, peer,
+                                 headline=f"convert, torch zip ({_gb(_size(p['pt']))}) to safetensors, vs {peer_label}"
+                                 if mode == "-" else ""))
+        clean()
+
+    def case_tui(self) -> None:
+        import bench_tui   # only strings and constants at import time
+        p = self.paths()
+        ok = run_once([PY, "-c", "import tensorscope.tui.app"]).code == 0
+        env = {**os.environ, "TEXTUAL_ANIMATIONS": "none"}
+        items = [(f"{self.many:,}-tensor safetensors", p["many_st"], True),
+                 (f"{self.many:,}-tensor torch zip", p["many_pt"], False),
+                 ("torch zip, 500 tensors", p["pt"], False)]
+        for label, path, in_quick in items:
+            if self.quick and not in_quick:
+                continue
+            print(f"tui {label}", flush=True)
+            if not ok:
+                ours = _na("not available: `tensorscope.tui.app` does not import")
+            else:
+                ours = self.m([PY, "-c", bench_tui.CHILD, str(path)], env=env, capture=True, ok_codes=(0,))
+            row = Row("tui", f"{label}, {_gb(_size(path))}", "first full screen (headless, 120x40)", ours)
+            if ours.ok:
+                reports = [json.loads(s.out.strip().splitlines()[-1]) for s in ours.runs]
+                row.extra["ready"] = statistics.median(r["ready_s"] for r in reports)
+                row.extra["import"] = statistics.median(r["import_s"] for r in reports)
+                row.extra["filter"] = statistics.median(r["filter_s"] for r in reports)
+                if "10,000" in label and "safetensors" in label:
+                    row.headline = f"TUI first screen on a {label}"
+            self.rows.append(row)
+
+    # output
+    def render(self, info: dict, cases: list[str]) -> str:
+        a = self.args
+        v = info["versions"]
+        lines = ["# Benchmarks", "",
+                 "Produced by `python benchmarks/run.py` (" + ("`--quick`: tiny inputs, a smoke test, "
+                 "not a measurement" if a.quick else f"median of {a.runs} runs after one warm-up run")
+                 + "). Do not edit by hand: rerun the script.", "",
+                 "## Machine", "",
+                 f"- CPU: {info['cpu']}, {info['cores']} cores; RAM {info['ram'] / 2**30:.1f} GiB; {info['os']}",
+                 f"- Python {info['python']}; tensorscope {v['tensorscope']}, torch {v['torch']}, "
+                 f"onnx {v['onnx']}, safetensors {v['safetensors']}, numpy {v['numpy']}, textual {v['textual']}",
+                 f"- Date: {info['date']}",
+                 f"- Cases run: {', '.join(cases)}"]
+        lines += [f"- {n}" for n in self.notes]
+        lines += ["", "## Method", "",
+                  "Each command is a whole process, started by `subprocess` and reaped with `os.wait4`: "
+                  "wall time around the process, peak RSS is that child's `ru_maxrss`. Interpreter start "
+                  "and imports are included on both sides (that is what a user waits for). The page cache "
+                  "is warm (one unmeasured run first). tensorscope runs as its CLI with output to "
+                  "/dev/null, except *read* (a `python -c` script on the library: the CLI has no "
+                  "read-one-tensor command) and *tui* (the app started headless, clock stopped when the "
+                  "tensor table and the first tensor's statistics are shown). Peers are `python -c` "
+                  "scripts doing the equivalent work (listed in `benchmarks/run.py`), picklescan and "
+                  "modelscan their own commands. Ratios are peer / tensorscope: above 1x tensorscope is "
+                  "faster or smaller.", "",
+                  "Inputs (generated into `benchmarks/.cache/`, never committed): a float16 state dict "
+                  "of 500 tensors (480 x [1024, 2048] + 20 x [2048]) as torch zip, legacy torch and "
+                  "safetensors; as ONNX 500 x [1024, 1856] (below protobuf's 2 GiB so `onnx.load` can "
+                  "read the embedded file); a 10,000-tensor checkpoint of [8, 8] / [8] tensors; and "
+                  "500 float16 tensors at ~2, ~21 and ~105 GB as sparse files (a real `torch.save` zip "
+                  "whose storage bytes are holes, and 5 GB safetensors shards whose data are holes).", ""]
+        heads = [r for r in self.rows if r.headline]
+        if heads:
+            lines += ["## Headline", ""]
+            for r in heads:
+                if "flat" in r.extra:
+                    f = r.extra["flat"]
+                    lines.append(f"- {r.headline}: tensorscope's time x{f['wall']:.2f}, peak RSS "
+                                 f"x{f['rss']:.2f} (flat: metadata only)")
+                elif r.case == "tui" and "ready" in r.extra:
+                    lines.append(f"- {r.headline}: {r.extra['ready']:.2f} s, {_fmt_rss(r.ours)} peak RSS")
+                elif r.ours and r.ours.ok and r.peer and r.peer.ok:
+                    lines.append(f"- {r.headline}: {_compare(r.peer, r.ours, 'wall', 'faster', 'slower')}, "
+                                 f"{_compare(r.peer, r.ours, 'rss', 'less', 'more')} peak memory "
+                                 f"({r.ours.wall:.2f} s / {_fmt_rss(r.ours)} vs "
+                                 f"{r.peer.wall:.2f} s / {_fmt_rss(r.peer)})")
+                else:
+                    lines.append(f"- {r.headline}: {(r.ours.error if r.ours and not r.ours.ok else '') or (r.peer.error if r.peer else '')}")
+            lines.append("")
+        titles = {"inspect": "Inspect (list every tensor: name, dtype, shape)",
+                  "scale": "Scale: metadata cost as the data grow (sparse files)",
+                  "read": "Read one tensor",
+                  "scan": "Scan (static safety scan)",
+                  "diff": "Diff two checkpoints down to the values",
+                  "convert": "Convert to safetensors",
+                  "tui": "TUI: time to first screen"}
+        for case in cases:
+            rows = [r for r in self.rows if r.case == case]
+            if not rows:
+                continue
+            lines += [f"## {titles[case]}", ""]
+            if case == "tui":
+                lines += ["| input | tensorscope | first screen | of which imports | filter refresh | "
+                          "process wall | peak RSS |", "|---|---|---:|---:|---:|---:|---:|"]
+                for r in rows:
+                    if r.ours and r.ours.ok:
+                        lines.append(f"| {r.input} | {r.ours_label} | {r.extra['ready']:.2f} s | "
+                                     f"{r.extra['import']:.2f} s | {r.extra['filter'] * 1000:.0f} ms | "
+                                     f"{_fmt_wall(r.ours)} | {_fmt_rss(r.ours)} |")
+                    else:
+                        lines.append(f"| {r.input} | {r.ours_label} | {_fmt_wall(r.ours)} | - | - | - | - |")
+                lines += ["", "No peer: no other tool opens these files in a terminal UI.", ""]
+                continue
+            lines += ["| input | tensorscope | wall | peak RSS | peer | wall | peak RSS | "
+                      "time ratio | RSS ratio |" + (" note |" if case == "scale" else ""),
+                      "|---|---|---:|---:|---|---:|---:|---:|---:|" + ("---|" if case == "scale" else "")]
+            for r in rows:
+                lines.append(f"| {r.input} | `{r.ours_label}` | {_fmt_wall(r.ours)} | {_fmt_rss(r.ours)} | "
+                             f"{r.peer_label} | {_fmt_wall(r.peer)} | {_fmt_rss(r.peer)} | "
+                             f"{_ratio(r.peer, r.ours, 'wall')} | {_ratio(r.peer, r.ours, 'rss')} |"
+                             + (f" {r.note} |" if case == "scale" else ""))
+            lines.append("")
+        return "\n".join(lines).rstrip() + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter,
+                                 epilog="Cases: " + ", ".join(CASES))
+    ap.add_argument("--quick", action="store_true",
+                    help="smoke test: tiny inputs, fewer inputs per case, 1 run, no warm-up")
+    ap.add_argument("--only", nargs="+", choices=CASES, metavar="CASE", help="run these cases only")
+    ap.add_argument("--runs", type=int, default=None, help="measured runs per command (default 3; 1 with --quick)")
+    ap.add_argument("--out", type=Path, default=None,
+                    help="where to write the table (default BENCHMARKS.md; with --quick "
+                         "benchmarks/.cache/quick/BENCHMARKS.md)")
+    ap.add_argument("--note", action="append", default=[],
+                    help="a line to add under Machine (e.g. other load on the machine)")
+    args = ap.parse_args(argv)
+    if args.runs is None:
+        args.runs = 1 if args.quick else 3
+    if args.runs < 1:
+        ap.error("--runs must be at least 1")
+    cases = [c for c in CASES if not args.only or c in args.only]
+    bench = Bench(args)
+    bench.notes += args.note
+    out = args.out or (bench.cache / "BENCHMARKS.md" if args.quick else ROOT / "BENCHMARKS.md")
+    bench.generate(cases)
+    for case in cases:
+        getattr(bench, f"case_{case}")()
+    info = common.machine_info()
+    text = bench.render(info, cases)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(text)
+    raw = {"machine": info, "args": {k: str(v) for k, v in vars(args).items()},
+           "rows": [{"case": r.case, "input": r.input, "ours_label": r.ours_label,
+                     "peer_label": r.peer_label, "note": r.note, "extra": r.extra,
+                     **{side: (None if res is None else {"wall": res.wall, "rss": res.rss,
+                                                         "error": res.error,
+                                                         "runs": [(s.wall, s.rss) for s in res.runs]})
+                        for side, res in (("ours", r.ours), ("peer", r.peer))}}
+                    for r in bench.rows]}
+    (bench.cache / "results.json").write_text(json.dumps(raw, indent=2))
+    print(f"\nwrote {out}")
+    print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
