@@ -16,7 +16,8 @@ Spec (Hugging Face conventions, as ``transformers`` writes and reads them; FORMA
 - A folder is a model when it holds: one index file (with several, the safetensors index wins, as
   in transformers); else one group of shards ``<stem>-0000i-of-0000n.<ext>`` without an index
   (every number from 1 to n MUST be present); else exactly one model file (safetensors first, then
-  ``.bin``/``.pt``/``.pth``/``.ckpt``, ``.gguf``, ``.onnx``, ``.pt2``, ``.npz``/``.npy``). A
+  ``.bin``/``.pt``/``.pth``/``.ckpt``, ``.gguf``, ``.onnx``, ``.pt2``, ``.npz``/``.npy``; among
+  several of one kind, the one named ``model``/``pytorch_model``/``consolidated``.*). A
   ``models--*`` cache folder opens the snapshot ``refs/main`` names, else the newest one.
 
 What this parser produces: a ModelFile of format ``sharded`` whose tensors are the shards'
@@ -44,6 +45,7 @@ _SHARD = re.compile(r"^(?P<stem>.+)-(?P<i>\d{5})-of-(?P<n>\d{5})\.(?P<ext>safete
 # Single model files, best first (transformers prefers safetensors over .bin).
 _MODEL_EXTS = (".safetensors", (".bin", ".pt", ".pth", ".ckpt"), ".gguf", ".onnx", ".pt2",
                (".npz", ".npy"))
+_MODEL_STEMS = {"model", "pytorch_model", "tf_model", "flax_model", "consolidated"}
 
 
 def _fail(reason: str, file: str, offset: int | None = None) -> FormatError:
@@ -108,6 +110,8 @@ def _plan(folder: str) -> tuple[str, Any, list[str]] | None:
         return "shards", (keys[0], sorted(groups[keys[0]])), ignored
     for exts in _MODEL_EXTS:
         found = [n for n in names if n.endswith(exts)]
+        if len(found) > 1:   # pytorch_model.bin beside training_args.bin: the model's own name wins
+            found = [n for n in found if n.split(".", 1)[0] in _MODEL_STEMS] or found
         if len(found) == 1:
             rest = [n for n in names if n != found[0] and n.endswith(_all_exts())]
             return "single", os.path.join(folder, found[0]), rest

@@ -241,3 +241,17 @@ def test_bad_index_json(tmp_path, capsys, text, message):
     index.write_text(text)
     at = " at byte 15" if "char 15" in message else ""
     assert _error(capsys, index) == f"sharded: {index}{at}: {message}"
+
+
+def test_model_file_beside_training_args(tmp_path):
+    """A fine-tuning output folder: pytorch_model.bin is the model, training_args.bin is not."""
+    folder = tmp_path / "out"
+    folder.mkdir()
+    shutil.copyfile(SHARDED / "bin_index" / "pytorch_model-00001-of-00002.bin", folder / "pytorch_model.bin")
+    torch.save({"lr": 0.1}, folder / "training_args.bin")
+    with tensorscope.open(folder) as model:
+        assert [s["file"] for s in model.metadata["shards"]] == ["pytorch_model.bin"]
+        assert model.metadata["ignored_files"] == ["training_args.bin"]
+    (folder / "other.bin").write_bytes((folder / "training_args.bin").read_bytes())
+    (folder / "pytorch_model.bin").rename(folder / "weights.bin")
+    assert formats.identify(folder) == []   # three .bin files, none named as a model: ambiguous
