@@ -308,21 +308,25 @@ class ZipArchive:
             if len(raw) > max_size:
                 raise LimitExceeded("member size", max_size, len(raw), **where)
             return bytes(raw)
-        out = bytearray()
+        # A list of pieces joined once: peak memory is twice the output (a bytearray grown by
+        # += and then copied to bytes peaks near three times: decompression bombs, issue #9).
+        out: list[bytes] = []
+        produced = 0
         try:
             for piece in _decompress(member.method, raw, max_size + 1, member, self):
-                out += piece
-                if len(out) > max_size:
+                out.append(piece)
+                produced += len(piece)
+                if produced > max_size:
                     raise LimitExceeded("decompressed member size", max_size, None, **where)
         except FormatError:
             raise
         except (zlib.error, OSError, EOFError, lzma.LZMAError, ValueError) as e:
             raise FormatError(f"corrupt compressed data (method {member.method}): {e}",
                               **where) from None
-        if len(out) != member.size:
-            raise FormatError(f"decompressed to {len(out)} bytes, the central directory says "
+        if produced != member.size:
+            raise FormatError(f"decompressed to {produced} bytes, the central directory says "
                               f"{member.size}", **where)
-        return bytes(out)
+        return b"".join(out)
 
     def verify_crc(self, member: ZipMember, max_size: int = 1 << 62) -> bool:
         """Compute the member's CRC-32 (reads all its data) and compare with the central
@@ -361,7 +365,9 @@ def _decompress(method: int, raw: memoryview, cap: int, member: ZipMember, archi
         for start in range(0, len(raw), _CHUNK):
             data = raw[start:start + _CHUNK]
             while data and produced < cap:
-                piece = d.decompress(data, cap - produced)
+                # Pieces of at most _CHUNK: one call could otherwise build the whole output (and
+                # zlib copies it once more when it finishes), tripling a bomb's peak memory.
+                piece = d.decompress(data, min(cap - produced, _CHUNK))
                 produced += len(piece)
                 yield piece
                 data = d.unconsumed_tail
@@ -389,7 +395,7 @@ def _decompress(method: int, raw: memoryview, cap: int, member: ZipMember, archi
     for start in range(0, len(raw), _CHUNK):
         data = bytes(raw[start:start + _CHUNK])
         while produced < cap and not d.eof:
-            piece = d.decompress(data, cap - produced)
+            piece = d.decompress(data, min(cap - produced, _CHUNK))
             data = b""
             produced += len(piece)
             yield piece

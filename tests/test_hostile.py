@@ -97,3 +97,35 @@ def test_module_state_with_a_key_that_is_not_a_string(tmp_path):
         assert model.tensors == []
     report = tensorscope.scan(p)
     assert [f.trigger for f in report.findings if f.trigger] == ["__main__.M"]
+
+
+_PEAK_PROBE = """
+import sys, time
+import tensorscope
+def peak_kb():  # VmHWM: this image's peak RSS (ru_maxrss would carry the parent's across exec)
+    with open("/proc/self/status") as f:
+        return int(next(l for l in f if l.startswith("VmHWM:")).split()[1])
+base = peak_kb()
+try:
+    tensorscope.open(sys.argv[1])
+except tensorscope.TensorscopeError as e:
+    print(e, file=sys.stderr)
+print((peak_kb() - base) // 1024)
+"""
+
+
+def test_decompression_bomb_peaks_at_twice_its_output(tmp_path):
+    # test_fuzz worst cases / run_long "wrap" mutator: a 65 KB zip whose deflated data.pkl
+    # inflates to 64 MiB (PROTO 2 then zeros). zipfmt.read_bytes grew a bytearray by += and
+    # copied it to bytes at the end, and each zlib call could build the whole output: the open
+    # peaked at +192 MB (3x). Pieces of 1 MiB joined once: 2x (+128 MB).
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w", zipfile.ZIP_DEFLATED) as z:
+        z.writestr("archive/data.pkl", b"\x80\x02" + b"\x00" * (64 << 20))
+    p = tmp_path / "bomb.pt"
+    p.write_bytes(buf.getvalue())
+    assert p.stat().st_size < 70_000
+    out = subprocess.run([sys.executable, "-c", _PEAK_PROBE, str(p)], capture_output=True,
+                         text=True, timeout=120)
+    assert out.stderr.strip().endswith("archive/data.pkl at byte 2: unknown opcode 0x00")
+    assert int(out.stdout) < 160  # MB over the baseline; was 192
