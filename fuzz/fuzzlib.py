@@ -558,9 +558,8 @@ def _touch(arr) -> None:
         arr[idx1]
 
 
-def warm() -> None:
-    """Import every module the exercise may reach (parsers are imported lazily): an audit hook
-    armed after this sees only what the input causes."""
+def import_all() -> None:
+    """Import tensorscope, its scanner and every parser module."""
     import importlib
     import pkgutil
 
@@ -569,6 +568,12 @@ def warm() -> None:
     import tensorscope.scanner  # noqa: F401
     for mod in pkgutil.iter_modules(tensorscope.parsers.__path__):
         importlib.import_module(f"tensorscope.parsers.{mod.name}")
+
+
+def warm() -> None:
+    """Import every module the exercise may reach (parsers are imported lazily): an audit hook
+    armed after this sees only what the input causes."""
+    import_all()
     for p in sorted(FIXTURES.rglob("*")):
         if p.is_file() and p.suffix != ".py":
             try:

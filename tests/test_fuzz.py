@@ -9,7 +9,8 @@ first and last elements are touched) + ``tensorscope.scan``, and must:
 - execute nothing: an audit hook, armed around every exercise, fails on exec/compile/new
   imports/processes/sockets and on opening any path outside the input's folder;
 - keep memory bounded: the worst cases (claimed sizes of 2^60 and 2^63, inflated length fields,
-  deep nesting, a decompression bomb) run in a subprocess that reports its ``ru_maxrss`` growth.
+  deep nesting, a decompression bomb) run in a subprocess that reports its peak RSS growth
+  (``VmHWM``; ``ru_maxrss`` is useless there, Linux carries the parent's peak across exec).
 
 Mutations come from `fuzz/fuzzlib.py` (shared with `fuzz/run_long.py` and the atheris harnesses):
 bit flips, truncation at every structural boundary, splices, length fields inflated or zeroed,
@@ -42,7 +43,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "fuzz"))
 import fuzzlib  # noqa: E402
 
-EXAMPLES = int(os.environ.get("TENSORSCOPE_FUZZ_EXAMPLES", "30"))
+EXAMPLES = int(os.environ.get("TENSORSCOPE_FUZZ_EXAMPLES", "50"))
 DEADLINE_S = 2.0     # hypothesis deadline per input (the target)
 HARD_S = 20.0        # SIGALRM: an input still running after this is a hang, whatever the load
 settings.register_profile(
@@ -199,7 +200,8 @@ def test_truncated_at_every_structural_boundary(ws, target, seed, blob):
         step = len(points) / budget
         points = sorted({points[int(i * step)] for i in range(budget)} | {points[0], points[-1]})
     outcomes = {run_input(ws, target, seed, blob[:p]) for p in points}
-    assert "error" in outcomes  # truncations are refused somewhere, not all silently accepted
+    # Truncations are refused somewhere (the VM keeps a partial result with its error: "ok+").
+    assert outcomes & {"error", "ok+"}
 
 
 NEST_DEPTHS = (1_000, 100_000, 1_000_000)
@@ -250,16 +252,20 @@ def test_duplicated_members_and_central_directory(ws):
 # Memory: the worst cases, each in one subprocess that reports its maxrss growth
 
 _MEMORY_PROBE = textwrap.dedent("""
-    import json, resource, sys, time
+    import json, sys, time
     sys.path.insert(0, {fuzz!r})
     import fuzzlib
-    fuzzlib.warm()
-    import tensorscope  # noqa
-    base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    fuzzlib.import_all()  # not warm(): its own peak would hide the input's
+
+    def peak_kb():  # VmHWM: this process image's peak RSS (ru_maxrss survives exec: the parent's)
+        with open("/proc/self/status") as f:
+            return int(next(l for l in f if l.startswith("VmHWM:")).split()[1])
+
+    base = peak_kb()
     t0 = time.monotonic()
     outcome = fuzzlib.exercise(sys.argv[1])
     print(json.dumps({{"outcome": outcome, "seconds": time.monotonic() - t0,
-                      "grew_mb": (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - base) / 1024}}))
+                      "base_mb": base / 1024, "grew_mb": (peak_kb() - base) / 1024}}))
 """)
 
 
