@@ -51,7 +51,8 @@ def test_installed_wheel_imports_and_runs(wheel, tmp_path):
 def test_every_module_imports_without_torch():
     """torch blocked in sys.modules: every package module still imports."""
     import tensorscope
-    names = [m.name for m in pkgutil.walk_packages(tensorscope.__path__, "tensorscope.")]
+    names = [m.name for m in pkgutil.walk_packages(tensorscope.__path__, "tensorscope.")
+             if m.name != "tensorscope.__main__"]  # importing __main__ runs the CLI
     import tensorscope.parsers
     names += [m.name for m in pkgutil.walk_packages(tensorscope.parsers.__path__, "tensorscope.parsers.")]
     code = ("import sys, importlib; sys.modules['torch'] = None; sys.modules['safetensors'] = None\n"
