@@ -8,8 +8,9 @@ Input: a ~2 GB float16 state dict of 500 tensors (480 of 1024x2048 and 20 of 204
 ``benchmarks/.cache/convert/`` (gitignored).
 
 Each measurement is a whole process: wall time and peak RSS (``ru_maxrss`` of that child alone,
-through ``os.wait4``), the median of ``--runs`` runs after one warm-up run that fills the page
-cache. Outputs go to the same folder and are removed after each run. Peers:
+through ``os.wait4``), the median of ``--runs`` rounds after one warm-up round that fills the page
+cache; each round runs every peer once, interleaved, so that load from elsewhere on the machine
+hits all of them alike. Outputs go to the same folder and are removed. Peers:
 
 - ``tensorscope convert IN OUT --force`` (scan, sha256 of the input, streamed copy, fsync, rename;
   ``--verify`` adds a full comparison of the output with the input);
@@ -88,18 +89,19 @@ def measure(argv: list[str], out: Path) -> tuple[float, float]:
     return wall, usage.ru_maxrss / 1024
 
 
-def bench(label: str, argv: list[str], out: Path, runs: int, keep: bool = False) -> dict:
-    results = []
-    for i in range(runs + 1):  # the first run is a warm-up (page cache, bytecode)
-        out.unlink(missing_ok=True)
-        r = measure(argv, out)
-        if i:
-            results.append(r)
-    if not keep:
-        out.unlink(missing_ok=True)
-    return {"label": label, "wall_s": statistics.median(r[0] for r in results),
-            "rss_mb": statistics.median(r[1] for r in results),
-            "runs": [(round(w, 2), round(m)) for w, m in results]}
+def bench_all(peers: list[tuple[str, list[str], Path]], runs: int) -> list[dict]:
+    """Run each peer once to warm up, then ``runs`` rounds in which every peer runs once
+    (interleaved, so that load from elsewhere on the machine hits all peers alike)."""
+    results: dict[str, list[tuple[float, float]]] = {label: [] for label, _, _ in peers}
+    for round_ in range(runs + 1):
+        for label, argv, out in peers:
+            out.unlink(missing_ok=True)
+            r = measure(argv, out)
+            if round_:
+                results[label].append(r)
+    return [{"label": label, "wall_s": statistics.median(w for w, _ in rs),
+             "rss_mb": statistics.median(m for _, m in rs),
+             "runs": [(round(w, 2), round(m)) for w, m in rs]} for label, rs in results.items()]
 
 
 def main(argv=None) -> int:
@@ -113,18 +115,17 @@ def main(argv=None) -> int:
     py = sys.executable
     ours_out, theirs_out = args.cache / "ours.safetensors", args.cache / "theirs.safetensors"
     size = os.path.getsize(src) / 2**30
-    rows = [bench("tensorscope convert", [py, "-m", "tensorscope", "convert", str(src),
-                                          str(ours_out), "--force"], ours_out, args.runs, keep=True)]
+    peers = [("tensorscope convert", [py, "-m", "tensorscope", "convert", str(src), str(ours_out),
+                                      "--force"], ours_out)]
     if args.verify:
-        rows.append(bench("tensorscope convert --verify",
-                          [py, "-m", "tensorscope", "convert", str(src), str(ours_out), "--force",
-                           "--verify"], ours_out, args.runs, keep=True))
-    rows.append(bench("torch.load + save_file", [py, "-c", TORCH_WAY, str(src), str(theirs_out), "-"],
-                      theirs_out, args.runs, keep=True))
+        peers.append(("tensorscope convert --verify", [py, "-m", "tensorscope", "convert", str(src),
+                                                       str(ours_out), "--force", "--verify"], ours_out))
+    peers.append(("torch.load + save_file", [py, "-c", TORCH_WAY, str(src), str(theirs_out), "-"],
+                  theirs_out))
     if not args.no_mmap_peer:
-        rows.append(bench("torch.load(mmap=True) + save_file",
-                          [py, "-c", TORCH_WAY, str(src), str(theirs_out), "mmap"], theirs_out,
-                          args.runs, keep=True))
+        peers.append(("torch.load(mmap=True) + save_file",
+                      [py, "-c", TORCH_WAY, str(src), str(theirs_out), "mmap"], theirs_out))
+    rows = bench_all(peers, args.runs)
     check = subprocess.run([py, "-c", SAME_TENSORS, str(ours_out), str(theirs_out)],
                            capture_output=True, text=True)
     ours_out.unlink(missing_ok=True)
@@ -133,7 +134,7 @@ def main(argv=None) -> int:
         raise SystemExit(f"outputs differ: {check.stderr}")
     base = rows[0]
     print(f"input: {src.name}, {size:.2f} GiB, {N_BIG + N_SMALL} float16 tensors; "
-          f"median of {args.runs} runs after a warm-up; outputs hold the same tensors")
+          f"median of {args.runs} interleaved runs after a warm-up; outputs hold the same tensors")
     print()
     print("| tool | wall (median) | peak RSS (median) | runs (s, MB) |")
     print("|---|---:|---:|---|")

@@ -67,6 +67,7 @@ import dataclasses
 import hashlib
 import json
 import math
+import mmap
 import os
 import secrets
 import threading
@@ -433,10 +434,9 @@ def _split_by_input(tensors: list[PlannedTensor], files: list[str]) -> list[list
 # ------------------------------------------------------------------------------------------------
 
 def _input_files(model: ModelFile, src: str) -> list[str]:
-    files = [f for f in (model.files or [src]) if f and os.path.isfile(f)]
-    if os.path.isfile(src) and src not in files:
-        files.insert(0, src)
-    return list(dict.fromkeys(files))
+    """Every file the input consists of (the named file first), each once."""
+    files = ([src] if os.path.isfile(src) else []) + [f for f in model.files if f and os.path.isfile(f)]
+    return list({os.path.abspath(f): None for f in files})
 
 
 class _Hasher(threading.Thread):
@@ -566,22 +566,116 @@ def _header(ordered: list[PlannedTensor], metadata: dict[str, str] | None) -> by
     return HEADER_LEN.pack(len(text) + pad) + text + b" " * pad
 
 
+class _Sink:
+    """The output file: plain writes, kernel-side copies, and early writeback.
+
+    Contiguous tensors stored plainly in a file are copied by ``os.copy_file_range`` (the kernel
+    moves the bytes page cache to page cache: no page faults on our maps, no user-space copy);
+    when the kernel or filesystem refuses it, the bytes go through the memory map instead.
+    Every `WRITEBACK_STEP` bytes, writeback of what is already written is started
+    (``POSIX_FADV_DONTNEED`` starts it without waiting), so the final fsync has only the tail
+    left to wait for and the output does not crowd the page cache.
+    """
+
+    WRITEBACK_STEP = 64 << 20
+
+    def __init__(self, path: str, advance: Callable[[int], None]):
+        self.f = open(path, "xb", buffering=0)
+        self.fd = self.f.fileno()
+        self.pos = 0
+        self.synced = 0  # writeback started up to here
+        self.advance = advance
+        self.can_copy = hasattr(os, "copy_file_range")
+        self.sources: dict[str, int] = {}
+
+    def _account(self, n: int) -> None:
+        self.pos += n
+        self.advance(n)
+        if self.pos - self.synced >= self.WRITEBACK_STEP and hasattr(os, "posix_fadvise"):
+            try:
+                os.posix_fadvise(self.fd, self.synced, self.pos - self.synced, os.POSIX_FADV_DONTNEED)
+            except OSError:
+                pass  # advice only
+            self.synced = self.pos
+
+    def write(self, data) -> None:
+        view = memoryview(data).cast("B")
+        done = 0
+        while done < len(view):
+            done += self.f.write(view[done:])
+        self._account(len(view))
+
+    def copy(self, file: str, offset: int, length: int) -> int:
+        """Copy up to ``length`` bytes of ``file`` from ``offset``; returns how many were copied
+        (fewer, down to 0, when the kernel refuses: the caller writes the rest)."""
+        if not self.can_copy:
+            return 0
+        src = self.sources.get(file)
+        if src is None:
+            src = self.sources[file] = os.open(file, os.O_RDONLY)
+        done = 0
+        while done < length:
+            try:
+                n = os.copy_file_range(src, self.fd, min(length - done, self.WRITEBACK_STEP),
+                                       offset + done)
+            except OSError:
+                self.can_copy = False  # EXDEV, EINVAL, ENOSYS, EOPNOTSUPP: use plain writes
+                break
+            if n <= 0:
+                break
+            done += n
+            self._account(n)
+        return done
+
+    def close(self) -> None:
+        for fd in self.sources.values():
+            os.close(fd)
+        self.sources.clear()
+        self.f.close()
+
+
+def _plain_range(model: ModelFile, info: TensorInfo) -> tuple[str, int] | None:
+    """``(file, offset)`` when the tensor's bytes are exactly ``nbytes`` contiguous bytes of a
+    file on disk, in the order safetensors wants; None otherwise."""
+    if info.chunks or info.name in model.custom_readers or info.byte_offset is None or not info.numel:
+        return None
+    if not info.is_contiguous:
+        return None
+    src = model.source(info.file)
+    if not isinstance(src.raw, mmap.mmap):  # an in-memory blob, not a file
+        return None
+    arr = model.read(info)  # bounds checks (file, storage record); touches no tensor byte
+    if arr.dtype.byteorder == ">":
+        return None
+    return info.file, info.byte_offset
+
+
 def _write_file(path: str, model: ModelFile, ordered: list[PlannedTensor], metadata: dict[str, str],
                 chunk_bytes: int, release, advance: Callable[[int], None]) -> int:
     """Write one safetensors file (header with a placeholder hash); returns the header size."""
     header = _header(ordered, metadata)
-    with open(path, "xb") as f:
-        f.write(header)
+    sink = _Sink(path, advance)
+    try:
+        sink.write(header)
         for t in ordered:
-            written = 0
-            for piece in _pieces(model, t.info, chunk_bytes, release):
-                raw = piece.view(np.uint8) if piece.dtype != np.uint8 else piece
-                f.write(memoryview(np.ascontiguousarray(raw)))
-                written += raw.nbytes
-                advance(raw.nbytes)
-            if written != t.nbytes:  # a reader bug must never become a silently shifted file
-                raise TensorscopeError(f"tensor {t.name!r}: read {written} bytes, expected {t.nbytes}")
-        f.flush()
+            start = sink.pos
+            plain = _plain_range(model, t.info)
+            copied = sink.copy(plain[0], plain[1], t.nbytes) if plain else 0
+            if plain and copied < t.nbytes:  # the kernel refused part: the rest through the map
+                src = model.source(plain[0])
+                rest = src.view(plain[1] + copied, t.nbytes - copied, f"tensor {t.name!r}")
+                for i in range(0, len(rest), chunk_bytes):
+                    sink.write(rest[i:i + chunk_bytes])
+                release(plain[0], model.read(t.info))
+            elif not plain:
+                for piece in _pieces(model, t.info, chunk_bytes, release):
+                    raw = piece.view(np.uint8) if piece.dtype != np.uint8 else piece
+                    sink.write(np.ascontiguousarray(raw))
+            if sink.pos - start != t.nbytes:  # a reader bug must never become a shifted file
+                raise TensorscopeError(f"tensor {t.name!r}: wrote {sink.pos - start} bytes, "
+                                       f"expected {t.nbytes}")
+    finally:
+        sink.close()
     return len(header)
 
 

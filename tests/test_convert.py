@@ -306,6 +306,21 @@ def test_metadata_records_source_format_and_sha256(tmp_path):
         assert f.metadata() == meta
 
 
+def test_multi_file_input_hash_is_a_manifest_digest(tmp_path):
+    src = FIXTURES / "distributed" / "sharded" / "bin_index"
+    if not tensorscope.identify(src):
+        pytest.skip("no parser for sharded folders yet")
+    report = convert(src, tmp_path / "model.safetensors")
+    files = sorted(p for p in src.iterdir() if p.is_file())
+    manifest = "".join(f"{hashlib.sha256(p.read_bytes()).hexdigest()}  {p.name}\n" for p in files)
+    digest = hashlib.sha256(manifest.encode()).hexdigest()
+    assert report.source_sha256 == digest
+    assert {os.path.basename(k): v for k, v in report.source_files.items()} == {
+        p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in files}
+    for out in report.outputs:
+        assert _header(Path(out["path"]))[1]["__metadata__"]["source_sha256"] == digest
+
+
 def test_random_state_dicts_match_save_file(tmp_path):
     """Seeded random state dicts (every dtype, odd shapes, names needing JSON escapes, unicode,
     views sharing storages) through torch.save -> convert: byte-identical to save_file."""
@@ -584,16 +599,16 @@ def test_malicious_source_converts_without_executing_when_allowed(tmp_path):
 
 def test_failure_mid_write_leaves_nothing(tmp_path, monkeypatch):
     out = tmp_path / "out.safetensors"
-    real = convert_mod._pieces
+    real = convert_mod._Sink._account
     calls = {"n": 0}
 
-    def failing(model, info, chunk_bytes, release):
+    def failing(self, n):  # every write and kernel copy is accounted here
         calls["n"] += 1
         if calls["n"] == 5:
             raise OSError("disk on fire")
-        yield from real(model, info, chunk_bytes, release)
+        real(self, n)
 
-    monkeypatch.setattr(convert_mod, "_pieces", failing)
+    monkeypatch.setattr(convert_mod._Sink, "_account", failing)
     with pytest.raises(OSError, match="disk on fire"):
         convert(FIXTURES / "torch" / "nested.pth", out)
     assert list(tmp_path.iterdir()) == []
@@ -604,6 +619,22 @@ def test_failure_mid_write_leaves_nothing(tmp_path, monkeypatch):
         convert(FIXTURES / "torch" / "nested.pth", out, force=True)
     assert out.read_bytes() == b"previous"
     assert [p.name for p in tmp_path.iterdir()] == ["out.safetensors"]
+
+
+@pytest.mark.parametrize("kernel_copy", [True, False], ids=["copy_file_range", "mmap-writes"])
+def test_both_copy_paths_give_the_same_file(tmp_path, monkeypatch, kernel_copy):
+    """Contiguous tensors go through os.copy_file_range; where the kernel refuses it (EXDEV,
+    ENOSYS) the bytes go through the memory map: the file is the same."""
+    if not kernel_copy:
+        def refuse(*a, **kw):
+            raise OSError(18, "Invalid cross-device link")
+        monkeypatch.setattr(convert_mod.os, "copy_file_range", refuse, raising=False)
+    src = FIXTURES / "torch" / "nested.pth"
+    out = tmp_path / "out.safetensors"
+    convert(src, out, record_source=False, metadata={"format": "pt"}, verify=True)
+    theirs = tmp_path / "theirs.safetensors"
+    save_file(flatten(torch.load(src, weights_only=False)), str(theirs), metadata={"format": "pt"})
+    assert out.read_bytes() == theirs.read_bytes()
 
 
 def test_existing_output_needs_force(tmp_path):
