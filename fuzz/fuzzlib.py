@@ -638,3 +638,43 @@ IN_MEMORY = ("pickle_vm", "zipfmt")
 
 def crc(data: bytes) -> str:
     return f"{zlib.crc32(data):08x}"
+
+
+# -------------------------------------------------------------------------------------------------
+# atheris (libFuzzer) entry point shared by fuzz/fuzz_<target>.py
+
+def atheris_main(target: str) -> None:
+    """Run libFuzzer on one target: coverage-guided, with `mutate` as a structure-aware custom
+    mutator half of the time. The first positional argument that is a folder is the corpus; an
+    empty corpus is seeded with the target's fixtures."""
+    import sys
+    import tempfile
+
+    import atheris
+
+    with atheris.instrument_imports(include=["tensorscope"]):
+        import_all()
+    corpora = [a for a in sys.argv[1:] if not a.startswith("-")]
+    for d in corpora:
+        os.makedirs(d, exist_ok=True)
+        if not os.listdir(d):
+            for i, (_, b) in enumerate(seed_bytes(target)):
+                Path(d, f"seed-{i:03d}").write_bytes(b)
+    pool = [b for _, b in seed_bytes(target)]
+    ws = Workspace(tempfile.mkdtemp(prefix=f"tensorscope-atheris-{target}-"))
+    seed_path = seeds(target)[0]
+
+    def test_one_input(data: bytes) -> None:
+        if target in IN_MEMORY:
+            exercise_bytes(target, data)
+        else:
+            exercise(ws.path_for(seed_path, data))
+
+    def custom_mutator(data: bytes, max_size: int, seed: int) -> bytes:
+        rng = random.Random(seed)
+        if rng.random() < 0.5:
+            return atheris.Mutate(data, max_size)
+        return mutate(rng, data, pool)[1][:max_size]
+
+    atheris.Setup(sys.argv, test_one_input, custom_mutator=custom_mutator)
+    atheris.Fuzz()
