@@ -870,7 +870,8 @@ def convert(src: str | os.PathLike, out: str | os.PathLike, *, max_shard_size: i
                 digest, per_file = hasher.result(src)
                 report.source_sha256, report.source_files = digest, per_file
                 for tmp, _, hlen in temps:  # fsyncs each file
-                    _patch_hash(tmp, hlen, f'"{_SHA_PLACEHOLDER}"'.encode(), f'"{digest}"'.encode())
+                    _patch_hash(tmp, hlen, f'"source_sha256":"{_SHA_PLACEHOLDER}"'.encode(),
+                                f'"source_sha256":"{digest}"'.encode())
             else:
                 report.source_sha256 = meta.get("source_sha256")
                 for tmp, _, _ in temps:

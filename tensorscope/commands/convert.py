@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import sys
 
 from ..render import emit_json, human_bytes, progress, stderr_console, stdout_console
 
@@ -82,7 +83,7 @@ def run(args) -> int:
     scan = scan_paths(args.input)
     if not args.json:
         _print_scan(scan)
-    total = _input_bytes(args.input)
+    total = _planned_bytes(args) if sys.stderr.isatty() else 0  # only a progress bar needs it
     try:
         with progress(total, "convert") as advance:
             report = convert(args.input, args.output, max_shard_size=limit,
@@ -104,17 +105,15 @@ def run(args) -> int:
     return 0
 
 
-def _input_bytes(path: str) -> int:
-    if os.path.isfile(path):
-        return os.path.getsize(path)
-    total = 0
-    for root, _, files in os.walk(path):
-        for f in files:
-            try:
-                total += os.path.getsize(os.path.join(root, f))
-            except OSError:
-                pass
-    return total
+def _planned_bytes(args) -> int:
+    """Bytes the conversion will write (a listing: metadata only), for the progress bar."""
+    from .. import open as open_model
+    from ..convert import plan
+    try:
+        with open_model(args.input) as model:
+            return plan(model, include_all=args.include_all, skip_unsupported=True).total_bytes
+    except Exception:  # noqa: BLE001 — convert() reports the real error just after
+        return 0
 
 
 def _print_scan(scan) -> None:
