@@ -27,6 +27,7 @@ __all__ = ["FORMAT", "open_zip", "archive_metadata", "load_pickle_member", "SMAL
 
 FORMAT = "torch-zip"
 SMALL_RECORD_MAX = 64 << 10  # text records (version, byteorder ...) are a few bytes
+PICKLE_INFLATE_MAX = 128 << 20
 
 
 def _small_text(archive: ZipArchive, name: str) -> str | None:
@@ -99,7 +100,9 @@ def load_pickle_member(archive: ZipArchive, name: str, *, persistent_load=None, 
         data = archive.data(member)
         base = member.data_offset
     else:
-        data = archive.read_bytes(member)  # a compressed pickle: torch itself refuses it
+        # A compressed pickle (torch never writes one): inflate with a cap far below the
+        # default, since an object pickle of 1e6 tensors is ~100 MB and a bomb must stay cheap.
+        data = archive.read_bytes(member, PICKLE_INFLATE_MAX)
         base = 0
     result = pickle_vm.run(data, persistent_load=persistent_load, hooks=hooks, file=src.path,
                            member=name, base_offset=base)

@@ -49,6 +49,7 @@ __all__ = ["FORMAT", "open_zip", "parse_class_table", "ScriptClass"]
 FORMAT = "torchscript"
 CODE_FILE_MAX = 16 << 20     # one code file's text (real ones are KBs)
 CODE_TOTAL_MAX = 256 << 20   # all code text kept in memory
+EXTRA_PREVIEW_INFLATE_MAX = 4 << 20  # a compressed extra file bigger than this gets no preview
 EXTRA_PREVIEW = 4096         # bytes of each extra file shown as text
 MAX_MODULES = 1_000_000      # modules walked (a DAG of shared modules could otherwise explode)
 MAX_TENSORS = 10_000_000     # tensor entries listed (shared modules repeat theirs, as state_dict does)
@@ -255,7 +256,7 @@ def _extra_files(archive: ZipArchive, prefix: str) -> dict[str, dict]:
                 if member.is_stored:
                     raw = bytes(archive.data(member)[:EXTRA_PREVIEW])
                 else:
-                    raw = archive.read_bytes(member)[:EXTRA_PREVIEW]
+                    raw = archive.read_bytes(member, EXTRA_PREVIEW_INFLATE_MAX)[:EXTRA_PREVIEW]
             except FormatError as e:
                 entry["error"] = str(e)
                 raw = b""

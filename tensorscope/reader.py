@@ -72,19 +72,45 @@ def strided_view(model: "ModelFile", info: "TensorInfo") -> np.ndarray:
 
 
 def assemble_chunks(model: "ModelFile", info: "TensorInfo") -> np.ndarray:
-    """Copy a chunked tensor (DCP shards) into one array; each chunk is read through its view."""
+    """Copy a chunked tensor (DCP shards) into one array; each chunk is read through its view.
+
+    Every chunk is viewed (bounds-checked against its file) and placed inside the global shape
+    BEFORE the output is allocated, and the chunks must cover every element: the allocation is
+    then bounded by bytes that really exist, never by a shape the metadata merely claims.
+    """
     spec = dtypes.spec(info.dtype)
-    out = np.zeros(info.shape, dtype=spec.numpy if spec.numpy is not None else np.uint8)
+    where = dict(format=info.source_format or "read", file=info.file)
+    pieces = []
+    covered = 0
     for chunk in info.chunks:
         piece = strided_view(model, chunk.tensor)
-        index = tuple(slice(o, o + s) for o, s in zip(chunk.offsets, chunk.sizes))
-        if piece.shape != tuple(chunk.sizes):
-            raise FormatError(f"chunk of {info.name!r} at {chunk.offsets} has shape {piece.shape}, "
-                              f"expected {tuple(chunk.sizes)}", format=info.source_format,
-                              file=chunk.tensor.file)
+        if piece.shape != tuple(chunk.sizes) or len(chunk.offsets) != len(info.shape) or any(
+                o < 0 or o + s > d for o, s, d in zip(chunk.offsets, chunk.sizes, info.shape)):
+            raise FormatError(f"chunk of {info.name!r} at offsets {list(chunk.offsets)} with shape "
+                              f"{piece.shape} does not fit the tensor's shape {list(info.shape)}",
+                              **where)
+        covered += piece.size
+        pieces.append((tuple(slice(o, o + s) for o, s in zip(chunk.offsets, chunk.sizes)), piece))
+    if covered != info.numel or _boxes_overlap([c for c in info.chunks]):
+        raise FormatError(f"the chunks of {info.name!r} hold {covered} elements for its "
+                          f"{info.numel}: they overlap or leave holes", **where)
+    out = np.empty(info.shape, dtype=spec.numpy if spec.numpy is not None else np.uint8)
+    for index, piece in pieces:
         out[index] = piece
     out.flags.writeable = False
     return out
+
+
+def _boxes_overlap(chunks) -> bool:
+    """True when two chunks share an element (pairwise box test; DCP writes few chunks per tensor)."""
+    boxes = [(c.offsets, tuple(o + s for o, s in zip(c.offsets, c.sizes))) for c in chunks
+             if all(s > 0 for s in c.sizes)]
+    for i in range(len(boxes)):
+        lo_a, hi_a = boxes[i]
+        for lo_b, hi_b in boxes[i + 1:]:
+            if all(la < hb and lb < ha for la, ha, lb, hb in zip(lo_a, hi_a, lo_b, hi_b)):
+                return True
+    return False
 
 
 def iter_flat_chunks(arr: np.ndarray, chunk_bytes: int = CHUNK_BYTES) -> Iterator[np.ndarray]:

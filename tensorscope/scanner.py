@@ -184,7 +184,7 @@ class ScanLimits:
         vm: the pickle VM's `Limits` (None: its defaults).
     """
 
-    max_decompressed: int = 512 << 20
+    max_decompressed: int = 128 << 20
     max_depth: int = 6
     max_streams: int = 32
     max_findings_per_pickle: int = 200
