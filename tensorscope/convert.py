@@ -52,11 +52,14 @@ bit), then renamed into place (shards first, the index last) and the folder fsyn
 error every temporary file is removed, so a failure never leaves a half-written output. An
 existing output is only replaced with ``force=True``.
 
-Memory: values are read through the memory maps piece by piece (`reader.iter_flat_chunks`), a
-non-contiguous piece copied one at a time, and pages already written are handed back to the
-kernel, so the resident set stays flat whatever the size. Copies happen where the format forces
-them (compressed npz members, typed ONNX fields, byte-swapped NumPy arrays: the tensor once).
-Chunked tensors (DCP) are assembled block by block along their first dimension.
+Memory and speed: a contiguous tensor stored plainly in a file is copied by the kernel
+(``os.copy_file_range``: no page of the input is mapped into this process); any other tensor is
+read through the memory maps piece by piece (`reader.iter_flat_chunks`), a non-contiguous piece
+copied one at a time, and the pages already written are handed back to the kernel. Either way
+the resident set stays flat whatever the size. Copies of a whole tensor happen only where the
+format forces them (compressed npz members, typed ONNX fields, byte-swapped NumPy arrays), and
+in ``verify`` for chunked tensors. Chunked tensors (DCP) are written block by block along their
+first dimension. Writeback of the output starts as it is written, so the final fsync is short.
 
 Public API: `convert`, `plan`, `ConversionPlan`, `PlannedTensor`, `ConvertReport`,
 `ConversionRefused`, `UnsafeSource`, `Unconvertible`, `parse_size`, `SAFETENSORS_DTYPES`, `SCHEMA`.
@@ -799,103 +802,54 @@ def convert(src: str | os.PathLike, out: str | os.PathLike, *, max_shard_size: i
         raise FileNotFoundError(f"{src}: no such file or directory")
     report = ConvertReport(input=src, allowed_unsafe=bool(allow_unsafe_source))
     report.scan = scan_report if scan_report is not None else scan_paths(src)
-    threshold = _severity(refuse_at)
-    worst = report.scan.severity
-    if worst is not None and threshold is not None and worst >= threshold and not allow_unsafe_source:
-        report.status = "refused-unsafe"
-        first = next(f for f in report.scan.findings if f.severity >= threshold)
-        raise UnsafeSource(f"{src}: refused: the scan found {worst} issues ({first.rule}: "
-                           f"{first.message}); nothing was converted. Pass --allow-unsafe-source "
-                           "to convert the tensors anyway (conversion executes nothing)", report)
-
+    _refuse_if_unsafe(report, _severity(refuse_at), allow_unsafe_source)
     limit = parse_size(max_shard_size) if max_shard_size is not None else None
     with open_model(src) as model:
         report.source_format = model.format
-        try:
-            p = plan(model, include_all=include_all, skip_unsupported=skip_unsupported)
-        except Unconvertible as e:
-            e.report.scan, e.report.allowed_unsafe = report.scan, report.allowed_unsafe
-            raise
-        report.skipped = _listing(p.skipped)
-        report.refused = _listing(p.refused)
-        report.shared, report.expanded, report.contiguous = p.shared, p.expanded, p.contiguous
-        if p.refused:
-            report.status = "refused"
-            shown = "; ".join(f"{t.name} ({why})" for t, why in p.refused[:8])
-            more = f" (+{len(p.refused) - 8} more)" if len(p.refused) > 8 else ""
-            raise Unconvertible(f"{src}: cannot convert {len(p.refused)} tensor(s) to safetensors: "
-                                f"{shown}{more}. Pass --skip-unsupported to leave them out", report)
-
-        if not p.tensors:
-            report.status = "refused"
-            raise Unconvertible(f"{src}: nothing to convert: no tensor is left to write "
-                                f"({len(p.skipped)} skipped: "
-                                + ", ".join(f"{t.name} ({why})" for t, why in p.skipped[:5]) + ")",
-                                report)
-        if limit is not None:
-            groups = _split_greedy(p.tensors, limit)
-        elif _is_sharded_input(model, p.tensors):
-            groups = _split_by_input(p.tensors, list(model.files))
-        else:
-            groups = [p.tensors]
-        base = _output_base(out)
-        paths = [base] if len(groups) == 1 else _shard_names(base, len(groups))
-        index = base + ".index.json" if len(groups) > 1 else None
+        p = _checked_plan(model, report, include_all, skip_unsupported)
+        groups, paths, index = _layout(model, p, out, limit)
         _check_targets(src, model, paths + ([index] if index else []), force)
-
-        hasher = _Hasher(_input_files(model, src)) if record_source else None
         meta: dict[str, str] = {}
         if record_source:
             meta = {"format": "pt", "source_format": model.format, "source_sha256": _SHA_PLACEHOLDER,
                     "converted_by": f"tensorscope {__version__}"}
         if p.sparse:
             meta["tensorscope.sparse"] = json.dumps(p.sparse, sort_keys=True, separators=(",", ":"))
-        if metadata:
-            meta.update({str(k): str(v) for k, v in metadata.items()})
-        if metadata and "source_sha256" in metadata:
-            hasher = None  # the caller supplies it
-
-        temps: list[tuple[str, str, int]] = []  # (temp, final, header length)
-        release = _releaser(model).release_piece
-        advance = progress or (lambda n: None)
+        meta.update({str(k): str(v) for k, v in (metadata or {}).items()})
+        hash_it = meta.get("source_sha256") == _SHA_PLACEHOLDER
+        hasher = _Hasher(_input_files(model, src)) if hash_it else None
+        temps: list[str] = []
         try:
             if hasher is not None:
                 hasher.start()
+            sizes = []
             for group, final in zip(groups, paths):
-                tmp = f"{final}.tmp-{secrets.token_hex(4)}"
-                temps.append((tmp, final, 0))
-                hlen = _write_file(tmp, model, _data_order(group), meta, chunk_bytes, release, advance)
-                temps[-1] = (tmp, final, hlen)
+                temps.append(f"{final}.tmp-{secrets.token_hex(4)}")
+                sizes.append(_write_file(temps[-1], model, _data_order(group), meta, chunk_bytes,
+                                         _releaser(model).release_piece, progress or (lambda n: None)))
             if hasher is not None:
-                digest, per_file = hasher.result(src)
-                report.source_sha256, report.source_files = digest, per_file
-                for tmp, _, hlen in temps:  # fsyncs each file
+                report.source_sha256, report.source_files = hasher.result(src)
+                for tmp, hlen in zip(temps, sizes):  # fsyncs each file
                     _patch_hash(tmp, hlen, f'"source_sha256":"{_SHA_PLACEHOLDER}"'.encode(),
-                                f'"source_sha256":"{digest}"'.encode())
+                                f'"source_sha256":"{report.source_sha256}"'.encode())
             else:
                 report.source_sha256 = meta.get("source_sha256")
-                for tmp, _, _ in temps:
+                for tmp in temps:
                     _fsync_file(tmp)
             if verify:
-                for (tmp, _, _), group in zip(temps, groups):
+                for tmp, group in zip(temps, groups):
                     _verify(model, group, tmp)
                 report.verified = True
-            index_tmp = None
+            finals = list(paths)
             if index is not None:
-                index_tmp = f"{index}.tmp-{secrets.token_hex(4)}"
-                weight_map = {t.name: os.path.basename(final) for group, final in zip(groups, paths)
-                              for t in group}
-                doc = {"metadata": {"total_size": p.total_bytes}, "weight_map": weight_map}
-                with open(index_tmp, "x", encoding="utf-8") as f:
-                    f.write(json.dumps(doc, indent=2, sort_keys=True, ensure_ascii=False) + "\n")
-                    f.flush()
-                    os.fsync(f.fileno())
-                temps.append((index_tmp, index, 0))
-            for tmp, final, _ in temps:  # shards first, the index last
+                temps.append(f"{index}.tmp-{secrets.token_hex(4)}")
+                _write_index(temps[-1], groups, paths)
+                finals.append(index)
+            for tmp, final in zip(temps, finals):  # shards first, the index last
                 os.replace(tmp, final)
-            _fsync_dir(os.path.dirname(os.path.abspath(base)))
+            _fsync_dir(os.path.dirname(os.path.abspath(paths[0])))
         except BaseException:
-            for tmp, _, _ in temps:  # first of all: no half-written output survives
+            for tmp in temps:  # first of all: no half-written output survives
                 try:
                     os.unlink(tmp)
                 except FileNotFoundError:
@@ -910,6 +864,68 @@ def convert(src: str | os.PathLike, out: str | os.PathLike, *, max_shard_size: i
         report.tensors.extend({"name": t.name, "dtype": t.st_dtype, "shape": list(t.st_shape),
                                "nbytes": t.nbytes, "file": final} for t in group)
     return report
+
+
+def _refuse_if_unsafe(report: ConvertReport, threshold, allow: bool) -> None:
+    worst = report.scan.severity
+    if worst is None or threshold is None or worst < threshold or allow:
+        return
+    report.status = "refused-unsafe"
+    first = next(f for f in report.scan.findings if f.severity >= threshold)
+    raise UnsafeSource(f"{report.input}: refused: the scan found {worst} issues ({first.rule}: "
+                       f"{first.message}); nothing was converted. Pass --allow-unsafe-source "
+                       "to convert the tensors anyway (conversion executes nothing)", report)
+
+
+def _checked_plan(model: ModelFile, report: ConvertReport, include_all: bool,
+                  skip_unsupported: bool) -> ConversionPlan:
+    """`plan`, its outcome recorded in ``report``; raises Unconvertible when nothing may go on."""
+    try:
+        p = plan(model, include_all=include_all, skip_unsupported=skip_unsupported)
+    except Unconvertible as e:
+        e.report.scan, e.report.allowed_unsafe = report.scan, report.allowed_unsafe
+        raise
+    report.skipped = _listing(p.skipped)
+    report.refused = _listing(p.refused)
+    report.shared, report.expanded, report.contiguous = p.shared, p.expanded, p.contiguous
+    if p.refused:
+        report.status = "refused"
+        shown = "; ".join(f"{t.name} ({why})" for t, why in p.refused[:8])
+        more = f" (+{len(p.refused) - 8} more)" if len(p.refused) > 8 else ""
+        raise Unconvertible(f"{report.input}: cannot convert {len(p.refused)} tensor(s) to "
+                            f"safetensors: {shown}{more}. Pass --skip-unsupported to leave them out",
+                            report)
+    if not p.tensors:
+        report.status = "refused"
+        shown = ", ".join(f"{t.name} ({why})" for t, why in p.skipped[:5])
+        raise Unconvertible(f"{report.input}: nothing to convert: no tensor is left to write "
+                            f"({len(p.skipped)} skipped: {shown})", report)
+    return p
+
+
+def _layout(model: ModelFile, p: ConversionPlan, out: str, limit: int | None):
+    """``(groups of tensors, their output paths, index path or None)``."""
+    if limit is not None:
+        groups = _split_greedy(p.tensors, limit)
+    elif _is_sharded_input(model, p.tensors):
+        groups = _split_by_input(p.tensors, list(model.files))
+    else:
+        groups = [p.tensors]
+    base = _output_base(out)
+    if len(groups) == 1:
+        return groups, [base], None
+    return groups, _shard_names(base, len(groups)), base + ".index.json"
+
+
+def _write_index(path: str, groups: list[list[PlannedTensor]], paths: list[str]) -> None:
+    """The Hugging Face index, as ``save_pretrained`` writes it (sorted keys, indent 2)."""
+    weight_map = {t.name: os.path.basename(final) for group, final in zip(groups, paths) for t in group}
+    total = sum(t.nbytes for group in groups for t in group)
+    doc = {"metadata": {"total_size": total}, "weight_map": weight_map}
+    with open(path, "x", encoding="utf-8") as f:
+        f.write(json.dumps(doc, indent=2, sort_keys=True, ensure_ascii=False) + "\n")
+        f.flush()
+        os.fsync(f.fileno())
 
 
 def _fsync_file(path: str) -> None:

@@ -5,13 +5,11 @@ failures never leave a file behind."""
 from __future__ import annotations
 
 import hashlib
-import io
 import json
 import os
 import random
 import struct
 import sys
-import zipfile
 from pathlib import Path
 
 import numpy as np
@@ -24,8 +22,7 @@ import tensorscope
 from tensorscope import TensorscopeError
 from tensorscope import convert as convert_mod
 from tensorscope.cli import main
-from tensorscope.convert import (ConversionPlan, UnsafeSource, Unconvertible, convert, parse_size,
-                                 plan)
+from tensorscope.convert import UnsafeSource, Unconvertible, convert, parse_size, plan
 from tensorscope.model import Chunk, ModelFile, TensorInfo
 
 from torch_oracle import FIXTURES, flatten
@@ -523,7 +520,6 @@ def test_chunked_tensor_is_assembled_in_c_order(tmp_path):
         for chunk_bytes in (20, 64, 1 << 20):  # one row per block, a few rows, everything
             got = np.concatenate(list(convert_mod._chunked_pieces(model, model.tensors[0], chunk_bytes)))
             assert got.tobytes() == full.tobytes()
-        out = tmp_path / "w.safetensors"
         p = plan(model)
         assert [t.name for t in p.tensors] == ["w"]
     finally:
@@ -712,3 +708,14 @@ def test_cli_human_summary(tmp_path, capsys):
 def test_cli_help_has_example():
     from tensorscope.commands import convert as cmd
     assert cmd.HELP and "Example:" in cmd.DESCRIPTION
+
+
+def test_cli_refuse_on_lowers_the_threshold(tmp_path, capsys):
+    """module.pt pickles a user class (a medium finding): converted by default, refused with
+    --refuse-on medium (exit 1, nothing written), converted again with --allow-unsafe-source."""
+    src, out = str(FIXTURES / "torch" / "module.pt"), tmp_path / "m.safetensors"
+    assert main(["convert", src, str(out), "--refuse-on", "medium"]) == 1
+    assert "pickle.user-class" in capsys.readouterr().err and not out.exists()
+    assert main(["convert", src, str(out), "--refuse-on", "medium", "--allow-unsafe-source"]) == 0
+    assert main(["convert", src, str(tmp_path / "n.safetensors")]) == 0
+    assert out.read_bytes() == (tmp_path / "n.safetensors").read_bytes()

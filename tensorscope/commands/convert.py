@@ -1,4 +1,4 @@
-"""`tensorscope convert IN OUT.safetensors`: untrusted checkpoints to safetensors, executing nothing."""
+"""`tensorscope convert IN OUT.safetensors`: untrusted checkpoints to safetensors, run nothing."""
 from __future__ import annotations
 
 import os
@@ -71,14 +71,12 @@ def run(args) -> int:
     from ..scanner import scan_paths
 
     if not os.path.exists(args.input):
-        stderr_console().print(f"tensorscope convert: error: {args.input}: no such file or directory",
-                               markup=False, highlight=False, soft_wrap=True)
+        _say(stderr_console(), f"tensorscope convert: error: {args.input}: no such file or folder")
         return 2
     try:
         limit = parse_size(args.max_shard_size) if args.max_shard_size is not None else None
     except ValueError as e:
-        stderr_console().print(f"tensorscope convert: error: --max-shard-size: {e}",
-                               markup=False, highlight=False, soft_wrap=True)
+        _say(stderr_console(), f"tensorscope convert: error: --max-shard-size: {e}")
         return 2
     scan = scan_paths(args.input)
     if not args.json:
@@ -95,8 +93,7 @@ def run(args) -> int:
         if args.json:
             emit_json(e.report.to_dict())
         else:
-            stderr_console().print(f"tensorscope convert: {e}", markup=False, highlight=False,
-                                   soft_wrap=True)
+            _say(stderr_console(), f"tensorscope convert: {e}")
         return 1 if isinstance(e, UnsafeSource) else 2
     if args.json:
         emit_json(report.to_dict())
@@ -120,18 +117,22 @@ def _print_scan(scan) -> None:
     out = stdout_console()
     counts = {k: v for k, v in scan.counts().items() if v}
     if not scan.findings:
-        out.print("scan: no findings", markup=False, soft_wrap=True)
+        _say(out, "scan: no findings")
         return
     parts = ", ".join(f"{v} {k}" for k, v in sorted(counts.items(),
                                                       key=lambda kv: -SEVERITIES.index(kv[0])))
-    out.print(f"scan: {len(scan.findings)} finding(s) ({parts}); worst: {scan.severity}",
-              markup=False, soft_wrap=True)
+    _say(out, f"scan: {len(scan.findings)} finding(s) ({parts}); worst: {scan.severity}")
     from ..scanner import Severity
     serious = [f for f in scan.findings if f.severity >= Severity.MEDIUM]
     for f in serious[:_SHOWN]:
-        out.print(f"  {f}", markup=False, soft_wrap=True)
+        _say(out, f"  {f}")
     if len(serious) > _SHOWN:
-        out.print(f"  ... {len(serious) - _SHOWN} more (tensorscope scan shows all)", markup=False, soft_wrap=True)
+        _say(out, f"  ... {len(serious) - _SHOWN} more (tensorscope scan shows all)")
+
+
+def _say(console, text: str) -> None:
+    """One line, as is: no markup, no highlighting, no wrapping (names may hold anything)."""
+    console.print(text, markup=False, highlight=False, soft_wrap=True)
 
 
 def _names(names: list[str]) -> str:
@@ -142,24 +143,22 @@ def _names(names: list[str]) -> str:
 def _print_report(r) -> None:
     out = stdout_console()
     if r.allowed_unsafe and r.scan is not None and r.scan.unsafe:
-        out.print("warning: the source is unsafe to load with torch.load; converted anyway "
-                  "(--allow-unsafe-source). Conversion executed nothing from it.", markup=False, soft_wrap=True)
+        _say(out, "warning: the source is unsafe to load with torch.load; converted anyway "
+                  "(--allow-unsafe-source). Conversion executed nothing from it.")
     for o in r.outputs:
-        out.print(f"wrote {o['path']}: {o['tensors']} tensors, {human_bytes(o['bytes'])}", markup=False, soft_wrap=True)
+        _say(out, f"wrote {o['path']}: {o['tensors']} tensors, {human_bytes(o['bytes'])}")
     if r.index:
-        out.print(f"wrote {r.index}", markup=False, soft_wrap=True)
-    out.print(f"{len(r.tensors)} tensors, {human_bytes(r.bytes_written)} from {r.source_format} "
-              f"(sha256 {r.source_sha256})", markup=False, soft_wrap=True)
+        _say(out, f"wrote {r.index}")
+    _say(out, f"{len(r.tensors)} tensors, {human_bytes(r.bytes_written)} from {r.source_format} "
+              f"(sha256 {r.source_sha256})")
     for storage, names in r.shared.items():
-        out.print(f"shared storage {storage}: each written as its own copy: {_names(names)}",
-                  markup=False, soft_wrap=True)
+        _say(out, f"shared storage {storage}: each written as its own copy: {_names(names)}")
     if r.expanded:
-        out.print(f"expanded (overlapping strides, written materialised): {_names(r.expanded)}",
-                  markup=False, soft_wrap=True)
+        _say(out, f"expanded (overlapping strides, written materialised): {_names(r.expanded)}")
     if r.contiguous:
-        out.print(f"non-contiguous, written contiguous: {_names(r.contiguous)}", markup=False, soft_wrap=True)
+        _say(out, f"non-contiguous, written contiguous: {_names(r.contiguous)}")
     if r.skipped:
-        out.print(f"skipped {len(r.skipped)}: "
-                  + _names([f"{s['name']} ({s['reason']})" for s in r.skipped]), markup=False, soft_wrap=True)
+        _say(out, f"skipped {len(r.skipped)}: "
+                  + _names([f"{s['name']} ({s['reason']})" for s in r.skipped]))
     if r.verified:
-        out.print("verified: every tensor equals the input, bit for bit", markup=False, soft_wrap=True)
+        _say(out, "verified: every tensor equals the input, bit for bit")
