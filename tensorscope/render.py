@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import sys
 from typing import Any, Callable, Iterator
 
@@ -16,8 +17,16 @@ PROGRESS_MIN_BYTES = 256 << 20  # below this a job is quick: no progress bar
 
 
 def stdout_console():
+    """Rich console for stdout. Piped output is not squeezed into 80 columns: tables stay one
+    row per line (width from $COLUMNS, else 200) so that grep and less see whole rows."""
     from rich.console import Console
-    return Console(highlight=False, soft_wrap=False)
+    width = None
+    if not sys.stdout.isatty():
+        try:
+            width = int(os.environ.get("COLUMNS", "200"))
+        except ValueError:
+            width = 200
+    return Console(highlight=False, soft_wrap=False, width=width)
 
 
 def stderr_console():

@@ -38,9 +38,10 @@ def add_arguments(p):
     p.add_argument("--fail-on", default="medium", metavar="SEVERITY",
                    choices=["info", "low", "medium", "high", "critical"],
                    help="exit 1 when a finding reaches this severity (default: medium)")
-    p.add_argument("--min-severity", default="info", metavar="SEVERITY",
+    p.add_argument("--min-severity", default="low", metavar="SEVERITY",
                    choices=["info", "low", "medium", "high", "critical"],
-                   help="hide findings below this severity in the table (default: info)")
+                   help="hide findings below this severity in the table (default: low; "
+                        "info lists every framework global seen)")
     p.add_argument("--no-recursive", action="store_true", help="do not descend into sub-folders")
 
 
@@ -72,7 +73,8 @@ def _print_table(report, min_severity) -> None:
     console = stdout_console()
     shown = [f for f in report.findings if f.severity >= min_severity]
     if shown:
-        table = Table(show_header=True, header_style="bold", expand=False, show_lines=False)
+        table = Table(show_header=True, header_style="bold", expand=False, show_lines=False,
+                      box=None, pad_edge=False)
         for col in ("severity", "rule", "where", "trigger", "reason"):
             table.add_column(col, overflow="fold")
         for f in shown:
