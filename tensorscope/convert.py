@@ -491,8 +491,8 @@ class _Hasher(threading.Thread):
 # ------------------------------------------------------------------------------------------------
 
 def _releaser(model: ModelFile):
-    from .diffing import _PageReleaser  # the diff engine's MADV_DONTNEED helper
-    return _PageReleaser(model)
+    from .reader import PageReleaser
+    return PageReleaser(model)
 
 
 def _chunked_pieces(model: ModelFile, info: TensorInfo, chunk_bytes: int) -> Iterator[np.ndarray]:

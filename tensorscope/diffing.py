@@ -97,7 +97,6 @@ from __future__ import annotations
 
 import hashlib
 import math
-import mmap
 import os
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator, Sequence
@@ -107,7 +106,7 @@ import numpy as np
 from . import dtypes
 from .errors import TensorscopeError
 from .model import ModelFile, TensorInfo
-from .reader import iter_flat_chunks
+from .reader import PageReleaser, iter_flat_chunks
 
 __all__ = ["ValueDiff", "TensorDiff", "DiffResult", "diff_models", "compare_values", "detect_prefixes",
            "STATUSES", "SCHEMA"]
@@ -280,65 +279,6 @@ def _jsonable(v):
 
 
 # ------------------------------------------------------------------------------------------------
-# Memory: hand compared pages of the maps back to the kernel
-# ------------------------------------------------------------------------------------------------
-
-_PAGE = mmap.PAGESIZE
-
-
-class _PageReleaser:
-    """Drops the pages of a model's memory maps once they have been compared.
-
-    Reading a file through a shared read-only map makes its pages part of our resident set; without
-    this, diffing two 2 GB files would end at ~4 GB RSS. ``MADV_DONTNEED`` on such a map only drops
-    our mapping of the pages (the page cache keeps them), so a later access re-reads them correctly.
-    """
-
-    def __init__(self, model: ModelFile):
-        self.model = model
-        self.maps: dict[str, tuple[mmap.mmap, int, int]] = {}  # file -> (map, base address, size)
-
-    def _map(self, file: str):
-        got = self.maps.get(file)
-        if got is None:
-            src = self.model.sources.get(file)
-            raw = getattr(src, "raw", None) if src is not None else None
-            if not isinstance(raw, mmap.mmap) or not hasattr(raw, "madvise"):
-                return None
-            base = np.frombuffer(raw, dtype=np.uint8, count=1).ctypes.data if len(raw) else 0
-            got = self.maps[file] = (raw, base, len(raw))
-        return got
-
-    def release_range(self, file: str, offset: int, length: int) -> None:
-        got = self._map(file)
-        if got is None or length <= 0:
-            return
-        raw, _, size = got
-        lo = max(0, offset) // _PAGE * _PAGE
-        hi = min(size, offset + length)
-        if hi <= lo:
-            return
-        try:
-            raw.madvise(mmap.MADV_DONTNEED, lo, hi - lo)
-        except (OSError, ValueError):
-            pass  # advice only: a refused hint costs memory, never correctness
-
-    def release_piece(self, file: str, piece: np.ndarray) -> None:
-        """Release the pages under ``piece`` when it is a view into ``file``'s map (not a copy)."""
-        got = self._map(file)
-        if got is None:
-            return
-        _, base, size = got
-        addr = piece.__array_interface__["data"][0]
-        if base <= addr < base + size:
-            self.release_range(file, addr - base, piece.nbytes)
-
-    def release_tensor(self, info: TensorInfo) -> None:
-        if info.byte_offset is not None and info.file:
-            self.release_range(info.file, info.byte_offset, info.span_bytes)
-
-
-# ------------------------------------------------------------------------------------------------
 # Streaming comparison
 # ------------------------------------------------------------------------------------------------
 
@@ -384,7 +324,7 @@ def _equal_bytes(pa: np.ndarray, pb: np.ndarray) -> bool:
 class _Walker:
     """Streams the values of one pair of views, releasing map pages and reporting progress."""
 
-    def __init__(self, rel_a: _PageReleaser, rel_b: _PageReleaser,
+    def __init__(self, rel_a: PageReleaser, rel_b: PageReleaser,
                  progress: Callable[[int], None] | None, chunk_bytes: int):
         self.rel_a, self.rel_b = rel_a, rel_b
         self.progress = progress
@@ -532,7 +472,7 @@ def compare_values(ma: ModelFile, ta: TensorInfo, mb: ModelFile, tb: TensorInfo,
         raise ValueError(f"compare_values: shapes differ ({ta.shape} vs {tb.shape})")
     if not (_readable(ma, ta) and _readable(mb, tb)):
         return None
-    rel_a, rel_b = _PageReleaser(ma), _PageReleaser(mb)
+    rel_a, rel_b = PageReleaser(ma), PageReleaser(mb)
     walker = _Walker(rel_a, rel_b, progress, chunk_bytes)
     try:
         return _compare(walker, ma, ta, mb, tb, atol, rtol)
@@ -676,7 +616,7 @@ def _layout_differs(a: TensorInfo, b: TensorInfo) -> bool:
     return any(d > 1 and sa != sb for d, sa, sb in zip(a.shape, a.stride, b.stride))
 
 
-def _content_hash(walker_rel: _PageReleaser, model: ModelFile, t: TensorInfo, chunk_bytes: int,
+def _content_hash(walker_rel: PageReleaser, model: ModelFile, t: TensorInfo, chunk_bytes: int,
                   progress) -> bytes:
     h = hashlib.blake2b(digest_size=32)
     try:
@@ -802,7 +742,7 @@ def _diff(ma: ModelFile, mb: ModelFile, *, atol, rtol, values, strip, maps, dete
     ka = _keyed(ma.tensors, strip, maps, pa)
     kb = _keyed(mb.tensors, strip, maps, pb)
 
-    rel_a, rel_b = _PageReleaser(ma), _PageReleaser(mb)
+    rel_a, rel_b = PageReleaser(ma), PageReleaser(mb)
     walker = _Walker(rel_a, rel_b, progress, chunk_bytes)
     entries: list[TensorDiff] = []
     removed = [t for k, t in ka.items() if k not in kb]

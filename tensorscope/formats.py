@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import importlib
 import os
-from typing import Any
 
 from .errors import FormatError, TensorscopeError, UnknownFormat
 from .model import ModelFile

@@ -14,7 +14,7 @@ from typing import Any, Callable, Iterator, Mapping
 import numpy as np
 
 from . import dtypes
-from .errors import FormatError, TensorNotFound
+from .errors import TensorNotFound
 from .source import ByteSource
 
 __all__ = ["TensorInfo", "Chunk", "Anomaly", "PickleRecord", "Evidence", "ModelFile",

@@ -8,6 +8,7 @@ the whole tensor.
 from __future__ import annotations
 
 import math
+import mmap
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Iterator
 
@@ -19,7 +20,7 @@ from .errors import FormatError
 if TYPE_CHECKING:
     from .model import ModelFile, TensorInfo
 
-__all__ = ["strided_view", "assemble_chunks", "iter_flat_chunks", "TensorStats", "tensor_stats",
+__all__ = ["PageReleaser", "strided_view", "assemble_chunks", "iter_flat_chunks", "TensorStats", "tensor_stats",
            "CHUNK_BYTES"]
 
 CHUNK_BYTES = 16 << 20  # 16 MiB pieces keep peak memory flat whatever the tensor size
@@ -201,3 +202,58 @@ def tensor_stats(arr: np.ndarray, chunk_bytes: int = CHUNK_BYTES) -> TensorStats
     if count == 0:
         return TensorStats(n, None, None, None, None, nan, inf, zeros)
     return TensorStats(n, lo, hi, mean, math.sqrt(m2 / count), nan, inf, zeros)
+
+
+_PAGE = mmap.PAGESIZE
+
+
+class PageReleaser:
+    """Drops the pages of a model's memory maps once they have been compared.
+
+    Reading a file through a shared read-only map makes its pages part of our resident set; without
+    this, diffing two 2 GB files would end at ~4 GB RSS. ``MADV_DONTNEED`` on such a map only drops
+    our mapping of the pages (the page cache keeps them), so a later access re-reads them correctly.
+    """
+
+    def __init__(self, model: "ModelFile"):
+        self.model = model
+        self.maps: dict[str, tuple[mmap.mmap, int, int]] = {}  # file -> (map, base address, size)
+
+    def _map(self, file: str):
+        got = self.maps.get(file)
+        if got is None:
+            src = self.model.sources.get(file)
+            raw = getattr(src, "raw", None) if src is not None else None
+            if not isinstance(raw, mmap.mmap) or not hasattr(raw, "madvise"):
+                return None
+            base = np.frombuffer(raw, dtype=np.uint8, count=1).ctypes.data if len(raw) else 0
+            got = self.maps[file] = (raw, base, len(raw))
+        return got
+
+    def release_range(self, file: str, offset: int, length: int) -> None:
+        got = self._map(file)
+        if got is None or length <= 0:
+            return
+        raw, _, size = got
+        lo = max(0, offset) // _PAGE * _PAGE
+        hi = min(size, offset + length)
+        if hi <= lo:
+            return
+        try:
+            raw.madvise(mmap.MADV_DONTNEED, lo, hi - lo)
+        except (OSError, ValueError):
+            pass  # advice only: a refused hint costs memory, never correctness
+
+    def release_piece(self, file: str, piece: np.ndarray) -> None:
+        """Release the pages under ``piece`` when it is a view into ``file``'s map (not a copy)."""
+        got = self._map(file)
+        if got is None:
+            return
+        _, base, size = got
+        addr = piece.__array_interface__["data"][0]
+        if base <= addr < base + size:
+            self.release_range(file, addr - base, piece.nbytes)
+
+    def release_tensor(self, info: "TensorInfo") -> None:
+        if info.byte_offset is not None and info.file:
+            self.release_range(info.file, info.byte_offset, info.span_bytes)
