@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import fnmatch
+import os
 import re
 from collections import OrderedDict
 
@@ -112,6 +113,9 @@ def _print_human(model, tensors, stats, args):
     table.add_column("params", justify="right")
     table.add_column("bytes", justify="right")
     table.add_column("offset", justify="right")
+    several_files = len({t.file for t in tensors}) > 1  # shards, external data: say which file
+    if several_files:
+        table.add_column("file")
     if stats:
         for col in ("min", "max", "mean", "std", "nan", "inf"):
             table.add_column(col, justify="right")
@@ -129,6 +133,8 @@ def _print_human(model, tensors, stats, args):
     for t, label, dtype, shape, params, nbytes, offset in shown:
         cells = [label, dtype, _fmt_shape(shape), f"{params:,}", human_bytes(nbytes),
                  "-" if offset is None else str(offset)]
+        if several_files:
+            cells.append(os.path.basename(t.file))
         if stats:
             s = stats.get(t.name, {})
             cells += [_num(s.get(k)) for k in ("min", "max", "mean", "std")]
@@ -143,7 +149,8 @@ def _print_human(model, tensors, stats, args):
                   f"{'' if len(tensors) == len(model.tensors) else f' of {len(model.tensors)}'}   "
                   f"[bold]parameters[/] {human_count(summary['params'])}   "
                   f"[bold]size[/] {human_bytes(summary['bytes'])}")
-    by_dtype = ", ".join(f"{k}: {v['tensors']} tensors {human_bytes(v['bytes'])}"
+    by_dtype = ", ".join(f"{k}: {v['tensors']} tensor{'s' if v['tensors'] != 1 else ''} "
+                         f"{human_bytes(v['bytes'])}"
                          for k, v in summary["by_dtype"].items())
     if by_dtype:
         console.print(f"[bold]by dtype[/] {escape(by_dtype)}")
