@@ -3,13 +3,17 @@
 Each name maps to a `DTypeSpec`: its size and the numpy dtype a zero-copy view uses. Formats keep
 one literal table from their own codes to these names (see each parser). Quantized block types
 (GGUF ``q4_k`` ...) keep their own names and have a block size instead of an item size.
+
+numpy and ml_dtypes are imported on the first `DTypeSpec.numpy` access, not at import: listing
+and scanning never touch values, and the two imports cost ~100 ms of every command's start-up.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-import ml_dtypes
-import numpy as np
+if TYPE_CHECKING:
+    import numpy as np
 
 __all__ = ["DTypeSpec", "DTYPES", "spec", "numpy_dtype", "nbytes_for", "register_block_type"]
 
@@ -21,8 +25,9 @@ class DTypeSpec:
     Attributes:
         name: canonical name (``bfloat16``).
         bits: bits per element as stored (4 for int4, 8 for quint4x2 whose byte holds two values).
-        numpy: the numpy dtype a view uses, or None when values cannot be viewed as an array
-            (strings, block-quantized types); a view then exposes the raw bytes as uint8.
+        numpy_name: the numpy type a view uses (``float32``, ``ml_dtypes.bfloat16``), or None
+            when values cannot be viewed as an array (strings, block-quantized types); a view then
+            exposes the raw bytes as uint8. `numpy` is that type as an ``np.dtype``.
         block_elems / block_bytes: for block-quantized types, elements per block and bytes per block.
         packed: several values share one byte (int4, uint4, fp4): views show the raw bytes.
         kind: ``float``, ``int``, ``uint``, ``bool``, ``complex``, ``quantized``, ``string``, ``block``.
@@ -30,11 +35,21 @@ class DTypeSpec:
 
     name: str
     bits: int
-    numpy: np.dtype | None
+    numpy_name: str | None
     kind: str
     block_elems: int = 1
     block_bytes: int = 0
     packed: bool = False
+
+    @property
+    def numpy(self) -> "np.dtype | None":
+        """The numpy dtype a view uses (None: no array view); numpy is imported here."""
+        if self.numpy_name is None:
+            return None
+        dt = _NUMPY_CACHE.get(self.numpy_name)
+        if dt is None:
+            dt = _NUMPY_CACHE[self.numpy_name] = _resolve_numpy(self.numpy_name)
+        return dt
 
     @property
     def itemsize(self) -> int:
@@ -46,49 +61,60 @@ class DTypeSpec:
         return self.kind in ("float", "complex")
 
 
+_NUMPY_CACHE: dict[str, "np.dtype"] = {}
+
+
+def _resolve_numpy(numpy_name: str) -> "np.dtype":
+    import numpy as np
+    if numpy_name.startswith("ml_dtypes."):
+        import ml_dtypes
+        return np.dtype(getattr(ml_dtypes, numpy_name[len("ml_dtypes."):]))
+    return np.dtype(getattr(np, numpy_name))
+
+
 def _s(name, bits, npdt, kind, **kw):
-    return DTypeSpec(name, bits, None if npdt is None else np.dtype(npdt), kind, **kw)
+    return DTypeSpec(name, bits, npdt, kind, **kw)
 
 
 _TABLE = [
-    _s("float64", 64, np.float64, "float"),
-    _s("float32", 32, np.float32, "float"),
-    _s("float16", 16, np.float16, "float"),
-    _s("bfloat16", 16, ml_dtypes.bfloat16, "float"),
-    _s("float8_e4m3fn", 8, ml_dtypes.float8_e4m3fn, "float"),
-    _s("float8_e4m3fnuz", 8, ml_dtypes.float8_e4m3fnuz, "float"),
-    _s("float8_e5m2", 8, ml_dtypes.float8_e5m2, "float"),
-    _s("float8_e5m2fnuz", 8, ml_dtypes.float8_e5m2fnuz, "float"),
-    _s("float8_e8m0fnu", 8, ml_dtypes.float8_e8m0fnu, "float"),
+    _s("float64", 64, "float64", "float"),
+    _s("float32", 32, "float32", "float"),
+    _s("float16", 16, "float16", "float"),
+    _s("bfloat16", 16, "ml_dtypes.bfloat16", "float"),
+    _s("float8_e4m3fn", 8, "ml_dtypes.float8_e4m3fn", "float"),
+    _s("float8_e4m3fnuz", 8, "ml_dtypes.float8_e4m3fnuz", "float"),
+    _s("float8_e5m2", 8, "ml_dtypes.float8_e5m2", "float"),
+    _s("float8_e5m2fnuz", 8, "ml_dtypes.float8_e5m2fnuz", "float"),
+    _s("float8_e8m0fnu", 8, "ml_dtypes.float8_e8m0fnu", "float"),
     # torch.float4_e2m1fn_x2: one byte holds two fp4 values; viewed as raw bytes.
-    _s("float4_e2m1fn_x2", 8, np.uint8, "float", packed=True),
+    _s("float4_e2m1fn_x2", 8, "uint8", "float", packed=True),
     # complex32 (torch.chalf) has no numpy type: viewed as pairs of float16 by the reader.
     _s("complex32", 32, None, "complex"),
-    _s("complex64", 64, np.complex64, "complex"),
-    _s("complex128", 128, np.complex128, "complex"),
-    _s("bool", 8, np.bool_, "bool"),
-    _s("int8", 8, np.int8, "int"),
-    _s("int16", 16, np.int16, "int"),
-    _s("int32", 32, np.int32, "int"),
-    _s("int64", 64, np.int64, "int"),
-    _s("uint8", 8, np.uint8, "uint"),
-    _s("uint16", 16, np.uint16, "uint"),
-    _s("uint32", 32, np.uint32, "uint"),
-    _s("uint64", 64, np.uint64, "uint"),
+    _s("complex64", 64, "complex64", "complex"),
+    _s("complex128", 128, "complex128", "complex"),
+    _s("bool", 8, "bool_", "bool"),
+    _s("int8", 8, "int8", "int"),
+    _s("int16", 16, "int16", "int"),
+    _s("int32", 32, "int32", "int"),
+    _s("int64", 64, "int64", "int"),
+    _s("uint8", 8, "uint8", "uint"),
+    _s("uint16", 16, "uint16", "uint"),
+    _s("uint32", 32, "uint32", "uint"),
+    _s("uint64", 64, "uint64", "uint"),
     # Quantized torch types: views show the integer representation; scale/zero-point are extras.
-    _s("qint8", 8, np.int8, "quantized"),
-    _s("quint8", 8, np.uint8, "quantized"),
-    _s("qint32", 32, np.int32, "quantized"),
-    _s("quint4x2", 8, np.uint8, "quantized", packed=True),
-    _s("quint2x4", 8, np.uint8, "quantized", packed=True),
+    _s("qint8", 8, "int8", "quantized"),
+    _s("quint8", 8, "uint8", "quantized"),
+    _s("qint32", 32, "int32", "quantized"),
+    _s("quint4x2", 8, "uint8", "quantized", packed=True),
+    _s("quint2x4", 8, "uint8", "quantized", packed=True),
     # Sub-byte ONNX / ml_dtypes types, packed two (or four) per byte on disk.
-    _s("int4", 4, np.uint8, "int", packed=True),
-    _s("uint4", 4, np.uint8, "uint", packed=True),
-    _s("int2", 2, np.uint8, "int", packed=True),
-    _s("uint2", 2, np.uint8, "uint", packed=True),
-    _s("float4_e2m1fn", 4, np.uint8, "float", packed=True),
-    _s("float6_e2m3fn", 6, np.uint8, "float", packed=True),
-    _s("float6_e3m2fn", 6, np.uint8, "float", packed=True),
+    _s("int4", 4, "uint8", "int", packed=True),
+    _s("uint4", 4, "uint8", "uint", packed=True),
+    _s("int2", 2, "uint8", "int", packed=True),
+    _s("uint2", 2, "uint8", "uint", packed=True),
+    _s("float4_e2m1fn", 4, "uint8", "float", packed=True),
+    _s("float6_e2m3fn", 6, "uint8", "float", packed=True),
+    _s("float6_e3m2fn", 6, "uint8", "float", packed=True),
     # Variable-size values (ONNX strings, NumPy object arrays): no fixed layout.
     _s("string", 0, None, "string"),
     _s("object", 0, None, "object"),
@@ -119,7 +145,7 @@ def spec(name: str) -> DTypeSpec:
         raise KeyError(f"unknown dtype {name!r}") from None
 
 
-def numpy_dtype(name: str) -> np.dtype | None:
+def numpy_dtype(name: str) -> "np.dtype | None":
     return spec(name).numpy
 
 

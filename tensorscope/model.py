@@ -9,13 +9,14 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Any, Callable, Iterator, Mapping
-
-import numpy as np
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping
 
 from . import dtypes
 from .errors import TensorNotFound
 from .source import ByteSource
+
+if TYPE_CHECKING:  # numpy is imported by `read` (through the reader), never at import time
+    import numpy as np
 
 __all__ = ["TensorInfo", "Chunk", "Anomaly", "PickleRecord", "Evidence", "ModelFile",
            "contiguous_stride"]
