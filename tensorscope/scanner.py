@@ -543,21 +543,24 @@ def _scan_file(ctx: _Ctx, src: ByteSource, explicit: bool) -> bool:
             return True
         return False
 
+    kind = _content_kind(head)
+    # A zip's central directory is read once: the parser and the byte-level pass share it.
+    archive = _read_archive(src) if kind in ("zip", "empty-zip") else None
+
     # -- the format parser's view (its pickle runs are reused below) --------------------------
-    model, parser_error, parser_format = _open_with_parser(ctx)
+    model, parser_error, parser_format = _open_with_parser(ctx, src, archive)
     if model is not None:
         for rec in model.evidence.pickles:
             ctx.reused.setdefault((rec.member, rec.offset), rec.result)
 
     # -- the loader's view, byte level -----------------------------------------------------------
     buf = src.buffer
-    kind = _content_kind(head)
     blobs = _dcp_blobs(ctx.path) if kind in ("zip", "empty-zip") else None
     if blobs:
         ctx.blob_mode = True
         understood = _scan_dcp_blobs(ctx, src, blobs)
     elif kind in ("zip", "empty-zip"):
-        understood = _scan_zip(ctx, src, prefix=None, absolute=True, depth=0)
+        understood = _scan_zip(ctx, src, prefix=None, absolute=True, depth=0, archive=archive)
     elif kind == "npy":
         understood = _scan_npy(ctx, buf, None, 0, True, 0)
     elif kind in ("gzip", "bz2", "xz", "zlib", "lzma"):
@@ -654,11 +657,44 @@ def _onnx_data_files(onnx_path: str) -> frozenset[str]:
 _ONNX_CACHE: dict[tuple, frozenset[str]] = {}
 
 
-def _open_with_parser(ctx: _Ctx):
-    """``tensorscope.open`` on the file: (model, error, format). Never raises."""
+def _read_archive(src: ByteSource):
+    """The zip's `ZipArchive`, or the FormatError that reading it raised."""
+    from .parsers import zipfmt
+    try:
+        return zipfmt.read_zip(src)
+    except FormatError as e:
+        return e
+
+
+def _open_zip_archive(src: ByteSource, archive):
+    """What ``tensorscope.open`` does with a zip (``parsers/zip_dispatch.open_source``), over the
+    archive already read: the parser the members call for, or FormatError for an unknown zip."""
+    import importlib
+
+    from .parsers import zip_dispatch
+    if isinstance(archive, FormatError):
+        raise archive
+    module_name = zip_dispatch._MODULES.get(zip_dispatch.classify(archive))
+    if module_name is None:
+        raise FormatError(f"zip archive holds no model this tool recognises "
+                          f"(no data.pkl, TorchScript code, .pt2 layout or .npy members; first "
+                          f"members: {', '.join(archive.names()[:5]) or 'none'})",
+                          format="zip", file=src.path)
+    try:
+        module = importlib.import_module(f"tensorscope.parsers.{module_name}")
+    except ModuleNotFoundError as e:
+        if e.name != f"tensorscope.parsers.{module_name}":
+            raise
+        module = importlib.import_module("tensorscope.parsers.torch_zip")
+    return module.open_zip(src, archive)
+
+
+def _open_with_parser(ctx: _Ctx, src: ByteSource | None = None, archive=None):
+    """``tensorscope.open`` on the file: (model, error, format). Never raises. A zip is opened
+    from ``archive`` (its `ZipArchive`, or the error reading it raised) over ``src``."""
     from .formats import open_model
     try:
-        model = open_model(ctx.path)
+        model = open_model(ctx.path) if archive is None else _open_zip_archive(src, archive)
     except UnknownFormat as e:
         return None, e, None
     except (TensorscopeError, OSError, ValueError) as e:
@@ -815,13 +851,14 @@ def _join(prefix: str | None, member: str | None) -> str | None:
 # =================================================================================================
 # Zip archives
 
-def _scan_zip(ctx: _Ctx, src: ByteSource, prefix: str | None, absolute: bool, depth: int) -> bool:
-    """Every member, judged by content. Returns True when everything could be read."""
-    from .parsers import zipfmt
-    try:
-        archive = zipfmt.read_zip(src)
-    except FormatError as e:
-        ctx.fail(f"zip{' ' + prefix if prefix else ''}: {e.reason}")
+def _scan_zip(ctx: _Ctx, src: ByteSource, prefix: str | None, absolute: bool, depth: int,
+              archive=None) -> bool:
+    """Every member, judged by content. Returns True when everything could be read.
+    ``archive``: the `ZipArchive` of ``src`` (or the error reading it raised) when already read."""
+    if archive is None:
+        archive = _read_archive(src)
+    if isinstance(archive, FormatError):
+        ctx.fail(f"zip{' ' + prefix if prefix else ''}: {archive.reason}")
         return False
     for a in archive.anomalies:
         _anomaly_finding(ctx, a, prefix, absolute)
