@@ -8,7 +8,9 @@ Spec (Hugging Face conventions, as ``transformers`` writes and reads them; FORMA
 - Every tensor of the map MUST be in its shard. A tensor in a shard but not in the map is loaded by
   transformers anyway (recorded as ``sharded.unmapped_tensor``); a name held by two shards keeps
   the map's choice (``sharded.duplicate_tensor``). ``total_size`` SHOULD be the sum of the tensors'
-  bytes (``sharded.total_size_mismatch`` otherwise).
+  bytes (``sharded.total_size_mismatch`` otherwise), tied tensors counted once: transformers
+  4.x ``.bin`` shards keep both names of a tied weight (GPT-2 ``lm_head.weight`` and
+  ``transformer.wte.weight``) over one storage, and count that storage once.
 - A shard name MUST stay inside the model folder: absolute names, ``..`` components and symlinks
   resolving outside are refused (CWE-22). In a Hugging Face cache (``models--org--name/`` holding
   ``blobs/``, ``refs/`` and ``snapshots/<rev>/``) snapshot files are symlinks into ``../../blobs/``:
@@ -271,7 +273,10 @@ def _from_index(index: str, folder: str, root: str) -> ModelFile:
                     model.evidence.add("sharded.duplicate_tensor", f"{t.name!r} is in shard {shard} "
                                        f"too; the index maps it to {wm[t.name]}", file=index)
         total = imeta.get("total_size")
-        mapped_bytes = sum(t.nbytes for t in model.tensors[:len(wm)])
+        # One storage under two names (tied weights) is counted once, as transformers does.
+        spans = {(t.file, t.byte_offset, t.nbytes) if t.byte_offset is not None else id(t): t.nbytes
+                 for t in model.tensors[:len(wm)]}
+        mapped_bytes = sum(spans.values())
         if isinstance(total, int) and not isinstance(total, bool) and total != mapped_bytes:
             model.evidence.add("sharded.total_size_mismatch", f"index total_size is {total}, the "
                                f"mapped tensors take {mapped_bytes} bytes", file=index)
