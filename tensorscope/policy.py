@@ -500,8 +500,24 @@ def classify(module: str, name: str) -> Verdict:
     >>> classify("__main__", "TinyNet").category
     'unknown'
     """
-    module = str(module)
-    name = str(name)
+    if type(module) is str and type(name) is str:
+        key = (module, name)
+        hit = _VERDICTS.get(key)
+        if hit is None:
+            if len(_VERDICTS) >= _VERDICTS_MAX:  # hostile pickles name many globals: bounded
+                _VERDICTS.clear()
+            hit = _VERDICTS[key] = _classify(module, name)
+        return hit
+    return _classify(str(module), str(name))
+
+
+# Verdicts are pure functions of (module, name): a checkpoint names the same few globals in
+# every file of a folder, so they are memoised (bounded; Verdict is frozen and shared).
+_VERDICTS: dict[tuple[str, str], Verdict] = {}
+_VERDICTS_MAX = 8192
+
+
+def _classify(module: str, name: str) -> Verdict:
     nmod, nname = normalize(module, name)
     dotted = f"{nmod}.{nname}" if nmod else nname
     raw = f"{module}.{name}" if module else name

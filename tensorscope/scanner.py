@@ -153,7 +153,16 @@ MAGIC_RAR = b"Rar!\x1a\x07"
 MAGIC_ZSTD = b"\x28\xb5\x2f\xfd"
 _ZLIB_HEADS = {b"\x78\x01", b"\x78\x5e", b"\x78\x9c", b"\x78\xda"}
 _I64 = struct.Struct("<q")
-_IMPORT_OPCODES = frozenset(b"ci\x93\x82\x83\x84")
+def _cannot_import(data: bytes) -> bool:
+    """True when no byte of ``data`` can start an opcode that imports: no STACK_GLOBAL or
+    EXT1/2/4 byte, and no GLOBAL/INST byte ('c', 'i') with a newline after it. GLOBAL and INST
+    read the module and the name as lines (``readline``); with no newline left the first read
+    takes everything and the second comes back empty, so the load fails before any import
+    (``b"little"``, torch's byteorder record, holds an 'i' and no newline)."""
+    if b"\x93" in data or b"\x82" in data or b"\x83" in data or b"\x84" in data:
+        return False
+    nl = data.rfind(b"\n")
+    return nl < 0 or (data.find(b"c", 0, nl) < 0 and data.find(b"i", 0, nl) < 0)
 
 # Extensions, by the content a loader expects behind them.
 _EXT_KIND = {
@@ -338,30 +347,30 @@ def scan_paths(*paths: str | os.PathLike, recursive: bool = True,
     """
     limits = limits or DEFAULT_SCAN_LIMITS
     report = ScanReport()
-    todo: list[tuple[str, bool]] = []  # (path, named explicitly)
+    todo: list[tuple[str, str, bool]] = []  # (path, its real path, named explicitly)
     walk_findings: list[Finding] = []
     for p in paths:
         p = os.fspath(p)
         if not os.path.lexists(p):
             raise FileNotFoundError(f"{p}: no such file or directory")
         if os.path.isdir(p):
-            todo.extend((f, False) for f in _walk(p, recursive, follow_symlinks_inside, walk_findings))
+            todo.extend((f, real, False) for f, real in
+                        _walk(p, recursive, follow_symlinks_inside, walk_findings))
         else:
-            todo.append((p, True))
+            todo.append((p, os.path.realpath(p), True))
     # One real file is scanned once, under its most telling name (a snapshot link, not a blob).
     by_real: dict[str, tuple[str, bool]] = {}
-    for path, explicit in todo:
-        real = os.path.realpath(path)
+    for path, real, explicit in todo:
         prev = by_real.get(real)
         if prev is None or (explicit and not prev[1]) or (not prev[1] and _nicer(path, prev[0])):
             by_real[real] = (path, explicit or (prev[1] if prev else False))
     findings: list[Finding] = list(walk_findings)
     # Models that point at raw data files (ONNX external data) go first, so that those files are
     # then read as the raw data they are.
-    order = sorted(by_real.values(), key=lambda pe: (not pe[0].lower().endswith(".onnx"),))
+    order = sorted(by_real.items(), key=lambda rpe: (not rpe[1][0].lower().endswith(".onnx"),))
     data_files: set[str] = set()
-    for path, explicit in order:
-        known = os.path.realpath(path) in data_files
+    for real, (path, explicit) in order:
+        known = real in data_files
         ctx, scanned = _scan_one(path, limits, explicit, known)
         data_files |= {os.path.realpath(f) for f in ctx.data_files}
         if scanned:
@@ -398,15 +407,18 @@ def _inside(path: str, root: str) -> bool:
         return False
 
 
-def _walk(top: str, recursive: bool, follow: bool, findings: list[Finding]) -> Iterator[str]:
-    """Files under ``top``; symlinks followed only when they resolve inside the tree."""
+def _walk(top: str, recursive: bool, follow: bool,
+          findings: list[Finding]) -> Iterator[tuple[str, str]]:
+    """(path, real path) of the files under ``top``; symlinks followed only when they resolve
+    inside the tree. A plain entry's real path is its folder's real path joined with its name,
+    so ``realpath`` (an lstat per path component) runs once per folder and symlink, not per file."""
     root = os.path.realpath(top)
     hf = _hf_repo_root(top)
     bounds = [root] + ([os.path.realpath(hf)] if hf else [])
     seen_dirs = {root}
-    stack = [top]
+    stack = [(top, root)]
     while stack:
-        d = stack.pop()
+        d, d_real = stack.pop()
         try:
             entries = sorted(os.scandir(d), key=lambda e: e.name)
         except OSError as e:
@@ -425,17 +437,17 @@ def _walk(top: str, recursive: bool, follow: bool, findings: list[Finding]) -> I
                 if os.path.isdir(real):
                     if recursive and real not in seen_dirs:
                         seen_dirs.add(real)
-                        subdirs.append(path)
+                        subdirs.append((path, real))
                 elif os.path.isfile(real):
-                    yield path
+                    yield path, real
                 continue
             if e.is_dir(follow_symlinks=False):
-                real = os.path.realpath(path)
+                real = os.path.join(d_real, e.name)
                 if recursive and real not in seen_dirs:
                     seen_dirs.add(real)
-                    subdirs.append(path)
+                    subdirs.append((path, real))
             elif e.is_file(follow_symlinks=False):
-                yield path
+                yield path, os.path.join(d_real, e.name)
         stack.extend(reversed(subdirs))
 
 
@@ -878,14 +890,11 @@ def _scan_zip(ctx: _Ctx, src: ByteSource, prefix: str | None, absolute: bool, de
         parts = m.name.split("/")
         return len(parts) == 3 and parts[0] == tp and parts[1] in ("data", "constants", "traced_inputs")
 
-    first = [m for m in members if not is_record(m)]
-    later = [m for m in members if is_record(m)]
-    for m in first + later:
+    flagged = [(m, is_record(m)) for m in members]
+    for m, record in [f for f in flagged if not f[1]] + [f for f in flagged if f[1]]:
         name = _join(prefix, m.name)
-        record = is_record(m)
         if record:
-            key = m.name.split("/", 2)[2]
-            if f"{m.name.split('/')[1]}/{key}" in referenced:
+            if m.name.split("/", 1)[1] in referenced:
                 continue  # a storage: torch reads its bytes raw, never unpickles them
         if m.error and m.is_encrypted and m.is_stored and \
                 0 <= m.data_offset <= m.data_offset + m.compressed_size <= src.size:
@@ -1017,7 +1026,7 @@ def _scan_blob(ctx: _Ctx, data: memoryview, member: str | None, base: int, absol
         return True
     if kind == "tar":
         return _scan_tar(ctx, data, member, depth, base, absolute)
-    if strict and len(data) <= 4096 and not any(b in _IMPORT_OPCODES for b in bytes(data)):
+    if strict and len(data) <= 4096 and _cannot_import(bytes(data)):
         # a record that may or may not be a pickle but holds no opcode that imports anything
         # (GLOBAL 'c', INST 'i', STACK_GLOBAL, EXT1/2/4): it cannot make a loader run code
         return True
@@ -1107,17 +1116,17 @@ def _plausible_pickle_start(data) -> bool:
 def _judge_result(ctx: _Ctx, r, member: str | None, base: int, offset_base: str, depth: int,
                   keys: set | None = None, role: str = "pickle") -> bool:
     """Findings for one VM result. Returns False when the pickle broke (partial results kept)."""
-    from .parsers.pickle_vm import Call, Global
+    from .parsers.pickle_vm import Call, Global, PersistentRef
     out: list[tuple] = []
 
     # how each global is used: calls keyed by the Global object's position
     uses: dict[int, list] = {}
     module_calls: set[int] = set()
     for c in r.calls:
-        if c.opcode in ("BUILD", "APPEND", "APPENDS", "SETITEM", "SETITEMS", "ADDITEMS"):
+        if c.opcode in _CONTAINER_OPS:
             continue
         f = c.func
-        cls = _module_pid_class(f)
+        cls = _module_pid_class(f) if isinstance(f, PersistentRef) else None
         if cls is not None:
             # torch's legacy format saves a module class as the persistent id ('module', cls,
             # source_file, source); persistent_load returns cls and the pickle instantiates it.
@@ -1126,10 +1135,7 @@ def _judge_result(ctx: _Ctx, r, member: str | None, base: int, offset_base: str,
             continue
         if isinstance(f, Global):
             uses.setdefault(f.pos, []).append(c)
-            if f"{f.module}.{f.name}" in policy.TRANSPARENT_CONSTRUCTORS or \
-                    policy.normalize(f.module, f.name) in (("copyreg", "_reconstructor"),
-                                                          ("copyreg", "__newobj__"),
-                                                          ("copyreg", "__newobj_ex__")):
+            if _call_facts(f.module, f.name)[0]:
                 if c.args and isinstance(c.args[0], Global):
                     uses.setdefault(c.args[0].pos, []).append(_Instantiate(c.pos))
 
@@ -1185,8 +1191,7 @@ def _judge_result(ctx: _Ctx, r, member: str | None, base: int, offset_base: str,
     # 2. calls of things that are not globals; second stages
     for c in r.calls:
         f = c.func
-        if c.opcode in ("BUILD", "APPEND", "APPENDS", "SETITEM", "SETITEMS", "ADDITEMS") or \
-                id(c) in module_calls:
+        if c.opcode in _CONTAINER_OPS or id(c) in module_calls:
             continue
         if isinstance(f, Call):
             inner = f.func.dotted if isinstance(f.func, Global) else type(f.func).__name__
@@ -1198,8 +1203,8 @@ def _judge_result(ctx: _Ctx, r, member: str | None, base: int, offset_base: str,
                         f"calls a {type(f).__name__} object pushed by the pickle itself", base + c.pos,
                         None))
         if isinstance(f, Global):
-            dotted = ".".join(policy.normalize(f.module, f.name))
-            if _is_loader(f.module, f.name):
+            _, loader, dotted = _call_facts(f.module, f.name)
+            if loader:
                 payloads = [p for p in (_unwrap_bytes(a) for a in c.args) if p]
                 findings_before, failures_before = len(ctx.findings), len(ctx.failures)
                 for p in payloads:
@@ -1257,9 +1262,38 @@ def _judge_result(ctx: _Ctx, r, member: str | None, base: int, offset_base: str,
 
 
 def _is_loader(module: str, name: str) -> bool:
-    dotted = ".".join(policy.normalize(module, name))
-    return dotted in policy.LOADER_CALLS or f"{module}.{name}" in policy.LOADER_CALLS or \
+    return _call_facts(module, name)[1]
+
+
+# Opcodes recorded as calls that only fill containers (no callable runs).
+_CONTAINER_OPS = frozenset({"BUILD", "APPEND", "APPENDS", "SETITEM", "SETITEMS", "ADDITEMS"})
+_COPYREG_CONSTRUCTORS = (("copyreg", "_reconstructor"), ("copyreg", "__newobj__"),
+                         ("copyreg", "__newobj_ex__"))
+_FACTS: dict[tuple, tuple[bool, bool, str]] = {}
+
+
+def _call_facts(module, name) -> tuple[bool, bool, str]:
+    """(transparent constructor, loader, normalised dotted name) of a called global; memoised,
+    since a checkpoint calls the same few rebuild functions thousands of times."""
+    key = (module, name)
+    try:
+        hit = _FACTS.get(key)
+    except TypeError:  # an unhashable name (never from our VM; be safe)
+        hit, key = None, None
+    if hit is not None:
+        return hit
+    norm = policy.normalize(module, name)
+    dotted = ".".join(norm)
+    transparent = f"{module}.{name}" in policy.TRANSPARENT_CONSTRUCTORS or \
+        norm in _COPYREG_CONSTRUCTORS
+    loader = dotted in policy.LOADER_CALLS or f"{module}.{name}" in policy.LOADER_CALLS or \
         dotted.replace("_pickle.", "pickle.", 1) in policy.LOADER_CALLS
+    hit = (transparent, loader, dotted)
+    if key is not None:
+        if len(_FACTS) >= 4096:  # hostile pickles name many globals: keep the memo bounded
+            _FACTS.clear()
+        _FACTS[key] = hit
+    return hit
 
 
 def _module_pid_class(f):
