@@ -33,6 +33,14 @@ What the VM does instead of executing:
   ``setitems``; onto anything else (a `Global`, a `PersistentRef` ...) they are method calls of a
   real object and are recorded as a `CallSeen` named after the opcode.
 - ``PERSID``/``BINPERSID`` call ``persistent_load(pid, pos)`` or push a `PersistentRef`.
+- ``build_hooks`` model unpicklers that override BUILD: joblib's ``NumpyUnpickler`` reads an
+  array's raw bytes from the stream right after the BUILD of a ``NumpyArrayWrapper`` and goes on
+  with the next opcode there. After a BUILD onto a `Call` of a hooked `Global`, ``hook(obj, end,
+  nested)`` MAY return ``(value, next)``: ``value`` replaces the object on the stack and the run
+  continues at ``next`` (``end <= next <= len(data)``, else a `PickleError`). ``nested(at)`` runs
+  a fresh pickle at ``at`` (own stack and memo, same hooks: joblib's object arrays are a whole
+  pickle inline) and merges its globals, calls and persistent ids into this run's result. BUILD
+  is not inlined, so runs without build hooks pay nothing for this.
 - Unhashable dict keys and set items are wrapped in `UnhashableKey`, so dicts still build.
 
 Safety: no recursion (1e6-deep nesting works or fails with `LimitExceeded`), O(1) work per opcode
@@ -43,7 +51,7 @@ before the failure: a loader runs every opcode before a broken one.
 
 Public API: `run`, `Limits`, `DEFAULT_LIMITS`, `PickleResult`, `GlobalSeen`, `CallSeen`, `Global`,
 `Call`, `PersistentRef`, `OutOfBandBuffer`, `Extension`, `UnhashableKey`, `BuildStates`, `NOTSET`,
-`DECLINE`, `CONTAINER_HOOKS`, `PickleError`.
+`DECLINE`, `CONTAINER_HOOKS`, `PickleError`, `MAX_NESTED_RUNS`.
 
 Example:
     >>> import pickle
@@ -72,7 +80,7 @@ from tensorscope.errors import FormatError, LimitExceeded
 __all__ = [
     "run", "Limits", "DEFAULT_LIMITS", "PickleResult", "GlobalSeen", "CallSeen", "Global", "Call",
     "PersistentRef", "OutOfBandBuffer", "Extension", "UnhashableKey", "BuildStates", "NOTSET",
-    "DECLINE", "CONTAINER_HOOKS", "PickleError", "HIGHEST_PROTOCOL",
+    "DECLINE", "CONTAINER_HOOKS", "PickleError", "HIGHEST_PROTOCOL", "MAX_NESTED_RUNS",
 ]
 
 HIGHEST_PROTOCOL = 5
@@ -115,6 +123,9 @@ _MAX_HASH_WORK = 100_000_000
 _MAX_INT_DIGITS = 4300
 # Encodings that the bytes/bytearray/_codecs.encode hooks accept. An encoding name from a file is
 # never handed to codecs.lookup: that imports a module named by the file.
+# Pickles run inside pickles through build hooks (`nested`), at most this deep: each level is a
+# Python call, and a hostile file could nest one per few bytes.
+MAX_NESTED_RUNS = 32
 _SAFE_ENCODINGS = {"latin1": "latin-1", "latin-1": "latin-1", "iso-8859-1": "latin-1",
                    "iso8859-1": "latin-1", "utf-8": "utf-8", "utf8": "utf-8", "ascii": "ascii"}
 
@@ -673,7 +684,8 @@ class _VM:
     """State of one run. `execute` holds the hot loop; ``op_*`` methods take the opcode's
     offset and return the offset of the next opcode."""
 
-    def __init__(self, data, start, persistent_load, hooks, limits, file, member, base_offset):
+    def __init__(self, data, start, persistent_load, hooks, limits, file, member, base_offset,
+                 build_hooks=None, depth=0):
         if isinstance(data, bytes):
             self.data = data
             self.raw = data
@@ -689,6 +701,8 @@ class _VM:
         self.start = start
         self.persistent_load = persistent_load
         self.hooks = hooks or {}
+        self.build_hooks = build_hooks or None
+        self.depth = depth      # nesting level of this run (build hooks' nested pickles)
         self.limits = limits
         self.file = file
         self.member = member
@@ -1487,8 +1501,48 @@ class _VM:
             else:
                 target.state = BuildStates([old, state])
                 target._owns_state = True
+            if self.build_hooks is not None and type(target.func) is Global:
+                hook = self.build_hooks.get((target.func.module, target.func.name))
+                if hook is not None:
+                    return self.after_build(hook, target, pos)
         # Any other target: recorded above and otherwise ignored (inert data has no __dict__).
         return pos + 1
+
+    def after_build(self, hook: Callable, target: Call, pos: int) -> int:
+        """Run a build hook (see the module docstring); returns the next opcode's offset."""
+        end = pos + 1
+        out = self.external(f"build hook for {target.func.dotted}", hook, target, end,
+                            self.nested)
+        if out is None:
+            return end
+        value, nxt = out
+        if type(nxt) is not int or not end <= nxt <= self.n:
+            raise self.error(f"BUILD of {target.func.dotted}: the data after it ends at "
+                             f"{nxt!r}, outside {end}..{self.n}", pos)
+        self.stack[-1] = value
+        return nxt
+
+    def nested(self, at: int) -> PickleResult:
+        """Run a fresh pickle at ``at`` (same data, hooks and limits) for a build hook; merge
+        what it saw into this run. Raises its error (the outer run fails there)."""
+        if self.depth >= MAX_NESTED_RUNS:
+            raise self.limit("nested pickle depth", MAX_NESTED_RUNS, self.depth + 1, at)
+        if not 0 <= at <= self.n:
+            raise self.error(f"nested pickle at {at} is outside the data (0..{self.n})", at)
+        vm = _VM(self.data, at, self.persistent_load, self.hooks, self.limits, self.file,
+                 self.member, self.base, self.build_hooks, self.depth + 1)
+        vm.hash_guard = self.hash_guard
+        inner = vm.execute()
+        outer = self.result
+        outer.globals.extend(inner.globals)
+        outer.calls.extend(inner.calls)
+        outer.persistent_ids.extend(inner.persistent_ids)
+        self.objects += vm.objects
+        if inner.error is not None:
+            raise inner.error
+        if not inner.stopped:
+            raise self.error("nested pickle ends without STOP", at)
+        return inner
 
     def _persistent(self, pid: Any, pos: int) -> None:
         self.result.persistent_ids.append((pid, pos))
@@ -1545,6 +1599,7 @@ _SLOW_TABLE = _build_slow_table()
 
 def run(data: bytes | memoryview, *, start: int = 0, persistent_load=None,
         hooks: Mapping[tuple[str, str], Callable[[tuple, int], object]] | None = None,
+        build_hooks: Mapping[tuple[str, str], Callable] | None = None,
         limits: Limits = DEFAULT_LIMITS, file: str | None = None, member: str | None = None,
         base_offset: int = 0) -> PickleResult:
     """Run one pickle symbolically, from ``data[start]`` to its STOP.
@@ -1561,6 +1616,8 @@ def run(data: bytes | memoryview, *, start: int = 0, persistent_load=None,
             ``data`` like the ``pos`` they were given (the VM adds ``base_offset``; without an
             offset the opcode's is used) and file/member are filled in. Any other exception
             becomes a PickleError whose ``__cause__`` is the original.
+        build_hooks: ``{(module, name): f(obj, end, nested) -> (value, next) | None}`` run after
+            a BUILD onto a `Call` of that global (see the module docstring; joblib arrays).
         limits: resource bounds (`DEFAULT_LIMITS`).
         file, member, base_offset: where ``data`` comes from, for error messages; an error at
             ``pos`` reports ``offset = base_offset + pos``.
@@ -1577,7 +1634,7 @@ def run(data: bytes | memoryview, *, start: int = 0, persistent_load=None,
         >>> r.value, r.end, r.opcodes
         ([1, 2], 12, 8)
     """
-    vm = _VM(data, start, persistent_load, hooks, limits, file, member, base_offset)
+    vm = _VM(data, start, persistent_load, hooks, limits, file, member, base_offset, build_hooks)
     # The VM allocates up to millions of small acyclic objects. CPython's generational GC would
     # rescan the growing heap again and again (about a third of the run time), and it cannot
     # free anything here: pause it for the run and restore the caller's setting.

@@ -16,6 +16,9 @@ Spec (what ``pickle.load`` would meet; last in the registry, so any file no cont
   ...)`` whose storage is ``torch.storage._load_from_bytes(<bytes>)``: a nested ``torch.load`` of
   a legacy stream (parsed by `torch_legacy`, never run). Its storage bytes are located in the file
   the same way; nested pickles are kept as evidence (roles ``nested.legacy.*``).
+- joblib files (``joblib.dump`` without compression) are pickles whose arrays follow the BUILD of
+  a ``joblib.numpy_pickle.NumpyArrayWrapper`` as raw bytes (`joblib_fmt` has the layout): the VM
+  reads them as joblib's unpickler does, and numeric ones are listed zero-copy at their offsets.
 - Everything else stays an inert object in ``model.objects``; every global and call the VM saw is
   in ``model.evidence.pickles`` (role ``pickle``) for the scanner.
 
@@ -32,7 +35,7 @@ from tensorscope.errors import FormatError, LimitExceeded
 from tensorscope.model import ModelFile, PickleRecord, contiguous_stride
 from tensorscope.source import ByteSource
 
-from . import pickle_vm, torch_pickle
+from . import joblib_fmt, pickle_vm, torch_pickle
 from .pickle_vm import Call, Global
 from .torch_pickle import StorageRef, TensorRef
 
@@ -69,7 +72,7 @@ def sniff(head: bytes, size: int) -> bool:
         return False
     if head[0] == 0x80 and (len(head) < 2 or not 2 <= head[1] <= 5):
         return False
-    result = pickle_vm.run(head, limits=_SNIFF_LIMITS)
+    result = pickle_vm.run(head, limits=_SNIFF_LIMITS, build_hooks=joblib_fmt.build_hooks(head))
     if result.stopped or isinstance(result.error, LimitExceeded):
         return True
     if _truncation(result.error):
@@ -223,7 +226,15 @@ class _Copies:
 def open_source(src: ByteSource) -> ModelFile:
     model = ModelFile(FORMAT, src.path, sources={src.path: src})
     nested: list[tuple[int, StorageRef, bytes, ModelFile]] = []
-    result = pickle_vm.run(src.buffer, hooks=_hooks(src, model, nested), file=src.path)
+    copies = _Copies()
+    joblib_arrays: list[joblib_fmt.InlineArray] = []
+
+    def on_array(array: joblib_fmt.InlineArray):
+        joblib_arrays.append(array)
+        return _joblib_tensor(array, src, copies)
+
+    result = pickle_vm.run(src.buffer, hooks=_hooks(src, model, nested), file=src.path,
+                           build_hooks=joblib_fmt.build_hooks(src.buffer, on_array))
     model.evidence.pickles.append(PickleRecord(src.path, None, 0, result.end, result, role="pickle"))
     result.raise_for_error()
     if result.end < src.size:
@@ -232,7 +243,6 @@ def open_source(src: ByteSource) -> ModelFile:
                            offset=result.end)
     model.objects = result.value
     locator = _Locator(src, result.end)
-    copies = _Copies()
     _locate_nested(src, model, nested, locator, copies)
     arrays: dict[int, TensorRef | None] = {}
 
@@ -256,6 +266,8 @@ def open_source(src: ByteSource) -> ModelFile:
     model.metadata = {"pickle_protocol": result.protocol, "pickle_end": result.end,
                       "opcodes": result.opcodes, "globals": len(result.globals),
                       "calls": len(result.calls), "root_type": _type_name(result.value)}
+    if joblib_arrays:
+        model.metadata["joblib_arrays"] = len(joblib_arrays)
     return model
 
 
@@ -294,6 +306,27 @@ def _numpy_tensor(call: Call, src: ByteSource, locator: _Locator, model: ModelFi
     stride = _fortran_stride(shape) if fortran else contiguous_stride(shape)
     extras = {"numpy_dtype": f"{order}{dtype}", "order": "F" if fortran else "C"}
     return TensorRef(storage, 0, shape, stride, dtype, pos=call.pos, extras=extras)
+
+
+def _joblib_tensor(array: joblib_fmt.InlineArray, src: ByteSource,
+                   copies: _Copies) -> TensorRef | None:
+    """A numeric array joblib wrote inline: a view of its bytes in the file (a copy when
+    big-endian). Object, string, record and datetime arrays stay inert (None)."""
+    kind = array.typestr.lstrip("<>|=")[:1]
+    dtype = NUMPY_DTYPES.get(f"{kind}{array.itemsize}") if kind in "fiucb" else None
+    if dtype is None or array.has_objects:
+        return None
+    numel = math.prod(array.shape)
+    storage = StorageRef(f"joblib@{array.wrapper.pos}", dtype, numel, "numpy", file=src.path,
+                         data_offset=array.data_offset, nbytes=array.nbytes)
+    order = ">" if array.byteorder == ">" else "<"
+    if order == ">":
+        start = array.data_offset
+        copies.add(storage, bytes(src.buffer[start:start + array.nbytes]), 0, order)
+    fortran = array.order == "F"
+    stride = _fortran_stride(array.shape) if fortran else contiguous_stride(array.shape)
+    extras = {"numpy_dtype": f"{order}{dtype}", "order": array.order, "joblib": True}
+    return TensorRef(storage, 0, array.shape, stride, dtype, pos=array.wrapper.pos, extras=extras)
 
 
 # -- torch tensors pickled without torch.save ------------------------------------------------------

@@ -30,6 +30,7 @@ FILE_PARSERS: list[str] = [
     "numpy_fmt",      # b"\x93NUMPY"
     "onnx_pb",        # protobuf ModelProto (checked structurally)
     "torch_legacy",   # pickle stream starting with the legacy magic number
+    "joblib_fmt",     # compressed joblib.dump (zlib/gzip/bz2/xz/lzma/ZF around a pickle)
     "plain_pickle",   # any other pickle (joblib-style .pkl): objects, no tensors layout
 ]
 
