@@ -34,7 +34,7 @@ memory (capped at `INFLATE_MAX`), listed with ``byte_offset`` None, and read thr
 custom readers.
 
 Public: ``FORMAT``, ``sniff(head, size)``, ``open_source(src)``, `build_hooks`, `InlineArray`,
-`ARRAY_WRAPPERS`, `compression`, `decompress`, `INFLATE_MAX`.
+`ARRAY_WRAPPERS`, `compression`, `decompress`, `zf_data_offset`, `INFLATE_MAX`.
 """
 from __future__ import annotations
 
@@ -54,7 +54,7 @@ from tensorscope.source import ByteSource
 from .pickle_vm import Call, Global, PickleError
 
 __all__ = ["FORMAT", "sniff", "open_source", "build_hooks", "InlineArray", "ARRAY_WRAPPERS",
-           "compression", "decompress", "INFLATE_MAX"]
+           "compression", "decompress", "zf_data_offset", "INFLATE_MAX"]
 
 FORMAT = "joblib"
 
@@ -101,7 +101,8 @@ def _decompressor(kind: str):
     return lzma.LZMADecompressor(lzma.FORMAT_XZ if kind == "xz" else lzma.FORMAT_ALONE)
 
 
-def _zf_start(buf, path: str | None) -> int:
+def zf_data_offset(buf, path: str | None = None) -> int:
+    """Where the zlib stream of a ``ZF`` file starts (FormatError without a hex length)."""
     header = bytes(buf[:_ZF_HEADER + 1])
     try:
         int(header[2:_ZF_HEADER].decode("ascii").strip(), 16)
@@ -122,7 +123,7 @@ def decompress(buf, kind: str, *, cap: int = INFLATE_MAX, path: str | None = Non
     if kind == "lz4":
         raise FormatError("lz4-compressed joblib file: reading it needs the lz4 package, which "
                           "tensorscope does not use", format=FORMAT, file=path, offset=0)
-    start = _zf_start(buf, path) if kind == "zf" else 0
+    start = zf_data_offset(buf, path) if kind == "zf" else 0
     d = _decompressor(kind)
     is_zlib = kind in ("zlib", "zf", "gzip")
     out = bytearray()
@@ -284,7 +285,8 @@ def open_source(src: ByteSource) -> ModelFile:
     if kind is None:
         raise FormatError("not a compressed joblib stream", format=FORMAT, file=src.path, offset=0)
     payload = decompress(src.buffer, kind, path=src.path)
-    member = f"<{kind}-decompressed>"
+    # The scanner's name for a decompressed stream, so that it reuses this run (zf holds zlib).
+    member = "<zlib>" if kind == "zf" else f"<{kind}>"
     inner_src = ByteSource.from_bytes(payload, name=src.path)
     try:
         inner = plain_pickle.open_source(inner_src)

@@ -101,6 +101,9 @@ CONTAINER_GLOBALS: frozenset[str] = frozenset({
     "collections.deque", "_codecs.encode", "datetime.datetime", "datetime.date",
     "datetime.time", "datetime.timedelta", "datetime.timezone", "decimal.Decimal",
     "fractions.Fraction", "uuid.UUID",
+    # train.py checkpoints save their arguments (fairseq, many repos): a bag of attributes that
+    # BUILD fills in; constructing it runs no code of the file's choosing.
+    "argparse.Namespace",
 })
 
 SAFE_GLOBALS: frozenset[str] = WEIGHTS_ONLY_GLOBALS | _EXTRA_STORAGES | NUMPY_GLOBALS | CONTAINER_GLOBALS
@@ -113,6 +116,11 @@ TRANSPARENT_CONSTRUCTORS: frozenset[str] = frozenset({
 })
 
 # --- 3. framework classes (INFO) -------------------------------------------------------------------
+# joblib.dump writes this placeholder for every NumPy array; joblib.load reads the raw array bytes
+# that follow it (parsers/joblib_fmt.py). Its __init__ only stores shape/dtype/order and BUILD sets
+# the same attributes; an object array's nested pickle is scanned as part of the file.
+JOBLIB_WRAPPER_REASON = ("joblib's NumPy array placeholder (joblib.load reads the array bytes "
+                         "that follow it; no code runs)")
 # Prefix -> why importing it is not user code. torch.nn.modules.* is what torch.save(model) names
 # for torch's own layers; __torch__.* are TorchScript compiled classes (resolved by the TorchScript
 # loader, never imported from Python); the jit helpers and DCP dataclasses are torch's own writers.
@@ -171,7 +179,15 @@ FRAMEWORK_PREFIXES: dict[str, str] = {
     "numpy.core.numeric._frombuffer": "NumPy array from bytes",
     "numpy._core.numeric._frombuffer": "NumPy array from bytes",
     "numpy.ma.core._mareconstruct": "NumPy masked array",
+    # Exact names carved out of the denylist's "joblib" entry (see _DENY_EXCEPTIONS).
+    "joblib.numpy_pickle.NumpyArrayWrapper": JOBLIB_WRAPPER_REASON,
+    "sklearn.externals.joblib.numpy_pickle.NumpyArrayWrapper": JOBLIB_WRAPPER_REASON,
 }
+# Exact names inside a denied module that are data classes of that library (INFO): joblib's
+# array placeholder. joblib.load itself, NDArrayWrapper (np.load(allow_pickle=True) of a file the
+# pickle names) and the rest of joblib stay denied.
+_DENY_EXCEPTIONS = frozenset({"joblib.numpy_pickle.NumpyArrayWrapper",
+                              "sklearn.externals.joblib.numpy_pickle.NumpyArrayWrapper"})
 # Exact framework names must match whole: "torch.float" must not cover "torch.float_power".
 _FRAMEWORK_EXACT = {k for k in FRAMEWORK_PREFIXES if not k.endswith(".")}
 
@@ -524,7 +540,11 @@ def _classify(module: str, name: str) -> Verdict:
     names = []
     for cand in dict.fromkeys([*_candidates(dotted, nmod), *_candidates(raw, module)]):
         names.append(cand)
-    # A denylist hit anywhere wins (an allowlisted prefix must not shadow a dangerous suffix).
+    # A denylist hit anywhere wins (an allowlisted prefix must not shadow a dangerous suffix),
+    # except for the few exact names carved out of a denied module.
+    if dotted in _DENY_EXCEPTIONS or raw in _DENY_EXCEPTIONS:
+        return Verdict(FRAMEWORK, dotted, FRAMEWORK_PREFIXES[dotted if dotted in
+                                                              _DENY_EXCEPTIONS else raw], dotted)
     for cand in names:
         hit = matches(cand, DENYLIST)
         if hit is not None:

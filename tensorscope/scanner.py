@@ -577,6 +577,16 @@ def _scan_file(ctx: _Ctx, src: ByteSource, explicit: bool) -> bool:
         understood = _scan_npy(ctx, buf, None, 0, True, 0)
     elif kind in ("gzip", "bz2", "xz", "zlib", "lzma"):
         understood = _scan_compressed(ctx, buf, kind, None, 0)
+    elif kind == "zf":
+        from .parsers.joblib_fmt import zf_data_offset
+        try:
+            start = zf_data_offset(buf, ctx.path)
+        except FormatError as e:
+            ctx.fail(str(e))
+            understood = False
+        else:
+            understood = _scan_compressed(ctx, buf[start:], "zlib", None, 0)
+        kind = "zlib"
     elif kind in ("7z", "rar", "zstd"):
         ctx.add(Severity.HIGH, "file.unsupported-archive",
                 f"{kind} archive: the standard library cannot open it, so its content (possibly a "
@@ -771,6 +781,8 @@ def _content_kind(head: bytes) -> str:
         return "zstd"
     if head[:2] in _ZLIB_HEADS:
         return "zlib"
+    if head[:4] == b"ZF0x":
+        return "zf"     # joblib < 0.10: "ZF" + hex length + a zlib stream
     if head[:3] == b"\x5d\x00\x00" and len(head) >= 13:
         return "lzma"
     if len(head) >= 262 and head[257:262] == b"ustar":
@@ -1043,11 +1055,34 @@ def _looks_like_pickle(r) -> bool:
     return bool(r.stopped or r.globals or r.protocol is not None and r.opcodes > 2)
 
 
-def _vm_run(ctx: _Ctx, data, start: int, member: str | None, base: int):
-    from .parsers import pickle_vm
+def _vm_run(ctx: _Ctx, data, start: int, member: str | None, base: int, joblib: bool = True):
+    """One pickle as its loader reads it: joblib's array placeholders are followed by raw array
+    bytes that joblib.load reads (parsers/joblib_fmt.py); ``joblib=False`` reads as pickle.load."""
+    from .parsers import joblib_fmt, pickle_vm
     kwargs = {} if ctx.vm_limits is None else {"limits": ctx.vm_limits}
+    if joblib:
+        kwargs["build_hooks"] = joblib_fmt.build_hooks(data)
     return pickle_vm.run(data, start=start, hooks=pickle_vm.CONTAINER_HOOKS, file=ctx.path,
                          member=member, base_offset=base, **kwargs)
+
+
+def _check_joblib_bytes(ctx: _Ctx, data, r, member: str | None, base: int,
+                        offset_base: str) -> None:
+    """A joblib file read by pickle.load instead: the inline array bytes become opcodes. Bytes
+    crafted to import something dangerous that way hide from a joblib-only reading, so that
+    reading is judged too (denied names only: real array bytes decode as junk, never as them)."""
+    from .parsers import joblib_fmt
+    if not any((g.module, g.name) in joblib_fmt.ARRAY_WRAPPERS for g in r.globals):
+        return
+    seen = {g.pos for g in r.globals}
+    plain = _vm_run(ctx, data, 0, member, base, joblib=False)
+    for g in plain.globals:
+        v = policy.classify(g.module, g.name)
+        if g.pos not in seen and v.category == policy.DENIED:
+            ctx.add(Severity.CRITICAL, "pickle.dangerous-global",
+                    f"read by pickle.load instead of joblib.load, the bytes after a joblib array "
+                    f"placeholder are opcodes that import {v.dotted}: {v.reason}", member,
+                    base + g.pos, v.dotted, offset_base)
 
 
 def _scan_pickle_file(ctx: _Ctx, data, member: str | None, base: int, absolute: bool,
@@ -1070,6 +1105,7 @@ def _scan_pickle_file(ctx: _Ctx, data, member: str | None, base: int, absolute: 
             return True, False
         return False, True
     understood = True
+    _check_joblib_bytes(ctx, data, r, member, base, offset_base)
     results = [(0, r)]
     legacy = r.stopped and r.value == LEGACY_MAGIC
     pos = r.end

@@ -37,6 +37,10 @@ EXPECTED_ABOVE_INFO = {
     "distributed/pt2/subclass.pt2": ("pickle.unknown-import", Severity.LOW),
     # ONNX model using a custom-op domain on purpose
     "onnx/nested.onnx": ("onnx.custom-domain", Severity.MEDIUM),
+    # scikit-learn estimators (joblib/pickle): loading instantiates sklearn classes, whose
+    # __setstate__ runs (see tests/test_realworld.py for the whole real-world severity table)
+    "realworld/sklearn/logreg*": ("pickle.user-class", Severity.MEDIUM),
+    "realworld/sklearn/pipeline.joblib": ("pickle.user-class", Severity.MEDIUM),
     # the TUI's deliberately hostile fixtures
     "tui/malicious.pt": ("pickle.dangerous-global", Severity.CRITICAL),
     "tui/garbage.bin": ("file.unparseable", Severity.HIGH),
