@@ -15,7 +15,12 @@ Alignment (in this order; every step is reported, none is silent):
 3. ``maps``: ``(OLD, NEW)`` rewrites a leading ``OLD`` into ``NEW`` (the first map that applies),
    on both sides, so that both end up in one vocabulary. Step 2 scores prefixes with the maps
    applied.
-4. Renames (``detect_renames``): a removed and an added tensor with the same dtype, shape and
+4. Tied weights: a name that only one side has, but whose bytes are those of another tensor of
+   that side (same file, offset, dtype, shape and strides: GPT-2's ``lm_head.weight`` over
+   ``transformer.wte.weight`` in a transformers ``.bin``) that the other side has, is one tensor
+   stored once by the other side (safetensors saves drop tied names; loaders tie them back). It
+   is compared with that tensor and, when equal, is "same" with a ``tied to ...`` change.
+5. Renames (``detect_renames``): a removed and an added tensor with the same dtype, shape and
    size whose bytes hash alike (BLAKE2b, streamed) are one tensor under a new name ("renamed").
    Only candidates of equal (dtype, shape) are ever read.
 
@@ -732,6 +737,30 @@ def _as_model(x, opened: list[ModelFile]) -> ModelFile:
     return m
 
 
+def _tied(mine: dict[str, TensorInfo], other: dict[str, TensorInfo]) -> dict[str, TensorInfo]:
+    """Names only ``mine`` has whose bytes are exactly those of another of its tensors that
+    ``other`` has too: name -> that tensor in ``other``."""
+    groups: dict[tuple, list[str]] = {}
+    for key, t in mine.items():
+        if t.byte_offset is not None and t.numel and not t.chunks:
+            groups.setdefault((t.file, t.byte_offset, t.dtype, t.shape, t.stride), []).append(key)
+    out: dict[str, TensorInfo] = {}
+    for keys in groups.values():
+        shared = [k for k in keys if k in other]
+        if len(keys) > 1 and shared:
+            for k in keys:
+                if k not in other:
+                    out[mine[k].name] = other[shared[0]]
+    return out
+
+
+def _tied_pair(ma, ta, mb, tb, walker, values, atol, rtol, side: str) -> TensorDiff:
+    e = _pair(ma, ta, mb, tb, walker, values, atol, rtol)
+    kept = tb.name if side == "B" else ta.name
+    e.changes.append(f"tied: {side} stores it once, as {kept}")
+    return e
+
+
 def _diff(ma: ModelFile, mb: ModelFile, *, atol, rtol, values, strip, maps, detect_prefix,
           detect_renames, progress, chunk_bytes) -> DiffResult:
     names_a = [_strip_user(t.name, strip) for t in ma.tensors]
@@ -745,8 +774,10 @@ def _diff(ma: ModelFile, mb: ModelFile, *, atol, rtol, values, strip, maps, dete
     rel_a, rel_b = PageReleaser(ma), PageReleaser(mb)
     walker = _Walker(rel_a, rel_b, progress, chunk_bytes)
     entries: list[TensorDiff] = []
-    removed = [t for k, t in ka.items() if k not in kb]
-    added = [t for k, t in kb.items() if k not in ka]
+    tied_a = _tied(ka, kb)     # A name -> B tensor it is stored as (tied weights)
+    tied_b = _tied(kb, ka)     # B name -> A tensor
+    removed = [t for k, t in ka.items() if k not in kb and t.name not in tied_a]
+    added = [t for k, t in kb.items() if k not in ka and t.name not in tied_b]
     renamed: dict[str, TensorInfo] = {}  # A name -> B tensor
     if values and detect_renames and removed and added:
         for ta, tb in _find_renames(ma, mb, removed, added, rel_a, rel_b, chunk_bytes, progress):
@@ -757,6 +788,9 @@ def _diff(ma: ModelFile, mb: ModelFile, *, atol, rtol, values, strip, maps, dete
         tb = kb.get(key)
         if tb is not None:
             entries.append(_pair(ma, ta, mb, tb, walker, values, atol, rtol))
+        elif ta.name in tied_a:
+            entries.append(_tied_pair(ma, ta, mb, tied_a[ta.name], walker, values, atol, rtol,
+                                      "B"))
         elif ta.name in renamed:
             tb = renamed[ta.name]
             entries.append(TensorDiff("renamed", ta.name, tb.name, ta, tb,
@@ -766,7 +800,11 @@ def _diff(ma: ModelFile, mb: ModelFile, *, atol, rtol, values, strip, maps, dete
         else:
             entries.append(TensorDiff("removed", ta.name, None, ta, None))
     for key, tb in kb.items():
-        if key not in ka and tb.name not in renamed_b:
+        if key not in ka and tb.name in tied_b:
+            e = _tied_pair(ma, tied_b[tb.name], mb, tb, walker, values, atol, rtol, "A")
+            e.name_a = None     # listed under B's name: A stores it once under the other
+            entries.append(e)
+        elif key not in ka and tb.name not in renamed_b:
             entries.append(TensorDiff("added", None, tb.name, None, tb))
 
     return DiffResult(a_path=ma.path, b_path=mb.path, a_format=ma.format, b_format=mb.format,
