@@ -50,7 +50,6 @@ import io
 import lzma
 import os
 import struct
-import tarfile
 import zlib
 from dataclasses import dataclass, field
 from enum import IntEnum
@@ -1530,6 +1529,7 @@ def _scan_tar(ctx: _Ctx, data, member: str | None, depth: int, base: int = 0,
     tar: every member judged by content; ``storages`` and ``tensors`` walked record by record as
     torch's ``legacy_load`` reads them. Only headers are parsed (tarfile over the bytes); member
     data are zero-copy slices."""
+    import tarfile  # only tars need it (2 ms of start-up otherwise)
     ok = True
     try:
         fileobj = _MemReader(data)
