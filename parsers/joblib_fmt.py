@@ -149,6 +149,8 @@ def decompress(buf, kind: str, *, cap: int = INFLATE_MAX, path: str | None = Non
                     break
                 else:           # bz2/lzma buffer the input: ask for the rest of the output
                     data = b""
+    except LimitExceeded:
+        raise
     except (zlib.error, OSError, EOFError, lzma.LZMAError, ValueError) as e:
         raise FormatError(f"{kind} stream is corrupt after {len(out)} output bytes: {e}",
                           format=FORMAT, file=path) from None
