@@ -236,6 +236,17 @@ class Bench:
                 return str(folder / name)
         return shutil.which(name)
 
+    def tool_version(self, name: str) -> str:
+        """The installed version of a peer tool, read from its venv's metadata (no import)."""
+        exe = self.tool(name)
+        if not exe:
+            return "not installed"
+        venv = Path(exe).parent.parent
+        for info in sorted(venv.glob(f"lib/python*/site-packages/{name}-*.dist-info")):
+            where = os.path.relpath(exe, ROOT) if exe.startswith(str(ROOT)) else exe
+            return f"{info.name[len(name) + 1:-len('.dist-info')]} (`{where}`)"
+        return exe
+
     def m(self, argv, **kw) -> Result:
         r = measure(argv, self.runs, warmup=not self.quick, **kw)
         tag = f"{r.wall:.2f} s {r.rss / 2**20:.0f} MiB" if r.ok else r.error
@@ -464,6 +475,10 @@ class Bench:
                  f"- CPU: {info['cpu']}, {info['cores']} cores; RAM {info['ram'] / 2**30:.1f} GiB; {info['os']}",
                  f"- Python {info['python']}; tensorscope {v['tensorscope']}, torch {v['torch']}, "
                  f"onnx {v['onnx']}, safetensors {v['safetensors']}, numpy {v['numpy']}, textual {v['textual']}",
+                 f"- Peers: picklescan {self.tool_version('picklescan')}, modelscan "
+                 f"{self.tool_version('modelscan')} (not project dependencies: installed in their own "
+                 "venv, `python -m venv benchmarks/.cache/peers && benchmarks/.cache/peers/bin/pip "
+                 "install picklescan modelscan`)",
                  f"- Date: {info['date']}",
                  f"- Load average (1 min) at start / end: {self.load[0]:.1f} / {self.load[1]:.1f} "
                  f"on {info['cores']} cores",
