@@ -209,7 +209,8 @@ class ModelFile:
     """One opened model: tensors in saved order, metadata, object tree, evidence.
 
     Values are read with `read`, which returns a read-only numpy view over the file's memory map
-    (a copy only where the format forces one: chunked tensors, typed ONNX fields, complex32).
+    (a copy only where the format forces one: chunked tensors, typed ONNX fields, complex32), or
+    with `values`, which also decodes quantized and packed dtypes into float32 (a copy).
     Close it (or use ``with``) to release the maps; views keep their map alive while they exist.
     """
 
@@ -277,8 +278,10 @@ class ModelFile:
         """The tensor's values as a read-only numpy array.
 
         A zero-copy view over the memory map with the stored shape, strides and dtype whenever
-        the bytes are stored plainly. Packed sub-byte and block-quantized dtypes come back as their
-        raw bytes (uint8). Raises FormatError when the stored bytes do not cover the tensor.
+        the bytes are stored plainly. What is STORED, not what it means: packed sub-byte and
+        block-quantized dtypes come back as their raw bytes (uint8), torch quantized tensors as
+        their integer representation (scale/zero point in ``info.extras``); `values` decodes
+        them. Raises FormatError when the stored bytes do not cover the tensor.
         """
         info = name_or_info if isinstance(name_or_info, TensorInfo) else self.tensor(name_or_info)
         custom = self.custom_readers.get(info.name)
@@ -286,6 +289,20 @@ class ModelFile:
             return custom()
         from .reader import strided_view
         return strided_view(self, info)
+
+    def values(self, name_or_info: str | TensorInfo) -> np.ndarray:
+        """The tensor's numeric values.
+
+        Plain dtypes: exactly `read` (the zero-copy read-only view). Block-quantized (GGUF
+        ``q4_k`` ...), packed sub-byte (``int4``, ``float4_e2m1fn``, torch ``float4_e2m1fn_x2``,
+        ``quint4x2`` ...) and torch quantized (``qint8`` ...) dtypes: a NEW float32 array of
+        decoded values (a copy, 4 bytes per value; ``float4_e2m1fn_x2`` doubles the last
+        dimension). See `tensorscope.dequant` (and its `iter_decoded` for bounded memory).
+        Raises TensorscopeError for a dtype that cannot be decoded (the message names it).
+        """
+        info = name_or_info if isinstance(name_or_info, TensorInfo) else self.tensor(name_or_info)
+        from .dequant import decode, is_decoded
+        return decode(self, info) if is_decoded(info.dtype) else self.read(info)
 
     # -- lifetime ----------------------------------------------------------------------------------
     def close(self) -> None:
