@@ -36,8 +36,14 @@ Per aligned pair:
   (``identical_bytes=True``, ``compared_as="bytes"``; the float statistics are 0 and ``cosine`` is
   None because nothing was converted). Otherwise, and whenever the dtypes differ, both sides are
   streamed in lockstep and compared in float64 (complex128 when either side is complex).
-- Packed sub-byte, block-quantized, quantized, complex32, string and object dtypes are compared
-  by bytes only: ``identical_bytes`` is set, the statistics are None.
+- Block-quantized (GGUF ``q4_k`` ...), packed sub-byte (``int4``, ``float4_e2m1fn`` ...) and torch
+  quantized (``qint8`` ...) dtypes are compared by their DECODED values (`tensorscope.dequant`,
+  float32 widened to float64, streamed in pieces of whole blocks): between two such tensors whose
+  bytes differ, and between such a tensor and any numeric dtype (a float16 model against its Q4_K
+  quantization). Identical bytes of one dtype stay "same" without decoding, except for torch
+  quantized tensors whose scale or zero point differ. Dtypes that cannot be decoded (GGUF grid
+  i-quants ...), complex32, string and object dtypes are compared by bytes only:
+  ``identical_bytes`` is set, the statistics are None.
 - Tensors without readable values (meta tensors) get ``values=None``.
 
 Statistics (over positions where both values are finite; NaN and Inf are counted apart):
@@ -108,7 +114,7 @@ from typing import Any, Callable, Iterator, Sequence
 
 import numpy as np
 
-from . import dtypes
+from . import dequant, dtypes
 from .errors import TensorscopeError
 from .model import ModelFile, TensorInfo
 from .reader import PageReleaser, iter_flat_chunks
@@ -313,6 +319,25 @@ def _numeric(t: TensorInfo) -> bool:
     return s.kind in _NUMERIC_KINDS and not s.packed and s.numpy is not None
 
 
+def _decodable(t: TensorInfo) -> bool:
+    """Decoded values exist for ``t`` (a block, packed or torch quantized dtype we can decode) and
+    have ``t``'s own shape."""
+    s = dtypes.spec(t.dtype)
+    if not dequant.is_decoded(t.dtype) or dequant.decoded_shape(t) != t.shape:
+        return False
+    return s.kind != "block" or t.dtype in dequant.DECODABLE_BLOCK_TYPES
+
+
+def _same_qparams(ta: TensorInfo, tb: TensorInfo) -> bool:
+    """Identical stored bytes mean identical values unless torch quantization parameters differ."""
+    if dtypes.spec(ta.dtype).kind != "quantized":
+        return True
+    keys = ("qscheme", "scale", "zero_point", "scales", "zero_points", "axis")
+    if str(ta.extras.get("qscheme", "")).startswith("per_channel"):
+        return False  # the parameters live in storages: compare the decoded values
+    return all(ta.extras.get(k) == tb.extras.get(k) for k in keys)
+
+
 def _as_bytes(piece: np.ndarray) -> np.ndarray:
     return piece.view(np.uint8) if piece.dtype != np.uint8 else piece
 
@@ -365,6 +390,40 @@ class _Walker:
         for pa, pb in self.pieces(va, vb, ia, ib, elems * max(va.itemsize, vb.itemsize, 1), skip):
             acc.add(pa, pb)
         return acc.result(va.size, "complex128" if cplx else "float64")
+
+    def decoded(self, ma, ta, mb, tb, atol: float, rtol: float, skip: int = 0) -> ValueDiff:
+        """Like `floats`, with either side decoded (`dequant.iter_decoded`) piece by piece.
+        Progress counts stored bytes, in proportion to the values compared."""
+        elems = max(256, min(FLOAT_ELEMS, self.chunk_bytes // 32))  # a whole K-quant block at least
+        it_a = self._stream(ma, ta, self.rel_a, elems)
+        it_b = self._stream(mb, tb, self.rel_b, elems)
+        cplx = any(not _decodable(t) and dtypes.spec(t.dtype).kind == "complex" for t in (ta, tb))
+        acc = _Accumulator(atol, rtol, elems, cplx)
+        per_value = ta.nbytes / max(ta.numel, 1) + tb.nbytes / max(tb.numel, 1)
+        done = reported = 0
+        for pa, pb in _aligned(it_a, it_b):
+            acc.add(pa, pb)
+            done += pa.size
+            upto = int(done * per_value)
+            lo = max(reported, skip)
+            if self.progress is not None and upto > lo:
+                self.progress(upto - lo)
+            reported = upto
+        return acc.result(ta.numel, "complex128" if cplx else "float64")
+
+    @staticmethod
+    def _stream(model, t, rel: PageReleaser, elems: int):
+        if _decodable(t):
+            return dequant.iter_decoded(model, t, elems, release=rel.release_range)
+        return _released(iter_flat_chunks(model.read(t), elems * dtypes.spec(t.dtype).itemsize),
+                         rel, t.file)
+
+
+def _released(pieces: Iterator[np.ndarray], rel: PageReleaser, file: str) -> Iterator[np.ndarray]:
+    """Pass pieces through, handing each one's map pages back once the consumer asks for more."""
+    for piece in pieces:
+        yield piece
+        rel.release_piece(file, piece)
 
 
 class _Accumulator:
@@ -488,16 +547,22 @@ def compare_values(ma: ModelFile, ta: TensorInfo, mb: ModelFile, tb: TensorInfo,
 
 def _compare(walker: _Walker, ma, ta, mb, tb, atol, rtol) -> ValueDiff | None:
     numeric = _numeric(ta) and _numeric(tb)
+    decoded = (_decodable(ta) or _decodable(tb)) and all(_decodable(t) or _numeric(t)
+                                                         for t in (ta, tb))
     if ta.dtype == tb.dtype:
         va, vb = ma.read(ta), mb.read(tb)
         if va.shape != vb.shape or va.dtype != vb.dtype:  # bytes-only views of different sizes
             return ValueDiff(ta.numel, False, mismatched=None)
-        if walker.same_bytes(va, vb, ta, tb):
+        if walker.same_bytes(va, vb, ta, tb) and _same_qparams(ta, tb):
             return ValueDiff(ta.numel, True, 0.0, 0.0, 0.0, 0.0, None, 0, 0, 0, "bytes")
+        if decoded:
+            return walker.decoded(ma, ta, mb, tb, atol, rtol, skip=walker.seen)
         if not numeric:
             return ValueDiff(ta.numel, False, mismatched=None, compared_as="bytes")
         # The byte pass stopped at the first difference: report only what it did not reach.
         return walker.floats(va, vb, ta, tb, atol, rtol, skip=walker.seen)
+    if decoded:
+        return walker.decoded(ma, ta, mb, tb, atol, rtol)
     if not numeric:
         return None
     return walker.floats(ma.read(ta), mb.read(tb), ta, tb, atol, rtol)

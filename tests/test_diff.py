@@ -239,7 +239,9 @@ def test_shape_and_dtype_changes(tmp_path):
     assert res["empty"].status == "same" and res["empty"].values.identical_bytes
 
 
-def test_packed_dtypes_compare_bytes_only(tmp_path):
+def test_packed_dtypes_compare_decoded_values(tmp_path):
+    # Packed int4 is compared by its decoded values (tensorscope.dequant): 0x34 -> 0x35 changes
+    # element 2 from 4 to 5. Identical bytes stay "same" without decoding.
     ma = raw_model(tmp_path / "a.bin", {"q": (bytes([0x12, 0x34, 0x56]), "int4", (6,)),
                                         "same": (bytes([1, 2]), "uint4", (4,))})
     mb = raw_model(tmp_path / "b.bin", {"q": (bytes([0x12, 0x35, 0x56]), "int4", (6,)),
@@ -248,8 +250,18 @@ def test_packed_dtypes_compare_bytes_only(tmp_path):
     q = res["q"]
     assert q.status == "changed" and q.changes == ["values"]
     assert (q.values.identical_bytes, q.values.mismatched, q.values.max_abs, q.values.compared_as) == \
-        (False, None, None, "bytes")
+        (False, 1, 1.0, "float64")
     assert res["same"].status == "same" and res["same"].values.identical_bytes
+
+
+def test_undecodable_dtypes_compare_bytes_only(tmp_path):
+    import tensorscope.parsers.gguf  # noqa: F401  (registers the GGUF block dtypes)
+    ma = raw_model(tmp_path / "a.bin", {"q": (bytes(66), "iq2_xxs", (256,))})
+    mb = raw_model(tmp_path / "b.bin", {"q": (bytes(65) + b"\x01", "iq2_xxs", (256,))})
+    q = diff_models(ma, mb).entries[0]
+    assert q.status == "changed" and q.changes == ["values"]
+    assert (q.values.identical_bytes, q.values.mismatched, q.values.max_abs, q.values.compared_as) == \
+        (False, None, None, "bytes")
 
 
 # ------------------------------------------------------------------------------------------------
