@@ -10,6 +10,8 @@ turns those bytes into the numbers they stand for:
   order, each of at most ~``chunk_elems`` elements (block types: whole blocks), so that statistics
   and diffs of a large GGUF tensor never hold more than one piece of it.
 - `is_decoded(dtype)` tells which dtypes go through here; `decoded_shape(info)` the output shape.
+- `value_stats(model, info)`: `tensorscope.reader.tensor_stats` of the values a tensor stands for
+  (decoded piece by piece for the dtypes above, the zero-copy view otherwise).
 
 Layouts (normative; little-endian; every block is self-contained and blocks follow each other in
 C order of the values, so GGUF rows are along the last numpy dimension, ``ne[0]``):
@@ -62,7 +64,8 @@ Memory: `decode` allocates the float32 output (4 bytes per value; values are bac
 bytes, except for a torch view with zero strides, which is refused above `MAX_BROADCAST_BYTES`);
 `iter_decoded` allocates one piece at a time.
 
-Public API: `is_decoded`, `decoded_shape`, `decode`, `iter_decoded`, `DECODABLE_BLOCK_TYPES`,
+Public API: `is_decoded`, `decoded_shape`, `decode`, `iter_decoded`, `value_stats`,
+`DECODABLE_BLOCK_TYPES`,
 `DEFAULT_CHUNK_ELEMS`.
 """
 from __future__ import annotations
@@ -78,7 +81,7 @@ from .errors import FormatError, LimitExceeded, TensorscopeError
 if TYPE_CHECKING:
     from .model import ModelFile, TensorInfo
 
-__all__ = ["is_decoded", "decoded_shape", "decode", "iter_decoded", "DECODABLE_BLOCK_TYPES",
+__all__ = ["is_decoded", "decoded_shape", "decode", "iter_decoded", "value_stats", "DECODABLE_BLOCK_TYPES",
            "DEFAULT_CHUNK_ELEMS", "MAX_BROADCAST_BYTES"]
 
 DEFAULT_CHUNK_ELEMS = 1 << 20      # 4 MiB of float32 per piece
@@ -625,3 +628,32 @@ def _per_channel(codes, sc, zp, work, inner, channels):
         ch = (np.arange(pos, pos + q.size, dtype=np.int64) // inner) % channels
         pos += q.size
         yield ((q.astype(work) - zp[ch]) * sc[ch]).astype(_F32, copy=False)
+
+
+def value_stats(model: "ModelFile", info: "TensorInfo", chunk_elems: int = DEFAULT_CHUNK_ELEMS):
+    """`tensor_stats` of ``info``'s values: decoded piece by piece (bounded memory, stats merged
+    exactly with Chan's update) for the dtypes of `is_decoded`, over `ModelFile.read` otherwise.
+
+    Returns a `tensorscope.reader.TensorStats`.
+    """
+    from .reader import TensorStats, tensor_stats
+    if not is_decoded(info.dtype):
+        return tensor_stats(model.read(info))
+    n = nan = inf = zeros = count = 0
+    mean = m2 = 0.0
+    lo, hi = math.inf, -math.inf
+    for piece in iter_decoded(model, info, chunk_elems):
+        st = tensor_stats(piece)
+        n, nan, inf, zeros = n + st.numel, nan + st.nan, inf + st.inf, zeros + st.zeros
+        c_n = st.numel - st.nan - st.inf
+        if not c_n or st.mean is None:
+            continue
+        lo, hi = min(lo, st.min), max(hi, st.max)
+        delta = st.mean - mean
+        new = count + c_n
+        mean += delta * c_n / new
+        m2 += st.std * st.std * c_n + delta * delta * count * c_n / new
+        count = new
+    if count == 0:
+        return TensorStats(n, None, None, None, None, nan, inf, zeros)
+    return TensorStats(n, lo, hi, mean, math.sqrt(m2 / count), nan, inf, zeros)

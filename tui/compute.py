@@ -5,6 +5,11 @@
 between chunks; `histogram` and `diff_histogram` count values into fixed bins chunk by chunk, so
 memory never grows with the tensor; `preview_window` cuts a 2-D window for the value table.
 None of these copy more than one chunk at a time.
+
+Quantized, packed and block dtypes are shown by their decoded values (`tensorscope.dequant`):
+`stream_values` gives a `Decoded` stand-in that `chunked_stats` and `histogram` stream piece by
+piece, `values_of` the decoded float32 array (a copy) for the preview and the diff histogram.
+A dtype that cannot be decoded falls back to its stored bytes (`is_raw` then says so).
 """
 from __future__ import annotations
 
@@ -13,9 +18,11 @@ from typing import Callable, Iterator
 
 import numpy as np
 
+from tensorscope.dequant import is_decoded, iter_decoded
+from tensorscope.errors import FormatError, TensorscopeError
 from tensorscope.reader import TensorStats, iter_flat_chunks, tensor_stats
 
-__all__ = ["Cancelled", "is_raw", "chunked_stats", "histogram", "diff_histogram", "paired_chunks",
+__all__ = ["Cancelled", "Decoded", "stream_values", "values_of", "is_raw", "chunked_stats", "histogram", "diff_histogram", "paired_chunks",
            "as_matrix", "preview_window", "HIST_BINS"]
 
 HIST_BINS = 40
@@ -29,6 +36,46 @@ class Cancelled(Exception):
 def _check(cancelled: Callable[[], bool] | None) -> None:
     if cancelled is not None and cancelled():
         raise Cancelled()
+
+
+class Decoded:
+    """The decoded values of a quantized/packed tensor, streamed (never whole in memory)."""
+
+    dtype = np.dtype(np.float32)
+
+    def __init__(self, model, info):
+        self.model, self.info = model, info
+
+    def pieces(self) -> Iterator[np.ndarray]:
+        return iter_decoded(self.model, self.info, _CHUNK // 8)
+
+
+def stream_values(model, info):
+    """What `chunked_stats`/`histogram` walk: a `Decoded` for decodable dtypes, else `read`."""
+    if is_decoded(info.dtype):
+        try:
+            iter_decoded(model, info, _CHUNK // 8)  # checks the dtype and the bytes up front
+            return Decoded(model, info)
+        except FormatError:
+            raise
+        except TensorscopeError:  # a dtype we cannot decode: show its stored bytes
+            pass
+    return model.read(info)
+
+
+def values_of(model, info) -> np.ndarray:
+    """`ModelFile.values` (decoded float32 copy for quantized/packed dtypes), or the stored bytes
+    for a dtype that cannot be decoded."""
+    try:
+        return model.values(info)
+    except FormatError:
+        raise
+    except TensorscopeError:
+        return model.read(info)
+
+
+def _pieces(arr) -> Iterator[np.ndarray]:
+    return arr.pieces() if isinstance(arr, Decoded) else iter_flat_chunks(arr, _CHUNK)
 
 
 def is_raw(info, arr: np.ndarray) -> bool:
@@ -50,7 +97,7 @@ def chunked_stats(arr: np.ndarray, cancelled: Callable[[], bool] | None = None) 
     count = 0
     mean = m2 = 0.0
     lo, hi = math.inf, -math.inf
-    for piece in iter_flat_chunks(arr, _CHUNK):
+    for piece in _pieces(arr):
         _check(cancelled)
         s = tensor_stats(piece)
         n += s.numel
@@ -82,7 +129,7 @@ def histogram(arr: np.ndarray, lo: float, hi: float, bins: int = HIST_BINS,
     """Counts of finite values of ``arr`` in ``bins`` equal bins over ``[lo, hi]``."""
     rng = _bin_range(lo, hi)
     counts = np.zeros(bins, dtype=np.int64)
-    for piece in iter_flat_chunks(arr, _CHUNK):
+    for piece in _pieces(arr):
         _check(cancelled)
         x = _float(piece)
         x = x[np.isfinite(x)]

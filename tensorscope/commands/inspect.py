@@ -7,7 +7,8 @@ import re
 from collections import OrderedDict
 
 from .. import open as open_model
-from ..reader import tensor_stats
+from ..dequant import value_stats
+from ..errors import TensorscopeError
 from ..render import emit_json, human_bytes, human_count, progress, stdout_console
 
 HELP = "list the tensors of a model file (any format)"
@@ -62,8 +63,9 @@ def _compute_stats(model, tensors):
     with progress(total, "stats") as advance:
         for t in tensors:
             try:
-                out[t.name] = tensor_stats(model.read(t)).to_dict()
-            except (TypeError, ValueError) as e:  # dtypes without arithmetic (strings, blocks)
+                # Quantized/packed/block dtypes: statistics of the decoded values (dequant).
+                out[t.name] = value_stats(model, t).to_dict()
+            except (TypeError, ValueError, TensorscopeError) as e:  # strings, undecodable blocks
                 out[t.name] = {"error": str(e)}
             advance(t.nbytes)
     return out

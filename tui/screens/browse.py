@@ -17,7 +17,7 @@ from textual.screen import Screen
 from textual.widgets import DataTable, Footer, Input, Static, Tree
 from textual.worker import get_current_worker
 
-from ..compute import HIST_BINS, Cancelled, chunked_stats, histogram, is_raw
+from ..compute import HIST_BINS, Cancelled, chunked_stats, histogram, is_raw, stream_values
 from ..formatting import basename, compact_bytes, fmt_offset, fmt_shape, human_bytes, human_count, one_line
 from ..messages import HistogramReady, StatsFailed, StatsReady
 from ..model_index import ModuleNode, build_tree, select_rows, tensor_path
@@ -219,7 +219,7 @@ class BrowseScreen(Screen):
     def compute_stats(self, key: str, info) -> None:
         worker = get_current_worker()
         try:
-            arr = self.model.read(info)
+            arr = stream_values(self.model, info)  # decoded values for quantized dtypes
             if is_raw(info, arr):
                 self.post_message(StatsFailed(key, f"no element statistics: {info.dtype} values are "
                                                    "stored packed/quantized (raw bytes)"))

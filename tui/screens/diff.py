@@ -16,7 +16,7 @@ from textual.screen import Screen
 from textual.widgets import DataTable, Footer, Static
 from textual.worker import get_current_worker
 
-from ..compute import HIST_BINS, Cancelled, diff_histogram, is_raw
+from ..compute import HIST_BINS, Cancelled, diff_histogram, is_raw, values_of
 from ..formatting import basename, fmt_shape, fmt_value, one_line, shorten_paths
 from ..messages import DiffFailed, DiffReady, HistogramReady, StatsFailed
 from ..widgets.banner import SafetyBanner
@@ -180,8 +180,8 @@ class DiffScreen(Screen):
     def diff_hist(self, key: str, info_a, info_b) -> None:
         worker = get_current_worker()
         try:
-            a = self.model_a.read(info_a)
-            b = self.model_b.read(info_b)
+            a = values_of(self.model_a, info_a)  # decoded values for quantized dtypes
+            b = values_of(self.model_b, info_b)
             if is_raw(info_a, a) or is_raw(info_b, b):
                 self.post_message(StatsFailed(key, "values are stored packed/quantized; no histogram"))
                 return

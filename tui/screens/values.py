@@ -14,7 +14,7 @@ from textual.binding import Binding
 from textual.screen import Screen
 from textual.widgets import DataTable, Footer, Static
 
-from ..compute import as_matrix, is_raw, preview_window
+from ..compute import as_matrix, is_raw, preview_window, values_of
 from ..formatting import fmt_shape, fmt_value, one_line
 from ..widgets.banner import SafetyBanner
 
@@ -60,7 +60,7 @@ class ValuesScreen(Screen):
         title.append(f" {info.name} · {info.dtype} {fmt_shape(info.shape)}")
         self.query_one("#titlebar", Static).update(title)
         try:
-            arr = self.model.read(info)
+            arr = values_of(self.model, info)  # decoded values for quantized dtypes
             if is_raw(info, arr):
                 self.error = f"{info.dtype} values are stored packed/quantized; no element preview"
             else:
