@@ -48,7 +48,11 @@ _MODULES = {"torch-zip": "torch_zip", "torchscript": "torchscript", "pt2": "torc
 
 
 def open_source(src: ByteSource) -> ModelFile:
-    archive = zipfmt.read_zip(src)
+    return open_archive(src, zipfmt.read_zip(src))
+
+
+def open_archive(src: ByteSource, archive: zipfmt.ZipArchive) -> ModelFile:
+    """Open an archive already read (the scanner shares one central-directory read with us)."""
     kind = classify(archive)
     module_name = _MODULES.get(kind)
     if module_name is None:
@@ -56,11 +60,5 @@ def open_source(src: ByteSource) -> ModelFile:
                           f"(no data.pkl, TorchScript code, .pt2 layout or .npy members; first "
                           f"members: {', '.join(archive.names()[:5]) or 'none'})",
                           format="zip", file=src.path)
-    try:
-        module = importlib.import_module(f"tensorscope.parsers.{module_name}")
-    except ModuleNotFoundError as e:
-        if e.name != f"tensorscope.parsers.{module_name}":
-            raise
-        # A container not built yet: its data.pkl still reads as a plain torch archive.
-        module = importlib.import_module("tensorscope.parsers.torch_zip")
+    module = importlib.import_module(f"tensorscope.parsers.{module_name}")
     return module.open_zip(src, archive)

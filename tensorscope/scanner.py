@@ -688,26 +688,12 @@ def _read_archive(src: ByteSource):
 
 
 def _open_zip_archive(src: ByteSource, archive):
-    """What ``tensorscope.open`` does with a zip (``parsers/zip_dispatch.open_source``), over the
-    archive already read: the parser the members call for, or FormatError for an unknown zip."""
-    import importlib
-
+    """What ``tensorscope.open`` does with a zip, over the archive already read (or the error
+    reading it raised)."""
     from .parsers import zip_dispatch
     if isinstance(archive, FormatError):
         raise archive
-    module_name = zip_dispatch._MODULES.get(zip_dispatch.classify(archive))
-    if module_name is None:
-        raise FormatError(f"zip archive holds no model this tool recognises "
-                          f"(no data.pkl, TorchScript code, .pt2 layout or .npy members; first "
-                          f"members: {', '.join(archive.names()[:5]) or 'none'})",
-                          format="zip", file=src.path)
-    try:
-        module = importlib.import_module(f"tensorscope.parsers.{module_name}")
-    except ModuleNotFoundError as e:
-        if e.name != f"tensorscope.parsers.{module_name}":
-            raise
-        module = importlib.import_module("tensorscope.parsers.torch_zip")
-    return module.open_zip(src, archive)
+    return zip_dispatch.open_archive(src, archive)
 
 
 def _open_with_parser(ctx: _Ctx, src: ByteSource | None = None, archive=None):

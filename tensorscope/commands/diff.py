@@ -2,10 +2,13 @@
 from __future__ import annotations
 
 import argparse
+from typing import TYPE_CHECKING
 
 from .. import open as open_model
-from ..diffing import DiffResult, TensorDiff, diff_models
 from ..render import emit_json, progress, stdout_console
+
+if TYPE_CHECKING:
+    from ..diffing import DiffResult, TensorDiff
 
 HELP = "compare two models (any formats) tensor by tensor, down to the values"
 DESCRIPTION = """\
@@ -63,6 +66,7 @@ def run(args) -> int:
     with open_model(args.a) as ma, open_model(args.b) as mb:
         total = 0 if args.no_values else ma.total_bytes + mb.total_bytes
         with progress(total, "diff") as advance:
+            from ..diffing import diff_models  # numpy loads only when a diff runs
             result = diff_models(ma, mb, atol=args.atol, rtol=args.rtol, values=not args.no_values,
                                  strip_prefix=args.strip_prefix, maps=args.map,
                                  detect_prefix=not args.no_detect_prefix,
