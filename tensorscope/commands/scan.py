@@ -1,9 +1,6 @@
 """`tensorscope scan PATH...`: static safety scan of untrusted model files."""
 from __future__ import annotations
 
-import json
-import sys
-
 from ..render import emit_json, stderr_console, stdout_console
 
 HELP = "statically scan model files for code that loading would run (nothing is executed)"
@@ -59,8 +56,7 @@ def run(args) -> int:
     if args.json:
         emit_json(report.to_dict())
     elif args.sarif:
-        json.dump(report.to_sarif(), sys.stdout, indent=2, sort_keys=True)
-        sys.stdout.write("\n")
+        emit_json(report.to_sarif())
     else:
         _print_table(report, Severity.parse(args.min_severity))
     return report.exit_code(fail_on)
