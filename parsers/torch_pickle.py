@@ -276,12 +276,18 @@ def _ref_summary(t: TensorRef) -> dict[str, Any]:
     s = t.storage
     return {"dtype": t.dtype, "shape": list(t.shape), "storage_key": s.key if s else None,
             "byte_offset": None if s is None or s.data_offset is None else
-            s.data_offset + t.storage_offset * _itemsize(t.dtype)}
+            s.data_offset + _offset_bytes(t.dtype, t.storage_offset)}
 
 
-def _itemsize(dtype: str) -> int:
+def _offset_bytes(dtype: str, elements: int) -> int:
+    """Bytes before element ``elements`` of a storage (packed types hold several per byte)."""
     from tensorscope.dtypes import spec
-    return spec(dtype).itemsize
+    return elements * spec(dtype).bits // 8
+
+
+def _bits(dtype: str) -> int:
+    from tensorscope.dtypes import spec
+    return spec(dtype).bits
 
 
 def _rebuild_meta(args, pos):
@@ -495,7 +501,7 @@ def to_tensor_info(path: tuple[str, ...], raw: tuple[str, ...], t: TensorRef, *,
         storage_key = s.key
         extras["location"] = s.location
         if s.data_offset is not None and s.error is None:
-            byte_offset = s.data_offset + t.storage_offset * _itemsize(t.dtype)
+            byte_offset = s.data_offset + _offset_bytes(t.dtype, t.storage_offset)
             storage_nbytes = s.nbytes
         if s.error:
             extras["error"] = s.error
@@ -515,4 +521,4 @@ def tensor_fits(t: TensorRef) -> bool:
     if s is None or s.nbytes is None or math.prod(t.shape) == 0:
         return True
     last = t.storage_offset + sum((d - 1) * st for d, st in zip(t.shape, t.stride))
-    return (last + 1) * _itemsize(t.dtype) <= s.nbytes
+    return -(-(last + 1) * _bits(t.dtype) // 8) <= s.nbytes

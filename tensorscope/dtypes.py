@@ -24,7 +24,7 @@ class DTypeSpec:
 
     Attributes:
         name: canonical name (``bfloat16``).
-        bits: bits per element as stored (4 for int4, 8 for quint4x2 whose byte holds two values).
+        bits: bits per element as stored (4 for int4 and quint4x2, whose byte holds two values).
         numpy_name: the numpy type a view uses (``float32``, ``ml_dtypes.bfloat16``), or None
             when values cannot be viewed as an array (strings, block-quantized types); a view then
             exposes the raw bytes as uint8. `numpy` is that type as an ``np.dtype``.
@@ -105,8 +105,9 @@ _TABLE = [
     _s("qint8", 8, "int8", "quantized"),
     _s("quint8", 8, "uint8", "quantized"),
     _s("qint32", 32, "int32", "quantized"),
-    _s("quint4x2", 8, "uint8", "quantized", packed=True),
-    _s("quint2x4", 8, "uint8", "quantized", packed=True),
+    # torch addresses these by value (strides, offsets, numel count nibbles / crumbs).
+    _s("quint4x2", 4, "uint8", "quantized", packed=True),
+    _s("quint2x4", 2, "uint8", "quantized", packed=True),
     # Sub-byte ONNX / ml_dtypes types, packed two (or four) per byte on disk.
     _s("int4", 4, "uint8", "int", packed=True),
     _s("uint4", 4, "uint8", "uint", packed=True),
