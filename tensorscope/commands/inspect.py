@@ -7,7 +7,6 @@ import re
 from collections import OrderedDict
 
 from .. import open as open_model
-from ..dequant import value_stats
 from ..errors import TensorscopeError
 from ..render import emit_json, human_bytes, human_count, progress, stdout_console
 
@@ -58,6 +57,7 @@ def _selected(model, globs):
 
 
 def _compute_stats(model, tensors):
+    from ..dequant import value_stats  # numpy loads only when values are read
     out = {}
     total = sum(t.nbytes for t in tensors)
     with progress(total, "stats") as advance:
