@@ -405,7 +405,8 @@ def read_tar(src: ByteSource, *, max_members: int = 10_000) -> dict[str, tuple[i
         if kind == "x":
             pax = _pax_records(src.read(data, size, "PAX header", fmt=FORMAT))
         elif kind == "g":
-            pass  # global PAX header: nothing torch relies on
+            # global PAX header: nothing torch relies on
+            pass
         else:
             if kind in "07" and full not in members:
                 members[full] = (data, size)

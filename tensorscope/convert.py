@@ -598,7 +598,8 @@ class _Sink:
             try:
                 os.posix_fadvise(self.fd, self.synced, self.pos - self.synced, os.POSIX_FADV_DONTNEED)
             except OSError:
-                pass  # advice only
+                # advice only
+                pass
             self.synced = self.pos
 
     def write(self, data) -> None:
@@ -702,7 +703,8 @@ def _fsync_dir(folder: str) -> None:
     try:
         os.fsync(fd)
     except OSError:
-        pass  # some filesystems refuse fsync on folders; the files themselves are synced
+        # some filesystems refuse fsync on folders; the files themselves are synced
+        pass
     finally:
         os.close(fd)
 

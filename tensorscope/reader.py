@@ -242,7 +242,8 @@ class PageReleaser:
         try:
             raw.madvise(mmap.MADV_DONTNEED, lo, hi - lo)
         except (OSError, ValueError):
-            pass  # advice only: a refused hint costs memory, never correctness
+            # advice only: a refused hint costs memory, never correctness
+            pass
 
     def release_piece(self, file: str, piece: np.ndarray) -> None:
         """Release the pages under ``piece`` when it is a view into ``file``'s map (not a copy)."""

@@ -72,7 +72,8 @@ class ByteSource:
         try:
             self.buffer.release()
         except (BufferError, ValueError):
-            pass  # numpy views still hold the map; it is freed with them
+            # numpy views still hold the map; it is freed with them
+            pass
         if self._mmap is not None:
             try:
                 self._mmap.close()
