@@ -81,6 +81,7 @@ __all__ = [
     "run", "Limits", "DEFAULT_LIMITS", "PickleResult", "GlobalSeen", "CallSeen", "Global", "Call",
     "PersistentRef", "OutOfBandBuffer", "Extension", "UnhashableKey", "BuildStates", "NOTSET",
     "DECLINE", "CONTAINER_HOOKS", "PickleError", "HIGHEST_PROTOCOL", "MAX_NESTED_RUNS",
+    "DYNAMIC",
 ]
 
 HIGHEST_PROTOCOL = 5
@@ -105,6 +106,24 @@ for _info in pickletools.opcodes:
         _ARG_SIZE[_byte] = _info.arg.n
     else:   # a length prefix (TAKEN_FROM_ARGUMENT*) or a text line (UP_TO_NEWLINE: 0)
         _ARG_SIZE[_byte] = _PREFIX.get(_info.arg.n, 0)
+
+# How far each opcode's argument reaches (for FRAME crossings): ("fixed", n), ("lines", count),
+# ("counted", size of the little-endian length prefix) or ("signed", 4) for LONG4/BINSTRING.
+_ARG_KIND: dict[int, tuple[str, int]] = {}
+for _info in pickletools.opcodes:
+    _byte = ord(_info.code)
+    if _info.arg is None or _info.arg.n >= 0:
+        _ARG_KIND[_byte] = ("fixed", 0 if _info.arg is None else _info.arg.n)
+    elif _info.arg.n == pickletools.UP_TO_NEWLINE:
+        _ARG_KIND[_byte] = ("lines", 2 if _info.arg.name.endswith("_pair") else 1)
+    elif _info.arg.n == pickletools.TAKEN_FROM_ARGUMENT4:
+        _ARG_KIND[_byte] = ("signed", 4)
+    else:
+        _ARG_KIND[_byte] = ("counted", _PREFIX[_info.arg.n])
+# Opcodes whose payload the C unpickler reads with _Unpickler_ReadInto: the rest of the frame's
+# buffer, then the file, contiguous for every reader (only their length prefix must fit).
+_READ_INTO = frozenset(_CODE[name] for name in ("SHORT_BINBYTES", "BINBYTES", "BINBYTES8",
+                                                 "BYTEARRAY8"))
 
 # Binary layouts of opcode arguments (all little-endian except BINFLOAT, as pickle defines).
 _U16 = struct.Struct("<H")    # BININT2, EXT2
@@ -374,6 +393,13 @@ class PickleResult:
         end: offset just after STOP, or of the opcode that failed.
         stopped: True when STOP was reached.
         error: the failure, or None. Results before it are kept.
+        reader_disagreements: (pos, what) of every place where CPython's own readers read the
+            bytes differently: an opcode that runs past the end of its FRAME (``pickle.loads``
+            and buffered files read on, ``io.BytesIO`` -- torch.load's reading of a zip's
+            data.pkl -- drops the rest of the frame and reads the opcode's argument from after
+            it), a FRAME inside a FRAME that runs past it, a STOP with bytes left in its frame.
+            The run follows the contiguous reading; a scanner MUST treat any entry as a way to
+            hide opcodes from it. No writer produces these.
     """
 
     value: Any = None
@@ -385,6 +411,7 @@ class PickleResult:
     end: int = 0
     stopped: bool = False
     error: FormatError | None = None
+    reader_disagreements: list[tuple[int, str]] = field(default_factory=list)
 
     def raise_for_error(self) -> None:
         """Raise `error` if the run failed."""
@@ -398,10 +425,23 @@ class PickleResult:
 _INERT_DATA = (type(None), bool, int, float, complex, str, bytes, bytearray, tuple, list, dict,
                set, frozenset)
 
+# Values whose type is only known when a loader runs (what an import, a call or persistent_load
+# returns): a check on their type must not stop the run, the real value may pass it.
+_SYMBOLIC = (Global, Call, PersistentRef, Extension)
+
+DYNAMIC = "<dynamic>"
+"""`GlobalSeen` module or name of a STACK_GLOBAL whose operand is computed at load time."""
+
+
+class _Unmodelled(PickleError):
+    """A container hook cannot model these arguments. The VM then pushes the inert `Call`
+    (as for `DECLINE`) and goes on: the real callee might accept them (``bytes(5)``, a stand-in
+    class), so stopping here would hide the rest of the pickle from the scan."""
+
 
 def _hook_error(what: str, args: tuple) -> PickleError:
     kinds = ", ".join(type(a).__name__ for a in args)
-    return PickleError(f"{what} called with unsupported arguments ({kinds})")
+    return _Unmodelled(f"{what} called with unsupported arguments ({kinds})")
 
 
 def _pairs_to_dict(what: str, pairs: Any) -> dict:
@@ -412,7 +452,7 @@ def _pairs_to_dict(what: str, pairs: Any) -> dict:
         raise _hook_error(what, (pairs,))
     for pair in pairs:
         if type(pair) not in (list, tuple) or len(pair) != 2:
-            raise PickleError(f"{what} wants (key, value) pairs, got {type(pair).__name__}")
+            raise _Unmodelled(f"{what} wants (key, value) pairs, got {type(pair).__name__}")
         _set_key(out, pair[0], pair[1])
     return out
 
@@ -460,7 +500,7 @@ def _encode(what: str, text: Any, encoding: Any) -> bytes:
     try:
         return text.encode(codec)
     except UnicodeEncodeError as exc:
-        raise PickleError(f"{what}: text cannot be encoded as {codec}: {exc.reason}") from None
+        raise _Unmodelled(f"{what}: text cannot be encoded as {codec}: {exc.reason}") from None
 
 
 def _make_bytes(args: tuple, pos: int) -> bytes:
@@ -590,64 +630,87 @@ def _add_item(s: set, item: Any) -> None:
 # ---------------------------------------------------------------------------------------------
 # Text-form helpers (protocols 0 and 1).
 
-# C strtol(s, &end, 0): optional space, sign, then 0x-hex, 0-octal or decimal.
-_STRTOL = re.compile(rb"[ \t\n\v\f\r]*([+-]?)(0[xX][0-9a-fA-F]+|0[0-7]*|[1-9][0-9]*)\Z")
+# The C unpickler copies each text line into a NUL-terminated buffer and parses it with C
+# string functions, which stop at the first NUL: ``I1\x00junk\n`` is the int 1.
+def _c_string(text: bytes) -> bytes:
+    nul = text.find(b"\0")
+    return text if nul < 0 else text[:nul]
+
+
+# C strtol(s, &end, 0): optional space, sign, then 0x-hex, 0-octal or decimal (a prefix match:
+# load_int accepts it only when it reaches the end of the C string).
+_STRTOL = re.compile(rb"[ \t\n\v\f\r]*([+-]?)(0[xX][0-9a-fA-F]+|0[0-7]*|[1-9][0-9]*)")
 _INT64_MIN, _INT64_MAX = -(1 << 63), (1 << 63) - 1
+_C_SPACE = b" \t\n\v\f\r"
 
 
-def _py_int(text: bytes, what: str) -> int:
-    """int(text, 0) as PyLong_FromString(s, NULL, 0) does, with the digit cap."""
-    if len(text) > _MAX_INT_DIGITS + 8:
+def _py_int(text: bytes, what: str, base: int = 0) -> int:
+    """PyLong_FromString(s, NULL, base) over the C string of ``text``: Python's int syntax
+    (ASCII only, surrounding whitespace, underscores), with CPython's 4300-digit cap for
+    decimal (power-of-two bases have none: their conversion is linear)."""
+    body = _c_string(text).strip(_C_SPACE)
+    digits = body.lstrip(b"+-")
+    binary = base == 0 and digits[:2].lower() in (b"0x", b"0o", b"0b")
+    if not binary and len(digits) > _MAX_INT_DIGITS and \
+            len(digits.replace(b"_", b"")) > _MAX_INT_DIGITS:
         raise PickleError(f"{what} literal has {len(text)} characters, more than the "
                           f"{_MAX_INT_DIGITS}-digit limit for int conversion")
     try:
-        return int(text.decode("ascii"), 0)
+        return int(body.decode("ascii"), base)
     except (UnicodeDecodeError, ValueError):
         shown = text[:40] + (b"..." if len(text) > 40 else b"")
         raise PickleError(f"{what} argument {shown!r} is not an integer") from None
 
 
 def _text_int(text: bytes) -> int | bool:
-    """INT's argument as load_int in _pickle.c reads it."""
-    m = _STRTOL.match(text)
-    if m is not None:
+    """INT's argument as load_int in _pickle.c reads it: strtol(s, &end, 0) must end at the
+    newline or a NUL and fit a C long, else PyLong_FromString(s, NULL, 0) decides."""
+    c = _c_string(text)
+    m = _STRTOL.match(c)
+    if m is None:
+        value = 0 if not c else None    # no digits: strtol gives 0 with end at the start
+    elif m.end() != len(c) or len(m.group(2)) > 40:
+        value = None
+    else:
         sign, digits = m.groups()
         if digits[:2] in (b"0x", b"0X"):
-            value = int(digits[2:], 16) if len(digits) <= 40 else None
+            value = int(digits[2:], 16)
         elif digits.startswith(b"0"):
-            value = int(digits, 8) if len(digits) <= 40 else None
+            value = int(digits, 8)
         else:
-            value = int(digits) if len(digits) <= 40 else None
-        if value is not None:
-            value = -value if sign == b"-" else value
-            if _INT64_MIN <= value <= _INT64_MAX:
-                if len(text) == 2 and value in (0, 1):
-                    return bool(value)          # I00 / I01: protocol-1 bools
-                return value
-    return _py_int(text, "INT")             # too long for a C long: Python's own rules
+            value = int(digits)
+        value = -value if sign == b"-" else value
+        if not _INT64_MIN <= value <= _INT64_MAX:
+            value = None
+    if value is None:
+        return _py_int(text, "INT")     # not a C long: Python's own rules
+    if len(text) == 2 and value in (0, 1):
+        return bool(value)              # I00 / I01: protocol-1 bools (the line's length counts)
+    return value
+
+
+_FLOAT_TEXT = re.compile(rb"[+-]?(?:(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][+-]?[0-9]+)?"
+                         rb"|(?i:inf|infinity|nan))\Z")
 
 
 def _text_float(text: bytes) -> float:
-    # PyOS_string_to_double: no surrounding space, no underscores, overflow is an error.
-    if (not text or text != text.strip() or b"_" in text or len(text) > 400):
+    # PyOS_string_to_double over the C string: the whole of it must be a float literal (no
+    # space, no underscore); overflow is an error.
+    c = _c_string(text)
+    if _FLOAT_TEXT.match(c) is None:
         raise PickleError(f"FLOAT argument {text[:40]!r} is not a float")
-    try:
-        value = float(text.decode("ascii"))
-    except (UnicodeDecodeError, ValueError):
-        raise PickleError(f"FLOAT argument {text[:40]!r} is not a float") from None
-    if value in (float("inf"), float("-inf")) and b"inf" not in text.lower():
+    value = float(c.decode("ascii"))
+    if value in (float("inf"), float("-inf")) and b"inf" not in c.lower():
         raise PickleError(f"FLOAT argument {text[:40]!r} overflows a double")
     return value
 
 
 def _text_index(text: bytes, what: str) -> int:
     """PUT/GET arguments: PyLong_FromString(s, NULL, 10)."""
-    if len(text) > 40:
-        raise PickleError(f"{what} argument {text[:40]!r}... is not a memo index")
     try:
-        return int(text.decode("ascii"), 10)
-    except (UnicodeDecodeError, ValueError):
-        raise PickleError(f"{what} argument {text!r} is not a memo index") from None
+        return _py_int(text, what, 10)
+    except PickleError:
+        raise PickleError(f"{what} argument {text[:40]!r} is not a memo index") from None
 
 
 def _py2_string(raw: bytes) -> str | bytes:
@@ -696,6 +759,12 @@ class _VM:
             self.data = view
             self.raw = None     # no bytes.find on a memoryview: see _readline
         self.n = len(self.data)
+        # FRAME: while one is open, `data`/`n` end at its end (a memoryview slice), so that an
+        # opcode running past it fails, and `frame_retry` tells a crossing from a real failure.
+        self.full = self.data
+        self.full_n = self.n
+        self.frame_end: int | None = None
+        self.full_view: memoryview | None = None
         if not 0 <= start <= self.n:
             raise ValueError(f"start={start} is outside the data (0..{self.n})")
         self.start = start
@@ -796,221 +865,244 @@ class _VM:
         EMPTY_DICT = _CODE["EMPTY_DICT"]; EMPTY_LIST = _CODE["EMPTY_LIST"]
         APPEND = _CODE["APPEND"]; APPENDS = _CODE["APPENDS"]; SETITEM = _CODE["SETITEM"]
         SETITEMS = _CODE["SETITEMS"]; BINFLOAT = _CODE["BINFLOAT"]; STOP = _CODE["STOP"]
-        REDUCE = _CODE["REDUCE"]; BINPERSID = _CODE["BINPERSID"]
+        REDUCE = _CODE["REDUCE"]; BINPERSID = _CODE["BINPERSID"]; FRAME = _CODE["FRAME"]
 
-        try:
-            while True:
-                # Opcodes run in batches that end where the limits are checked next; the `for`
-                # counts them, so the hot path pays no counter and no comparison for that.
-                batch_end = min(nops + _CHECK_EVERY, max_opcodes)
-                for nops in range(nops + 1, batch_end + 1):
-                    op = data[pos]
-                    # Every branch leaves `pos` at the opcode until nothing can fail any more, so
-                    # the except clauses below know where the failure was.
-                    if op == BININT1:
-                        stack.append(data[pos + 1])
-                        pos += 2
-                    elif op == BINGET:
-                        stack.append(memo[data[pos + 1]])
-                        pos += 2
-                    elif op == LONG_BINPUT:
-                        memo[unpack_u32(data, pos + 1)[0]] = stack[-1]
-                        pos += 5
-                    elif op == MEMOIZE:
-                        memo[len(memo)] = stack[-1]
-                        pos += 1
-                    elif op == MARK:
-                        if len(metastack) >= max_depth:
-                            raise self.limit("MARK nesting depth", max_depth, len(metastack) + 1,
-                                             pos)
-                        metastack.append(stack)
-                        stack = self.stack = []
-                        pos += 1
-                    elif op == TUPLE:
-                        if not metastack:
-                            raise self.no_mark("TUPLE", pos)
-                        items = tuple(stack)
-                        stack = self.stack = metastack.pop()
-                        stack.append(items)
-                        built += 1
-                        pos += 1
-                    elif op == TUPLE2:
-                        second = stack.pop()
-                        stack[-1] = (stack[-1], second)
-                        built += 1
-                        pos += 1
-                    elif op == REDUCE:
-                        args = stack[-1]
-                        func = stack[-2]
-                        if type(func) is not Global or type(args) is not tuple:
-                            pos = self.reduce_checked(pos)  # errors, calls of calls ...
+        while True:     # runs again only when frame_retry re-runs an opcode
+            try:
+                try:
+                    while True:
+                        # Opcodes run in batches that end where the limits are checked next; the `for`
+                        # counts them, so the hot path pays no counter and no comparison for that.
+                        batch_end = min(nops + _CHECK_EVERY, max_opcodes)
+                        for nops in range(nops + 1, batch_end + 1):
+                            op = data[pos]
+                            # Every branch leaves `pos` at the opcode until nothing can fail any more, so
+                            # the except clauses below know where the failure was.
+                            if op == BININT1:
+                                stack.append(data[pos + 1])
+                                pos += 2
+                            elif op == BINGET:
+                                stack.append(memo[data[pos + 1]])
+                                pos += 2
+                            elif op == LONG_BINPUT:
+                                memo[unpack_u32(data, pos + 1)[0]] = stack[-1]
+                                pos += 5
+                            elif op == MEMOIZE:
+                                memo[len(memo)] = stack[-1]
+                                pos += 1
+                            elif op == MARK:
+                                if len(metastack) >= max_depth:
+                                    raise self.limit("MARK nesting depth", max_depth, len(metastack) + 1,
+                                                     pos)
+                                metastack.append(stack)
+                                stack = self.stack = []
+                                pos += 1
+                            elif op == TUPLE:
+                                if not metastack:
+                                    raise self.no_mark("TUPLE", pos)
+                                items = tuple(stack)
+                                stack = self.stack = metastack.pop()
+                                stack.append(items)
+                                built += 1
+                                pos += 1
+                            elif op == TUPLE2:
+                                second = stack.pop()
+                                stack[-1] = (stack[-1], second)
+                                built += 1
+                                pos += 1
+                            elif op == REDUCE:
+                                args = stack[-1]
+                                func = stack[-2]
+                                if type(func) is not Global or type(args) is not tuple:
+                                    pos = self.reduce_checked(pos)  # errors, calls of calls ...
+                                    continue
+                                calls.append(CallSeen(func, args, None, pos, "REDUCE"))
+                                built += 1
+                                del stack[-1]
+                                hook = func._hook
+                                if hook is None:
+                                    stack[-1] = Call(func, args, None, pos, "REDUCE")
+                                else:
+                                    try:
+                                        value = hook(args, pos)
+                                    except _Unmodelled:
+                                        value = DECLINE
+                                    except FormatError:
+                                        raise
+                                    except Exception as exc:
+                                        raise _CallerFault(f"hook for {func.dotted}") from exc
+                                    if value is DECLINE:
+                                        value = Call(func, args, None, pos, "REDUCE")
+                                    stack[-1] = value
+                                pos += 1
+                            elif op == BINUNICODE:
+                                size = unpack_u32(data, pos + 1)[0]
+                                end = pos + 5 + size
+                                if end > n or size > max_string:
+                                    raise self.short("BINUNICODE", size, pos, pos + 5)
+                                if raw is None:
+                                    stack.append(str(data[pos + 5:end], "utf-8", "surrogatepass"))
+                                else:   # bytes.decode is ~40 ns faster than str(memoryview, ...)
+                                    stack.append(raw[pos + 5:end].decode("utf-8", "surrogatepass"))
+                                pos = end
+                            elif op == SHORT_BINUNICODE:
+                                size = data[pos + 1]
+                                end = pos + 2 + size
+                                if end > n:
+                                    raise self.short("SHORT_BINUNICODE", size, pos, pos + 2)
+                                if raw is None:
+                                    stack.append(str(data[pos + 2:end], "utf-8", "surrogatepass"))
+                                else:
+                                    stack.append(raw[pos + 2:end].decode("utf-8", "surrogatepass"))
+                                pos = end
+                            elif op == EMPTY_TUPLE:
+                                stack.append(())
+                                pos += 1
+                            elif op == BINPERSID:
+                                pid = stack[-1]
+                                persistent_ids.append((pid, pos))
+                                if persistent_load is None:
+                                    stack[-1] = PersistentRef(pid, pos)
+                                else:
+                                    try:
+                                        stack[-1] = persistent_load(pid, pos)
+                                    except FormatError:
+                                        raise
+                                    except Exception as exc:
+                                        raise _CallerFault("persistent_load") from exc
+                                pos += 1
+                            elif op == NEWFALSE:
+                                stack.append(False)
+                                pos += 1
+                            elif op == BINPUT:
+                                memo[data[pos + 1]] = stack[-1]
+                                pos += 2
+                            elif op == TUPLE1:
+                                stack[-1] = (stack[-1],)
+                                built += 1
+                                pos += 1
+                            elif op == TUPLE3:
+                                third = stack.pop()
+                                second = stack.pop()
+                                stack[-1] = (stack[-1], second, third)
+                                built += 1
+                                pos += 1
+                            elif op == LONG_BINGET:
+                                stack.append(memo[unpack_u32(data, pos + 1)[0]])
+                                pos += 5
+                            elif op == BININT:
+                                stack.append(unpack_i32(data, pos + 1)[0])
+                                pos += 5
+                            elif op == BININT2:
+                                stack.append(unpack_u16(data, pos + 1)[0])
+                                pos += 3
+                            elif op == NONE:
+                                stack.append(None)
+                                pos += 1
+                            elif op == NEWTRUE:
+                                stack.append(True)
+                                pos += 1
+                            elif op == EMPTY_DICT:
+                                stack.append({})
+                                built += 1
+                                pos += 1
+                            elif op == EMPTY_LIST:
+                                stack.append([])
+                                built += 1
+                                pos += 1
+                            elif op == APPEND:
+                                target = stack[-2]
+                                if type(target) is list:
+                                    target.append(stack.pop())
+                                else:
+                                    self.append_to(target, [stack.pop()], "APPEND", pos)
+                                pos += 1
+                            elif op == APPENDS:
+                                if not metastack:
+                                    raise self.no_mark("APPENDS", pos)
+                                items = stack
+                                stack = self.stack = metastack.pop()
+                                target = stack[-1]
+                                if type(target) is list:
+                                    target.extend(items)
+                                elif items:     # C _pickle: nothing to do when no items follow the mark
+                                    self.append_to(target, items, "APPENDS", pos)
+                                pos += 1
+                            elif op == SETITEM:
+                                target = stack[-3]
+                                if type(target) is dict and type(stack[-2]) is str:
+                                    target[stack[-2]] = stack[-1]
+                                else:
+                                    self.setitems_on(target, stack[-2:], "SETITEM", pos)
+                                del stack[-2:]
+                                pos += 1
+                            elif op == SETITEMS:
+                                if not metastack:
+                                    raise self.no_mark("SETITEMS", pos)
+                                items = stack
+                                stack = self.stack = metastack.pop()
+                                target = stack[-1]
+                                if items:       # C _pickle: nothing to do when no items follow the mark
+                                    self.setitems_on(target, items, "SETITEMS", pos)
+                                pos += 1
+                            elif op == BINFLOAT:
+                                stack.append(unpack_f64(data, pos + 1)[0])
+                                pos += 9
+                            elif op == STOP:
+                                value = stack.pop()
+                                pos += 1
+                                result.stopped = True
+                                if self.frame_end is not None and pos < self.frame_end:
+                                    self.disagree(pos - 1, f"STOP with {self.frame_end - pos} bytes "
+                                                  f"left in its FRAME (a second load from the same "
+                                                  f"io.BytesIO starts at {self.frame_end})")
+                                break
+                            else:
+                                handler = slow[op]
+                                if handler is None:
+                                    raise self.error(f"unknown opcode {op:#04x}", pos)
+                                pos = handler(self, pos)
+                                stack = self.stack      # the handler may have popped a mark
+                                if op == FRAME:
+                                    data = self.data
+                                    n = self.n
+                        else:
+                            if nops >= max_opcodes:
+                                raise self.limit("opcode count", max_opcodes, nops + 1, pos)
+                            self.checkpoint(built, pos)
                             continue
-                        calls.append(CallSeen(func, args, None, pos, "REDUCE"))
-                        built += 1
-                        del stack[-1]
-                        hook = func._hook
-                        if hook is None:
-                            stack[-1] = Call(func, args, None, pos, "REDUCE")
-                        else:
-                            try:
-                                value = hook(args, pos)
-                            except FormatError:
-                                raise
-                            except Exception as exc:
-                                raise _CallerFault(f"hook for {func.dotted}") from exc
-                            if value is DECLINE:
-                                value = Call(func, args, None, pos, "REDUCE")
-                            stack[-1] = value
-                        pos += 1
-                    elif op == BINUNICODE:
-                        size = unpack_u32(data, pos + 1)[0]
-                        end = pos + 5 + size
-                        if end > n or size > max_string:
-                            raise self.short("BINUNICODE", size, pos, pos + 5)
-                        if raw is None:
-                            stack.append(str(data[pos + 5:end], "utf-8", "surrogatepass"))
-                        else:   # bytes.decode is ~40 ns faster than str(memoryview, ...)
-                            stack.append(data[pos + 5:end].decode("utf-8", "surrogatepass"))
-                        pos = end
-                    elif op == SHORT_BINUNICODE:
-                        size = data[pos + 1]
-                        end = pos + 2 + size
-                        if end > n:
-                            raise self.short("SHORT_BINUNICODE", size, pos, pos + 2)
-                        if raw is None:
-                            stack.append(str(data[pos + 2:end], "utf-8", "surrogatepass"))
-                        else:
-                            stack.append(data[pos + 2:end].decode("utf-8", "surrogatepass"))
-                        pos = end
-                    elif op == EMPTY_TUPLE:
-                        stack.append(())
-                        pos += 1
-                    elif op == BINPERSID:
-                        pid = stack[-1]
-                        persistent_ids.append((pid, pos))
-                        if persistent_load is None:
-                            stack[-1] = PersistentRef(pid, pos)
-                        else:
-                            try:
-                                stack[-1] = persistent_load(pid, pos)
-                            except FormatError:
-                                raise
-                            except Exception as exc:
-                                raise _CallerFault("persistent_load") from exc
-                        pos += 1
-                    elif op == NEWFALSE:
-                        stack.append(False)
-                        pos += 1
-                    elif op == BINPUT:
-                        memo[data[pos + 1]] = stack[-1]
-                        pos += 2
-                    elif op == TUPLE1:
-                        stack[-1] = (stack[-1],)
-                        built += 1
-                        pos += 1
-                    elif op == TUPLE3:
-                        third = stack.pop()
-                        second = stack.pop()
-                        stack[-1] = (stack[-1], second, third)
-                        built += 1
-                        pos += 1
-                    elif op == LONG_BINGET:
-                        stack.append(memo[unpack_u32(data, pos + 1)[0]])
-                        pos += 5
-                    elif op == BININT:
-                        stack.append(unpack_i32(data, pos + 1)[0])
-                        pos += 5
-                    elif op == BININT2:
-                        stack.append(unpack_u16(data, pos + 1)[0])
-                        pos += 3
-                    elif op == NONE:
-                        stack.append(None)
-                        pos += 1
-                    elif op == NEWTRUE:
-                        stack.append(True)
-                        pos += 1
-                    elif op == EMPTY_DICT:
-                        stack.append({})
-                        built += 1
-                        pos += 1
-                    elif op == EMPTY_LIST:
-                        stack.append([])
-                        built += 1
-                        pos += 1
-                    elif op == APPEND:
-                        target = stack[-2]
-                        if type(target) is list:
-                            target.append(stack.pop())
-                        else:
-                            self.append_to(target, [stack.pop()], "APPEND", pos)
-                        pos += 1
-                    elif op == APPENDS:
-                        if not metastack:
-                            raise self.no_mark("APPENDS", pos)
-                        items = stack
-                        stack = self.stack = metastack.pop()
-                        target = stack[-1]
-                        if type(target) is list:
-                            target.extend(items)
-                        elif items:     # C _pickle: nothing to do when no items follow the mark
-                            self.append_to(target, items, "APPENDS", pos)
-                        pos += 1
-                    elif op == SETITEM:
-                        target = stack[-3]
-                        if type(target) is dict and type(stack[-2]) is str:
-                            target[stack[-2]] = stack[-1]
-                        else:
-                            self.setitems_on(target, stack[-2:], "SETITEM", pos)
-                        del stack[-2:]
-                        pos += 1
-                    elif op == SETITEMS:
-                        if not metastack:
-                            raise self.no_mark("SETITEMS", pos)
-                        items = stack
-                        stack = self.stack = metastack.pop()
-                        target = stack[-1]
-                        if items:       # C _pickle: nothing to do when no items follow the mark
-                            self.setitems_on(target, items, "SETITEMS", pos)
-                        pos += 1
-                    elif op == BINFLOAT:
-                        stack.append(unpack_f64(data, pos + 1)[0])
-                        pos += 9
-                    elif op == STOP:
-                        value = stack.pop()
-                        pos += 1
-                        result.stopped = True
-                        break
-                    else:
-                        handler = slow[op]
-                        if handler is None:
-                            raise self.error(f"unknown opcode {op:#04x}", pos)
-                        pos = handler(self, pos)
-                        stack = self.stack      # the handler may have popped a mark
-                else:
-                    if nops >= max_opcodes:
-                        raise self.limit("opcode count", max_opcodes, nops + 1, pos)
-                    self.checkpoint(built, pos)
+                        break   # STOP
+                except (FormatError, IndexError, struct.error, KeyError, UnicodeDecodeError):
+                    # Inside a FRAME the data ends at the frame's end: an opcode that failed may
+                    # only have run past it (frame_retry decides); it is then run again on the
+                    # whole data, as pickle.loads would.
+                    if self.frame_end is None or not self.frame_retry(pos):
+                        raise
+                    data = self.data
+                    n = self.n
+                    stack = self.stack
+                    nops -= 1
                     continue
-                break   # STOP
-        except FormatError as exc:
-            result.error = self.locate(exc, pos)
-        except (IndexError, struct.error):
-            result.error = self.classify_index_error(op, pos)
-        except KeyError as exc:
-            if op not in (BINGET, LONG_BINGET):
-                raise
-            result.error = self.error(
-                f"{_NAME[op]}: memo value not found at index {exc.args[0]}", pos)
-        except UnicodeDecodeError as exc:
-            result.error = self.error(f"{_NAME[op]}: invalid UTF-8 at byte {exc.start} of the "
-                                      f"string ({exc.reason})", pos)
-        except RecursionError:
-            result.error = self.error(f"{_NAME[op]}: objects nested too deeply to compare", pos)
-        except _CallerFault as exc:
-            cause = exc.__cause__
-            result.error = self.error(f"{exc.args[0]} raised {type(cause).__name__}: {cause}",
-                                      pos)
-            result.error.__cause__ = cause
+            except FormatError as exc:
+                result.error = self.locate(exc, pos)
+            except (IndexError, struct.error):
+                result.error = self.classify_index_error(op, pos)
+            except KeyError as exc:
+                if op not in (BINGET, LONG_BINGET):
+                    raise
+                result.error = self.error(
+                    f"{_NAME[op]}: memo value not found at index {exc.args[0]}", pos)
+            except UnicodeDecodeError as exc:
+                result.error = self.error(f"{_NAME[op]}: invalid UTF-8 at byte {exc.start} of the "
+                                          f"string ({exc.reason})", pos)
+            except RecursionError:
+                result.error = self.error(f"{_NAME[op]}: objects nested too deeply to compare", pos)
+            except _CallerFault as exc:
+                cause = exc.__cause__
+                result.error = self.error(f"{exc.args[0]} raised {type(cause).__name__}: {cause}",
+                                          pos)
+                result.error.__cause__ = cause
+            break
         if pos >= n and not result.stopped:
             nops -= 1       # the batch loop counted the opcode that was not there
         result.opcodes = nops
@@ -1097,6 +1189,8 @@ class _VM:
         """Call a hook or persistent_load: FormatError passes, anything else is a fault."""
         try:
             return fn(*args)
+        except _Unmodelled:
+            return DECLINE
         except FormatError:
             raise
         except Exception as exc:
@@ -1138,7 +1232,7 @@ class _VM:
             target._items.extend(items)
         elif kind is bytearray:
             try:
-                target.extend(items)
+                target.extend(item for item in items if type(item) not in _SYMBOLIC)
             except (TypeError, ValueError):
                 raise self.error(f"{opcode}: bytearray items must be ints in range(256)",
                                  pos) from None
@@ -1165,13 +1259,19 @@ class _VM:
             if target._dictitems is None:
                 target._dictitems = []
             target._dictitems.extend(zip(items[::2], items[1::2]))
-        elif kind is list:
-            for i in range(0, len(items), 2):   # list.__setitem__, as a loader would call it
-                key = items[i]
-                if type(key) is not int or not -len(target) <= key < len(target):
-                    raise self.error(f"{opcode}: list index {key!r} is not valid for a list of "
-                                     f"{len(target)} items", pos)
-                target[key] = items[i + 1]
+        elif kind is list or kind is bytearray:
+            for i in range(0, len(items), 2):   # __setitem__, as a loader would call it
+                key, value = items[i], items[i + 1]
+                if type(key) in _SYMBOLIC or kind is bytearray and type(value) in _SYMBOLIC:
+                    continue    # an index or byte computed at load time: may well be valid
+                if type(key) not in (int, bool) or not -len(target) <= key < len(target):
+                    raise self.error(f"{opcode}: index {key!r} is not valid for a "
+                                     f"{kind.__name__} of {len(target)} items", pos)
+                if kind is bytearray and (type(value) not in (int, bool) or
+                                          not 0 <= value < 256):
+                    raise self.error(f"{opcode}: bytearray items must be ints in range(256)",
+                                     pos)
+                target[key] = value
         elif kind in _INERT_DATA:
             raise self.error(f"{opcode}: {_type_name(target)!r} does not support item "
                              "assignment", pos)
@@ -1200,10 +1300,68 @@ class _VM:
 
     def op_FRAME(self, pos: int) -> int:
         size = _U64.unpack_from(self.data, pos + 1)[0]
-        remain = self.n - (pos + 9)
+        remain = self.full_n - (pos + 9)
         if size > remain:
             raise self.error(f"FRAME wants {size} bytes, {remain} remain", pos)
+        end = pos + 9 + size
+        if self.frame_end is not None:
+            if end <= self.frame_end:
+                return pos + 9      # read from the open frame's buffer: that buffer still rules
+            self.disagree(pos, f"FRAME inside a FRAME runs {end - self.frame_end} bytes past "
+                          f"its end at {self.frame_end}")
+        self.frame_end = end
+        if self.full_view is None:
+            self.full_view = memoryview(self.full)
+        self.data = self.full_view[:end]
+        self.n = end
         return pos + 9
+
+    # -- frames --------------------------------------------------------------------------------
+
+    def disagree(self, pos: int, what: str) -> None:
+        self.result.reader_disagreements.append((pos, what))
+
+    def leave_frame(self) -> None:
+        self.frame_end = None
+        self.data = self.full
+        self.n = self.full_n
+
+    def frame_retry(self, pos: int) -> bool:
+        """An opcode at ``pos`` failed inside a FRAME. True (frame left, run it again) when it
+        starts at the frame's end or runs past it; False when it fails within the frame."""
+        end = self.frame_end
+        if pos != end:
+            if self.extent_end(pos) <= end or end >= self.full_n:
+                return False    # fails whatever the reader: a real failure
+            op = self.full[pos]
+            if op not in _READ_INTO or pos + 1 + _ARG_KIND[op][1] > end:
+                self.disagree(pos, f"{_NAME.get(op, 'opcode')} runs past the end of its FRAME "
+                              f"at {end}: io.BytesIO readers (torch.load) read its argument "
+                              f"from after the frame, pickle.loads reads on")
+        self.leave_frame()
+        return True
+
+    def extent_end(self, pos: int) -> int:
+        """Offset after the opcode at ``pos`` and its argument in the whole data
+        (``full_n + 1`` when the data ends first)."""
+        data, n = self.full, self.full_n
+        kind, size = _ARG_KIND.get(data[pos], ("fixed", 0))
+        at = pos + 1
+        if kind == "fixed":
+            at += size
+        elif kind == "lines":
+            text = self.raw if self.raw is not None else bytes(data)  # only on a failure
+            for _ in range(size):
+                nl = text.find(b"\n", at)
+                if nl < 0:
+                    return n + 1
+                at = nl + 1
+        else:
+            if at + size > n:
+                return n + 1
+            length = int.from_bytes(bytes(data[at:at + size]), "little", signed=kind == "signed")
+            at += size + max(length, 0)
+        return at if at <= n else n + 1
 
     def op_POP(self, pos: int) -> int:
         if self.stack:
@@ -1279,7 +1437,7 @@ class _VM:
 
     def op_LONG(self, pos: int) -> int:
         text, nxt = self.readline("LONG", pos, pos + 1)
-        if text.endswith(b"L"):
+        if text.endswith(b"L"):     # load_long overwrites a final 'L' with NUL
             text = text[:-1]
         self.stack.append(_py_int(text, "LONG"))
         return nxt
@@ -1415,8 +1573,16 @@ class _VM:
         name = self.pop("STACK_GLOBAL", pos)
         module = self.pop("STACK_GLOBAL", pos)
         if type(name) is not str or type(module) is not str:
-            raise self.error(f"STACK_GLOBAL requires str, got {_type_name(module)} and "
-                             f"{_type_name(name)}", pos)
+            # A name computed at load time (a call's result, a global such as os.name, a
+            # persistent id) may be a str when the loader runs: it imports what we cannot
+            # name. Recorded with DYNAMIC in place of the unknown part (judged CRITICAL).
+            if (type(module) is str or type(module) in _SYMBOLIC) and \
+                    (type(name) is str or type(name) in _SYMBOLIC):
+                module = module if type(module) is str else DYNAMIC
+                name = name if type(name) is str else DYNAMIC
+            else:
+                raise self.error(f"STACK_GLOBAL requires str, got {_type_name(module)} and "
+                                 f"{_type_name(name)}", pos)
         self.stack.append(self.record_global(module, name, pos, "STACK_GLOBAL"))
         return pos + 1
 
@@ -1444,7 +1610,9 @@ class _VM:
         common case is inline in `execute`)."""
         args = self.stack.pop()
         func = self.stack[-1]
-        if type(args) is not tuple:
+        if type(args) in _SYMBOLIC:
+            args = (args,)      # an argument tuple computed at load time: kept, opaque
+        elif type(args) is not tuple:
             raise self.error(f"REDUCE argument list must be a tuple, not {_type_name(args)}",
                              pos)
         self.stack[-1] = self.call(func, args, None, pos, "REDUCE")
@@ -1455,7 +1623,9 @@ class _VM:
             raise self.underflow("NEWOBJ", pos)
         args = self.stack.pop()
         cls = self.stack[-1]
-        if type(args) is not tuple:
+        if type(args) in _SYMBOLIC:
+            args = (args,)      # computed at load time: kept, opaque
+        elif type(args) is not tuple:
             raise self.error(f"NEWOBJ expected an arg tuple, got {_type_name(args)}", pos)
         if type(cls) in _INERT_DATA:
             raise self.error(f"NEWOBJ class argument isn't a type object: "
@@ -1469,6 +1639,10 @@ class _VM:
         kwargs = self.stack.pop()
         args = self.stack.pop()
         cls = self.stack[-1]
+        if type(args) in _SYMBOLIC:
+            args = (args,)      # computed at load time: kept, opaque
+        if type(kwargs) in _SYMBOLIC:
+            kwargs = {DYNAMIC: kwargs}
         if type(args) is not tuple:
             raise self.error(f"NEWOBJ_EX args argument must be a tuple, not "
                              f"{_type_name(args)}", pos)
