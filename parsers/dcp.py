@@ -37,7 +37,7 @@ import math
 import os
 from typing import Any
 
-from tensorscope.errors import FormatError
+from tensorscope.errors import FormatError, brief
 from tensorscope.model import Chunk, ModelFile, PickleRecord, TensorInfo
 from tensorscope.source import ByteSource
 
@@ -141,7 +141,7 @@ def _describe(value: Any) -> str:
         return value.dotted
     if isinstance(value, Call):
         return f"a {_cls(value) or 'call'} object"
-    return f"{type(value).__name__} {value!r:.40}"
+    return f"{type(value).__name__} {brief(value, 40)}"
 
 
 def _plain(value: Any, depth: int = 0) -> Any:
@@ -155,8 +155,7 @@ def _plain(value: Any, depth: int = 0) -> Any:
         return {str(k): _plain(v, depth + 1) for k, v in value.items()}
     if isinstance(value, torch_pickle.TensorRef):
         return f"<tensor {value.dtype} {list(value.shape)}>"
-    text = repr(value)
-    return text if len(text) <= VALUE_SUMMARY_MAX else text[:VALUE_SUMMARY_MAX] + "..."
+    return brief(value, VALUE_SUMMARY_MAX)
 
 
 # -- folder -------------------------------------------------------------------------------------------

@@ -49,7 +49,7 @@ from typing import Any
 import numpy as np
 
 from tensorscope import dtypes
-from tensorscope.errors import FormatError
+from tensorscope.errors import FormatError, brief
 from tensorscope.model import ModelFile, PickleRecord, TensorInfo
 from tensorscope.source import ByteSource
 
@@ -168,7 +168,7 @@ class _Meta:
             raise bad("tensor_meta is missing or not an object")
         code = meta.get("dtype")
         if isinstance(code, bool) or code not in SCALAR_TYPES:
-            raise bad(f"unknown dtype code {code!r:.40}")
+            raise bad(f"unknown dtype code {brief(code, 40)}")
         self.dtype = SCALAR_TYPES[code]
         self.shape = self._ints(meta.get("sizes"), "sizes", bad)
         self.stride = self._ints(meta.get("strides"), "strides", bad)
@@ -189,7 +189,7 @@ class _Meta:
         n = v.get("as_int") if isinstance(v, dict) else None
         if isinstance(n, bool) or not isinstance(n, int) or n < 0:
             raise bad(f"{what} must be {{\"as_int\": n >= 0}} (symbolic sizes are not weights), "
-                      f"got {v!r:.60}")
+                      f"got {brief(v, 60)}")
         return n
 
     @classmethod

@@ -36,7 +36,7 @@ from __future__ import annotations
 import struct
 from dataclasses import dataclass
 
-from tensorscope.errors import FormatError
+from tensorscope.errors import FormatError, brief
 from tensorscope.model import ModelFile, PickleRecord
 from tensorscope.source import ByteSource
 
@@ -152,12 +152,12 @@ def open_stream(src: ByteSource, *, fmt: str = FORMAT, role_prefix: str = "legac
     magic = _run(src, 0, limits=_SMALL_LIMITS, **where)
     rec.append(_record(src, 0, magic, f"{role_prefix}.magic", member))
     if magic.value != MAGIC_NUMBER:
-        raise _fail(src, f"not a legacy torch file: the first pickle holds {magic.value!r:.40}, "
+        raise _fail(src, f"not a legacy torch file: the first pickle holds {brief(magic.value, 40)}, "
                          f"expected the magic number {MAGIC_NUMBER:#x}", base, member)
     version = _run(src, magic.end, limits=_SMALL_LIMITS, **where)
     rec.append(_record(src, magic.end, version, f"{role_prefix}.protocol", member))
     if version.value != PROTOCOL_VERSION:
-        raise _fail(src, f"unsupported legacy protocol version {version.value!r:.40} "
+        raise _fail(src, f"unsupported legacy protocol version {brief(version.value, 40)} "
                          f"(torch reads only {PROTOCOL_VERSION})", base + magic.end, member)
     sys_info = _run(src, version.end, limits=_SMALL_LIMITS, **where)
     rec.append(_record(src, version.end, sys_info, f"{role_prefix}.sys_info", member))
@@ -202,7 +202,7 @@ def _stream_persistent_load(src: ByteSource, model: ModelFile, pending: dict, me
         if isinstance(pid, tuple) and pid and pid[0] == "module":
             return _module_pid(model, pid, pos)
         if not isinstance(pid, tuple) or len(pid) != 6:
-            raise pickle_vm.PickleError(f"unsupported persistent id {pid!r:.80} (the legacy "
+            raise pickle_vm.PickleError(f"unsupported persistent id {brief(pid, 80)} (the legacy "
                                         "stream uses 6-field storage ids)", offset=pos)
         dtype, key, location, numel, cls = torch_pickle.parse_storage_pid(pid, pos)
         entry = pending.get(key)
@@ -214,7 +214,7 @@ def _stream_persistent_load(src: ByteSource, model: ModelFile, pending: dict, me
             return entry.ref
         if (not isinstance(view, tuple) or len(view) != 3 or not isinstance(view[0], str)
                 or any(isinstance(v, bool) or not isinstance(v, int) or v < 0 for v in view[1:])):
-            raise pickle_vm.PickleError(f"malformed storage view metadata {view!r:.80}", offset=pos)
+            raise pickle_vm.PickleError(f"malformed storage view metadata {brief(view, 80)}", offset=pos)
         for existing, _, _ in entry.views:
             if existing.key == view[0]:
                 return existing
@@ -227,7 +227,7 @@ def _stream_persistent_load(src: ByteSource, model: ModelFile, pending: dict, me
 def _module_pid(model: ModelFile, pid: tuple, pos: int):
     """``('module', cls, source_file, source_text)``: keep the source as evidence, return the class."""
     if len(pid) != 4 or not isinstance(pid[1], Global):
-        raise pickle_vm.PickleError(f"malformed module persistent id {pid!r:.80}", offset=pos)
+        raise pickle_vm.PickleError(f"malformed module persistent id {brief(pid, 80)}", offset=pos)
     cls, source_file, source = pid[1], pid[2], pid[3]
     if isinstance(source, str):
         model.evidence.code[f"module:{cls.dotted}"] = source
@@ -317,14 +317,18 @@ def _place_view(root: StorageRef, view: StorageRef, offset: int, size: int) -> N
     view.file = root.file
 
 
-def _jsonable(value):
+def _jsonable(value, depth: int = 0):
+    """sys_info for the metadata: plain data, at most 8 levels and 64 items a level (it is a
+    small dict in every real file; a hostile one may nest without end)."""
+    if depth >= 8:
+        return brief(value, 60)
     if isinstance(value, dict):
-        return {str(k): _jsonable(v) for k, v in value.items()}
+        return {str(k): _jsonable(v, depth + 1) for k, v in list(value.items())[:64]}
     if isinstance(value, (list, tuple)):
-        return [_jsonable(v) for v in value]
+        return [_jsonable(v, depth + 1) for v in value[:64]]
     if isinstance(value, (str, int, float, bool)) or value is None:
-        return value
-    return repr(value)[:200]
+        return value if not isinstance(value, str) else value[:200]
+    return brief(value, 200)
 
 
 def _install_byteswap_readers(model: ModelFile) -> None:
@@ -440,11 +444,11 @@ def _open_tar(src: ByteSource) -> ModelFile:
             # (cls, source_file, source): a module class saved with its source.
             if len(pid) == 3 and isinstance(pid[0], Global):
                 return _module_pid(model, ("module",) + pid, pos)
-            raise pickle_vm.PickleError(f"unsupported persistent id {pid!r:.80}", offset=pos)
+            raise pickle_vm.PickleError(f"unsupported persistent id {brief(pid, 80)}", offset=pos)
         try:
             key = int(pid)
         except (TypeError, ValueError):
-            raise pickle_vm.PickleError(f"persistent id {pid!r:.40} is not a key", offset=pos) from None
+            raise pickle_vm.PickleError(f"persistent id {brief(pid, 40)} is not a key", offset=pos) from None
         if key not in objects:
             model.evidence.add("legacy.object_missing", f"the pickle names object {key} but the "
                                "archive stores no tensor or storage under that key",
@@ -465,11 +469,11 @@ def _open_tar(src: ByteSource) -> ModelFile:
 
 def _key_of(value, what: str, pos: int) -> int:
     if isinstance(value, bool) or not isinstance(value, (int, str)):
-        raise pickle_vm.PickleError(f"{what} key must be an integer, got {value!r:.40}", offset=pos)
+        raise pickle_vm.PickleError(f"{what} key must be an integer, got {brief(value, 40)}", offset=pos)
     try:
         return int(value)
     except ValueError:
-        raise pickle_vm.PickleError(f"{what} key must be an integer, got {value!r:.40}",
+        raise pickle_vm.PickleError(f"{what} key must be an integer, got {brief(value, 40)}",
                                     offset=pos) from None
 
 
@@ -480,7 +484,7 @@ def _tar_storages(src, model, span, objects) -> None:
     model.evidence.pickles.append(_record(src, start, r, "legacy.storage_count", "storages"))
     count = r.value
     if isinstance(count, bool) or not isinstance(count, int) or count < 0:
-        raise _fail(src, f"storage count is {count!r:.40}", start, "storages")
+        raise _fail(src, f"storage count is {brief(count, 40)}", start, "storages")
     pos = r.end
     storages: dict[int, StorageRef] = {}
     for i in range(count):
@@ -490,12 +494,12 @@ def _tar_storages(src, model, span, objects) -> None:
         model.evidence.pickles.append(_record(src, pos, r, "legacy.storage_header", "storages"))
         head = r.value
         if not isinstance(head, tuple) or len(head) != 3:
-            raise _fail(src, f"storage record {head!r:.60} is not (key, location, class)", pos, "storages")
+            raise _fail(src, f"storage record {brief(head, 60)} is not (key, location, class)", pos, "storages")
         key = _key_of(head[0], "storage", pos)
         cls = head[2]
         if not isinstance(cls, Global) or cls.name not in torch_pickle.STORAGE_DTYPES \
                 or torch_pickle.STORAGE_DTYPES[cls.name] is None:
-            raise _fail(src, f"storage {key}: unknown storage class {cls!r:.60}", pos, "storages")
+            raise _fail(src, f"storage {key}: unknown storage class {brief(cls, 60)}", pos, "storages")
         dtype = torch_pickle.STORAGE_DTYPES[cls.name]
         item = _itemsize(dtype)
         pos = r.end
@@ -514,7 +518,7 @@ def _tar_storages(src, model, span, objects) -> None:
     views = r.value if isinstance(r.value, list) else []
     for view in views:
         if not isinstance(view, tuple) or len(view) != 4:
-            raise _fail(src, f"storage view {view!r:.60} is not (key, root, offset, numel)", pos, "storages")
+            raise _fail(src, f"storage view {brief(view, 60)} is not (key, root, offset, numel)", pos, "storages")
         vkey, root_key = _key_of(view[0], "view", pos), _key_of(view[1], "storage", pos)
         root = storages.get(root_key)
         if root is None:
@@ -525,7 +529,7 @@ def _tar_storages(src, model, span, objects) -> None:
         if isinstance(offset, int) and isinstance(numel, int):
             _place_view(root, ref, offset, numel)
         else:
-            ref.error = f"malformed view ({offset!r:.20}, {numel!r:.20})"
+            ref.error = f"malformed view ({brief(offset, 20)}, {brief(numel, 20)})"
         objects[vkey] = ref
 
 
@@ -536,7 +540,7 @@ def _tar_tensors(src, model, span, objects) -> None:
     model.evidence.pickles.append(_record(src, start, r, "legacy.tensor_count", "tensors"))
     count = r.value
     if isinstance(count, bool) or not isinstance(count, int) or count < 0:
-        raise _fail(src, f"tensor count is {count!r:.40}", start, "tensors")
+        raise _fail(src, f"tensor count is {brief(count, 40)}", start, "tensors")
     pos = r.end
     for i in range(count):
         if pos >= end:
@@ -545,7 +549,7 @@ def _tar_tensors(src, model, span, objects) -> None:
         model.evidence.pickles.append(_record(src, pos, r, "legacy.tensor_header", "tensors"))
         head = r.value
         if not isinstance(head, tuple) or len(head) != 3:
-            raise _fail(src, f"tensor record {head!r:.60} is not (key, storage, class)", pos, "tensors")
+            raise _fail(src, f"tensor record {brief(head, 60)} is not (key, storage, class)", pos, "tensors")
         key, skey = _key_of(head[0], "tensor", pos), _key_of(head[1], "storage", pos)
         pos = r.end
         if pos + TAR_NDIM.size > end:

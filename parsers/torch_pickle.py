@@ -26,7 +26,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator
 
-from tensorscope.errors import FormatError
+from tensorscope.errors import FormatError, brief
 from tensorscope.model import TensorInfo
 
 from . import pickle_vm
@@ -125,7 +125,7 @@ def _err(reason: str, pos: int) -> FormatError:
 
 def _int(value, what: str, pos: int, *, minimum: int = 0) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise _err(f"{what} must be an integer >= {minimum}, got {value!r:.60}", pos)
+        raise _err(f"{what} must be an integer >= {minimum}, got {brief(value, 60)}", pos)
     return value
 
 
@@ -146,19 +146,19 @@ def torch_dtype(value, pos: int) -> str:
 def _describe(value) -> str:
     if isinstance(value, Global):
         return value.dotted
-    return f"{type(value).__name__} {value!r:.40}"
+    return f"{type(value).__name__} {brief(value, 40)}"
 
 
 def parse_storage_pid(pid, pos: int) -> tuple[str | None, str, str, int, str]:
     """``('storage', cls, key, location, numel[, view])`` -> (dtype, key, location, nbytes-or-numel,
     class name). Raises FormatError for any other shape (torch would fail the same way)."""
     if not isinstance(pid, tuple) or len(pid) not in (5, 6) or pid[0] != "storage":
-        raise _err(f"unsupported persistent id {pid!r:.80}", pos)
+        raise _err(f"unsupported persistent id {brief(pid, 80)}", pos)
     cls, key, location, numel = pid[1], pid[2], pid[3], pid[4]
     if not isinstance(cls, Global) or cls.module not in _STORAGE_MODULES or cls.name not in STORAGE_DTYPES:
         raise _err(f"unknown storage class {_describe(cls)} in persistent id", pos)
     if not isinstance(key, str) or not isinstance(location, str):
-        raise _err(f"storage key and location must be strings in persistent id {pid!r:.80}", pos)
+        raise _err(f"storage key and location must be strings in persistent id {brief(pid, 80)}", pos)
     numel = _int(numel, "storage size", pos)
     return STORAGE_DTYPES[cls.name], key, location, numel, cls.name
 
@@ -237,8 +237,7 @@ def _rebuild_parameter_with_state(args, pos):
 
 
 def _summ(value) -> str:
-    text = repr(value)
-    return text if len(text) <= 200 else text[:197] + "..."
+    return brief(value, 200)
 
 
 _QSCHEMES = {"per_tensor_affine", "per_channel_affine", "per_channel_affine_float_qparams",
@@ -250,7 +249,7 @@ def _rebuild_qtensor(args, pos):
     t = _dense(a[0], a[1], a[2], a[3], pos, requires_grad=a[5] is True)
     q = a[4]
     if not isinstance(q, tuple) or not q or not isinstance(q[0], Global) or q[0].name not in _QSCHEMES:
-        raise _err(f"unsupported quantizer parameters {q!r:.80}", pos)
+        raise _err(f"unsupported quantizer parameters {brief(q, 80)}", pos)
     scheme = q[0].name
     extras: dict[str, Any] = {"qscheme": scheme}
     if scheme in ("per_tensor_affine", "per_tensor_symmetric") and len(q) == 3:

@@ -5,7 +5,8 @@ BINUNICODE wants 91 bytes, 7 remain``. The CLI prints ``str(err)`` on one line a
 """
 from __future__ import annotations
 
-__all__ = ["TensorscopeError", "FormatError", "LimitExceeded", "UnknownFormat", "TensorNotFound"]
+__all__ = ["TensorscopeError", "FormatError", "LimitExceeded", "UnknownFormat", "TensorNotFound",
+           "brief"]
 
 
 class TensorscopeError(Exception):
@@ -81,3 +82,21 @@ class TensorNotFound(TensorscopeError, KeyError):
 
     def __str__(self) -> str:
         return self.args[0] if self.args else "tensor not found"
+
+
+def brief(value, width: int = 60) -> str:
+    """A short repr of an untrusted value for a message: bounded in depth, items and length.
+
+    Values from a pickle may nest a million levels deep or hold a million items; plain ``repr``
+    would then raise RecursionError or build megabytes of text just to be cut to ``width``.
+    """
+    import reprlib
+    r = reprlib.Repr()
+    r.maxlevel = 3
+    r.maxtuple = r.maxlist = r.maxdict = r.maxset = r.maxfrozenset = r.maxdeque = r.maxarray = 6
+    r.maxstring = r.maxother = r.maxlong = max(width, 12)
+    try:
+        text = r.repr(value)
+    except Exception:  # noqa: BLE001 - a hostile __repr__ chain still gives a message
+        text = f"<{type(value).__name__}>"
+    return text if len(text) <= width else text[: max(width - 3, 1)] + "..."

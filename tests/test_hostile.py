@@ -129,3 +129,18 @@ def test_decompression_bomb_peaks_at_twice_its_output(tmp_path):
                          text=True, timeout=120)
     assert out.stderr.strip().endswith("archive/data.pkl at byte 2: unknown opcode 0x00")
     assert int(out.stdout) < 160  # MB over the baseline; was 192
+
+
+def test_deeply_nested_value_in_an_error_message(tmp_path):
+    # run_long "nest" mutator on containers/legacy_views.pt: the legacy stream's protocol-version
+    # pickle became a list nested 100,000 deep. The error message formatted it with repr(), which
+    # raised RecursionError instead of the one-line FormatError. Messages now use errors.brief.
+    magic = b"\x80\x02\x8a\x0a" + (0x1950A86A20F9469CFC6C).to_bytes(10, "little") + b"."
+    depth = 100_000
+    nested = b"\x80\x02" + b"]" * depth + b"a" * (depth - 1) + b"."
+    p = tmp_path / "nested_version.pt"
+    p.write_bytes(magic + nested)
+    with pytest.raises(tensorscope.TensorscopeError) as e:
+        tensorscope.open(p)
+    assert "unsupported legacy protocol version [[[[...]]]]" in str(e.value)
+    assert len(str(e.value).splitlines()) == 1
