@@ -7,8 +7,12 @@ Spec (what a pickle is, as CPython's C ``_pickle`` Unpickler reads it from a fil
   stream MUST end with ``STOP``; bytes after ``STOP`` are not part of the pickle (``end`` says
   where it stopped, so a caller MAY look for a second pickle there).
 - ``PROTO n`` MAY appear (protocol >= 2) and MUST name a protocol <= 5. ``FRAME n`` (protocol 4+)
-  MUST be followed by at least ``n`` bytes; frames are otherwise not semantic boundaries (an
-  opcode MAY cross a frame end: the C unpickler reading a file does not care).
+  MUST be followed by at least ``n`` bytes. An opcode SHOULD NOT cross a frame's end: CPython's
+  readers then disagree (``pickle.loads`` and peeking files read on; ``io.BytesIO``, which
+  torch.load uses for a zip's data.pkl, drops the rest of the frame and reads the argument from
+  after it; counted bytes payloads are read on by all). The VM reads on and records each such
+  place in ``reader_disagreements``; a FRAME that fits inside the open frame changes nothing.
+- Text arguments are parsed as C strings: up to the first NUL (``I1\x00junk`` is 1).
 - ``MARK`` pushes a mark; opcodes that take "items since the mark" MUST find one ("could not find
   MARK"). Items below the newest mark are out of reach ("unexpected MARK found"); an empty stack
   is "unpickling stack underflow". ``POP`` on a mark pops the mark.
@@ -29,6 +33,10 @@ What the VM does instead of executing:
   callee is a `Global` named in ``hooks``: then ``hook(args, pos)`` builds the value (this is how
   the torch parser turns ``torch._utils._rebuild_tensor_v2`` into a tensor record, and how
   `CONTAINER_HOOKS` rebuild ``OrderedDict``/``set``/``bytes``). The call is still recorded.
+- A value only known when a loader runs (a `Global`, a `Call`, a `PersistentRef`, an
+  `Extension`) never fails a type check: as REDUCE/NEWOBJ arguments it is kept as a 1-tuple, as
+  a STACK_GLOBAL operand it is recorded as `DYNAMIC`. Container hooks that cannot model their
+  arguments give the inert `Call` (the run goes on, as a loader whose call succeeded would).
 - Container opcodes fill real lists/dicts/sets; onto a `Call` they fill ``items``/``dictitems``/
   ``setitems``; onto anything else (a `Global`, a `PersistentRef` ...) they are method calls of a
   real object and are recorded as a `CallSeen` named after the opcode.
@@ -171,7 +179,9 @@ class Limits:
         max_objects: containers and calls built.
         max_depth: MARK nesting, and nesting of a tuple that gets hashed.
         max_string: bytes of one string/bytes argument (also checked against the bytes left).
-        max_long: bytes of one LONG1/LONG4 integer (65536 bytes is ~158,000 decimal digits).
+        max_long: bytes of one LONG1/LONG4 integer built exactly (65536 bytes is ~158,000
+            decimal digits); a longer one becomes an int of the same sign (the run goes on, as
+            CPython's does).
     """
 
     max_opcodes: int = 100_000_000
@@ -865,19 +875,20 @@ class _VM:
         EMPTY_DICT = _CODE["EMPTY_DICT"]; EMPTY_LIST = _CODE["EMPTY_LIST"]
         APPEND = _CODE["APPEND"]; APPENDS = _CODE["APPENDS"]; SETITEM = _CODE["SETITEM"]
         SETITEMS = _CODE["SETITEMS"]; BINFLOAT = _CODE["BINFLOAT"]; STOP = _CODE["STOP"]
-        REDUCE = _CODE["REDUCE"]; BINPERSID = _CODE["BINPERSID"]; FRAME = _CODE["FRAME"]
+        REDUCE = _CODE["REDUCE"]; BINPERSID = _CODE["BINPERSID"]
 
         while True:     # runs again only when frame_retry re-runs an opcode
             try:
                 try:
                     while True:
-                        # Opcodes run in batches that end where the limits are checked next; the `for`
-                        # counts them, so the hot path pays no counter and no comparison for that.
+                        # Opcodes run in batches that end where the limits are checked next;
+                        # the `for` counts them, so the hot path pays no counter and no
+                        # comparison for that.
                         batch_end = min(nops + _CHECK_EVERY, max_opcodes)
                         for nops in range(nops + 1, batch_end + 1):
                             op = data[pos]
-                            # Every branch leaves `pos` at the opcode until nothing can fail any more, so
-                            # the except clauses below know where the failure was.
+                            # Every branch leaves `pos` at the opcode until nothing can fail any
+                            # more, so the except clauses below know where the failure was.
                             if op == BININT1:
                                 stack.append(data[pos + 1])
                                 pos += 2
@@ -892,8 +903,8 @@ class _VM:
                                 pos += 1
                             elif op == MARK:
                                 if len(metastack) >= max_depth:
-                                    raise self.limit("MARK nesting depth", max_depth, len(metastack) + 1,
-                                                     pos)
+                                    raise self.limit("MARK nesting depth", max_depth,
+                                                     len(metastack) + 1, pos)
                                 metastack.append(stack)
                                 stack = self.stack = []
                                 pos += 1
@@ -1025,7 +1036,7 @@ class _VM:
                                 target = stack[-1]
                                 if type(target) is list:
                                     target.extend(items)
-                                elif items:     # C _pickle: nothing to do when no items follow the mark
+                                elif items:     # C _pickle: no items after the mark, no call
                                     self.append_to(target, items, "APPENDS", pos)
                                 pos += 1
                             elif op == SETITEM:
@@ -1042,7 +1053,7 @@ class _VM:
                                 items = stack
                                 stack = self.stack = metastack.pop()
                                 target = stack[-1]
-                                if items:       # C _pickle: nothing to do when no items follow the mark
+                                if items:       # C _pickle: no items after the mark, no call
                                     self.setitems_on(target, items, "SETITEMS", pos)
                                 pos += 1
                             elif op == BINFLOAT:
@@ -1053,9 +1064,10 @@ class _VM:
                                 pos += 1
                                 result.stopped = True
                                 if self.frame_end is not None and pos < self.frame_end:
-                                    self.disagree(pos - 1, f"STOP with {self.frame_end - pos} bytes "
-                                                  f"left in its FRAME (a second load from the same "
-                                                  f"io.BytesIO starts at {self.frame_end})")
+                                    self.disagree(pos - 1, f"STOP with {self.frame_end - pos} "
+                                                  "bytes left in its FRAME (a second load from "
+                                                  f"the same io.BytesIO starts at "
+                                                  f"{self.frame_end})")
                                 break
                             else:
                                 handler = slow[op]
@@ -1063,7 +1075,7 @@ class _VM:
                                     raise self.error(f"unknown opcode {op:#04x}", pos)
                                 pos = handler(self, pos)
                                 stack = self.stack      # the handler may have popped a mark
-                                if op == FRAME:
+                                if self.data is not data:   # a FRAME opened, a build hook left it
                                     data = self.data
                                     n = self.n
                         else:
@@ -1445,10 +1457,15 @@ class _VM:
     def _long(self, name: str, size: int, pos: int, at: int) -> int:
         if size < 0:
             raise self.error(f"{name} has negative byte count {size}", pos)
-        if size > self.limits.max_long and size <= self.n - at:
-            raise self.limit(f"{name} length", self.limits.max_long, size, pos)
         raw = self.take(name, size, pos, at)
-        self.stack.append(int.from_bytes(raw, "little", signed=True))
+        if size > self.limits.max_long:
+            # CPython builds it whatever its size, and goes on: so do we, with an int of the
+            # same sign from its low 8 bytes (its value never decides an import; a huge one
+            # hashed again and again through the memo would cost O(size) each time).
+            low = int.from_bytes(raw[:8], "little")
+            self.stack.append(-low - 1 if raw[-1] & 0x80 else low)
+        else:
+            self.stack.append(int.from_bytes(raw, "little", signed=True))
         return at + size
 
     def op_LONG1(self, pos: int) -> int:
@@ -1690,10 +1707,12 @@ class _VM:
         if out is None:
             return end
         value, nxt = out
-        if type(nxt) is not int or not end <= nxt <= self.n:
+        if type(nxt) is not int or not end <= nxt <= self.full_n:
             raise self.error(f"BUILD of {target.func.dotted}: the data after it ends at "
-                             f"{nxt!r}, outside {end}..{self.n}", pos)
+                             f"{nxt!r}, outside {end}..{self.full_n}", pos)
         self.stack[-1] = value
+        if nxt != end and self.frame_end is not None:
+            self.leave_frame()  # the hook read raw bytes from the file, not from the frame
         return nxt
 
     def nested(self, at: int) -> PickleResult:
@@ -1701,9 +1720,9 @@ class _VM:
         what it saw into this run. Raises its error (the outer run fails there)."""
         if self.depth >= MAX_NESTED_RUNS:
             raise self.limit("nested pickle depth", MAX_NESTED_RUNS, self.depth + 1, at)
-        if not 0 <= at <= self.n:
-            raise self.error(f"nested pickle at {at} is outside the data (0..{self.n})", at)
-        vm = _VM(self.data, at, self.persistent_load, self.hooks, self.limits, self.file,
+        if not 0 <= at <= self.full_n:
+            raise self.error(f"nested pickle at {at} is outside the data (0..{self.full_n})", at)
+        vm = _VM(self.full, at, self.persistent_load, self.hooks, self.limits, self.file,
                  self.member, self.base, self.build_hooks, self.depth + 1)
         vm.hash_guard = self.hash_guard
         inner = vm.execute()

