@@ -87,6 +87,8 @@ class Severity(IntEnum):
 RULES: dict[str, tuple[Severity, str]] = {
     "pickle.dangerous-global": (Severity.CRITICAL, "The pickle imports a callable or module that can run code, spawn processes, touch files or the network, or load more pickles."),
     "pickle.torch-storage-bytes": (Severity.LOW, "torch's own pickling of a tensor (pickle.dumps(tensor)): a nested torch.load of bytes that were scanned and found clean."),
+    "pickle.dynamic-global": (Severity.CRITICAL, "A STACK_GLOBAL imports a name computed while loading (a call's result, a global such as os.name): what it imports cannot be known without running it."),
+    "pickle.reader-disagreement": (Severity.CRITICAL, "CPython's own readers read these bytes differently (an opcode across a FRAME end: pickle.loads reads on, torch.load's io.BytesIO reads from after the frame): opcodes can hide from any one reading. No writer produces this."),
     "pickle.second-stage": (Severity.CRITICAL, "The pickle hands bytes to a deserializer (pickle.loads, torch.load, numpy.load, marshal.loads...): a second stage, scanned recursively."),
     "pickle.unknown-call-string": (Severity.HIGH, "The pickle calls a global outside the allowlist with a string taken from the file."),
     "pickle.indirect-call": (Severity.HIGH, "The pickle calls the result of another call or a non-global object (getattr chains, methodcaller)."),
@@ -1137,7 +1139,7 @@ def _plausible_pickle_start(data) -> bool:
 def _judge_result(ctx: _Ctx, r, member: str | None, base: int, offset_base: str, depth: int,
                   keys: set | None = None, role: str = "pickle") -> bool:
     """Findings for one VM result. Returns False when the pickle broke (partial results kept)."""
-    from .parsers.pickle_vm import Call, Global, PersistentRef
+    from .parsers.pickle_vm import DYNAMIC, Call, Global, PersistentRef
     out: list[tuple] = []
 
     # how each global is used: calls keyed by the Global object's position
@@ -1163,6 +1165,11 @@ def _judge_result(ctx: _Ctx, r, member: str | None, base: int, offset_base: str,
     # 1. globals
     per_name: dict[str, list] = {}
     for g in r.globals:
+        if DYNAMIC in (g.module, g.name):
+            out.append((Severity.CRITICAL, "pickle.dynamic-global",
+                        f"imports {g.module}.{g.name}: a name computed while loading (only running "
+                        "the pickle would tell what it imports)", base + g.pos, None))
+            continue
         v = policy.classify(g.module, g.name)
         if v.category == policy.ALLOWED:
             continue
@@ -1208,6 +1215,11 @@ def _judge_result(ctx: _Ctx, r, member: str | None, base: int, offset_base: str,
             out.append((Severity.LOW, "pickle.unknown-import",
                         f"imports {dotted} (outside the allowlist) without calling it{times}",
                         at, dotted))
+
+    for at, what in r.reader_disagreements:
+        out.append((Severity.CRITICAL, "pickle.reader-disagreement",
+                    f"CPython's readers disagree on these bytes ({what}): opcodes can hide from "
+                    "this scan's reading", base + at, None))
 
     # 2. calls of things that are not globals; second stages
     for c in r.calls:
