@@ -135,7 +135,12 @@ def decompress(buf, kind: str, *, cap: int = INFLATE_MAX, path: str | None = Non
             pos += len(data)
             while True:
                 # Never more than one byte past the cap per call: output is bounded, not trusted.
-                out += d.decompress(data, cap + 1 - len(out))
+                got = d.decompress(data, cap + 1 - len(out))
+                if not got and not d.eof and (
+                        len(getattr(d, "unconsumed_tail", b"")) == len(data) if is_zlib
+                        else not data and not d.needs_input):
+                    raise ValueError("stream makes no progress")  # the loop would spin forever
+                out += got
                 if len(out) > cap:
                     raise LimitExceeded(f"{kind} stream output", cap, len(out), format=FORMAT,
                                         file=path)

@@ -312,12 +312,18 @@ class ZipArchive:
         # += and then copied to bytes peaks near three times: decompression bombs, issue #9).
         out: list[bytes] = []
         produced = 0
+        # Inflate no further than the central directory's size (+1 to detect a lie): miniz and
+        # zipfile stop there too, and a bomb then costs what the archive admits to.
+        limit = min(max_size, member.size)
         try:
-            for piece in _decompress(member.method, raw, max_size + 1, member, self):
+            for piece in _decompress(member.method, raw, limit + 1, member, self):
                 out.append(piece)
                 produced += len(piece)
                 if produced > max_size:
                     raise LimitExceeded("decompressed member size", max_size, None, **where)
+                if produced > member.size:
+                    raise FormatError(f"inflates past the {member.size} bytes the central "
+                                      "directory declares", **where)
         except FormatError:
             raise
         except (zlib.error, OSError, EOFError, lzma.LZMAError, ValueError) as e:
@@ -370,6 +376,10 @@ def _decompress(method: int, raw: memoryview, cap: int, member: ZipMember, archi
                 piece = d.decompress(data, min(cap - produced, _CHUNK))
                 produced += len(piece)
                 yield piece
+                if not piece and len(d.unconsumed_tail) == len(data):
+                    # No output and no input consumed: zlib will never progress on this stream
+                    # (a fuzzed block made the loop spin forever before this check).
+                    raise ValueError("deflate stream makes no progress")
                 data = d.unconsumed_tail
             if produced >= cap or d.eof:
                 return
@@ -396,11 +406,12 @@ def _decompress(method: int, raw: memoryview, cap: int, member: ZipMember, archi
         data = bytes(raw[start:start + _CHUNK])
         while produced < cap and not d.eof:
             piece = d.decompress(data, min(cap - produced, _CHUNK))
+            fed = bool(data)
             data = b""
             produced += len(piece)
             yield piece
-            if d.needs_input:
-                break
+            if d.needs_input or (not piece and not fed):
+                break  # wants more input, or holds buffered input it cannot turn into output
         if produced >= cap or d.eof:
             return
 

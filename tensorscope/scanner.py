@@ -1477,6 +1477,8 @@ def _bounded_decompress(kind: str, data, cap: int) -> bytes:
         while piece:
             if kind in ("gzip", "zlib"):
                 got = d.decompress(piece, cap + 1 - len(out))
+                if not got and len(d.unconsumed_tail) == len(piece):
+                    raise ValueError(f"{kind} stream makes no progress")  # would spin forever
                 piece = d.unconsumed_tail
             else:
                 got = d.decompress(piece, cap + 1 - len(out))

@@ -144,3 +144,22 @@ def test_deeply_nested_value_in_an_error_message(tmp_path):
         tensorscope.open(p)
     assert "unsupported legacy protocol version [[[[...]]]]" in str(e.value)
     assert len(str(e.value).splitlines()) == 1
+
+
+# run_long, target torch_zip (16 KB input, killed after 10 s): a fuzzed DEFLATE stream on which
+# zlib, asked for the last 1,282 bytes before the cap, returns nothing and consumes nothing; the
+# inflate loop in zipfmt spun forever. The raw stream, lzma-compressed and base64-encoded:
+_STALLING_DEFLATE = "/Td6WFoAAATm1rRGAgAhARYAAAB0L+Wj4D+3AHNdAHYwPCCLhvRz6akCeKavE6rm2sNUfw8OcmkfGni19E99kkTfLmboIhakXqSpBlp/0yG2JYsUGKEyTjWC4vtosfOEQidcwyoFVyerNKu6jloAOx6fwmxJRFG4YKs7dQ9PT1j10LB5gD1fxjzK8ETCPcP/eAAAAEY6Mz9dqgAqAAGPAbh/AAB4EriWscRn+wIAAAAABFla"
+
+
+def test_deflate_stream_that_makes_no_progress_fails_fast():
+    import base64
+    import lzma
+
+    from tensorscope.parsers import zipfmt
+    raw = memoryview(lzma.decompress(base64.b64decode(_STALLING_DEFLATE)))
+    start = time.monotonic()
+    with pytest.raises(ValueError, match="makes no progress"):
+        for _ in zipfmt._decompress(zipfmt.METHOD_DEFLATED, raw, 16777219, None, None):
+            pass
+    assert time.monotonic() - start < 2
