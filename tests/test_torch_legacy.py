@@ -5,7 +5,6 @@ import io
 import pickle
 import pickletools
 import struct
-import sys
 import tarfile
 
 import numpy as np
@@ -15,32 +14,14 @@ import torch
 import tensorscope
 from tensorscope import cli
 from tensorscope.parsers import torch_legacy
+from helpers import audited_open
 from torch_oracle import FIXTURES, dtype_name, flatten, our_bytes, stored_bytes
 
 DIR = FIXTURES / "containers"
 LEGACY = sorted(p.name for p in DIR.glob("legacy_*.pt"))
 
-# Everything below is parsed under an audit hook: exec/compile/import of a new module fail.
-_armed = {"on": False, "events": []}
-
-
-def _audit(event, args):
-    if _armed["on"] and (event in ("exec", "compile") or
-                         (event == "import" and args[0] not in sys.modules)):
-        _armed["events"].append((event, str(args[0])[:80]))
-
-
-sys.addaudithook(_audit)
-
-
-def _open(path):
-    tensorscope.open(path).close()  # warm our own lazy imports, unarmed
-    _armed.update(on=True, events=[])
-    try:
-        return tensorscope.open(path)
-    finally:
-        _armed["on"] = False
-        assert _armed["events"] == [], _armed["events"]
+# Parsed under an audit hook: exec/compile/import of a new module fail (helpers.py).
+_open = audited_open
 
 
 def _oracle(path):

@@ -24,10 +24,10 @@ from tensorscope.tui.screens.scan import ScanScreen
 from tensorscope.tui.screens.values import ValuesScreen
 from tensorscope.tui.widgets.banner import SafetyBanner
 
+from helpers import settle  # shared with the snapshot suite
+
 ROOT = Path(__file__).resolve().parent.parent
 FIX = ROOT / "fixtures" / "tui"
-sys.path.insert(0, str(ROOT / "fixtures"))
-import gen_tui  # noqa: E402
 
 A = FIX / "model_a.safetensors"
 B = FIX / "model_b.safetensors"
@@ -66,36 +66,6 @@ def run_async(fn):
     wrapper.__signature__ = inspect.signature(fn)
     return wrapper
 
-
-def _busy(app) -> bool:
-    """Something is still on its way: parsing, the scan, a worker, a pane saying "computing"."""
-    from textual.worker import WorkerState
-
-    screen = app.screen
-    if type(screen).__name__ == "LoadingScreen" or not app.scan_done or not screen.is_mounted:
-        return True
-    if any(w.state in (WorkerState.PENDING, WorkerState.RUNNING) for w in app.workers):
-        return True
-    if type(screen).__name__ == "DiffScreen" and screen.result is None and screen.error is None:
-        return True
-    for static in screen.query("#d-stats, #dd-hist"):
-        if "computing" in str(static.content):
-            return True
-    return False
-
-
-async def settle(pilot) -> None:
-    """Wait until parsing, the scan (it starts after the first paint) and every worker are done."""
-    import asyncio
-
-    app = pilot.app
-    for _ in range(2000):
-        await pilot.pause()
-        await app.workers.wait_for_complete()
-        if not _busy(app):
-            break
-        await asyncio.sleep(0.01)
-    await pilot.pause()
 
 
 def table_names(screen) -> list[str]:

@@ -12,41 +12,13 @@ import pytest
 
 from tensorscope.tui.app import make_app
 
+from helpers import settle as _settle
+
 FIX = Path(__file__).resolve().parent.parent / "fixtures" / "tui"
 A = FIX / "model_a.safetensors"
 B = FIX / "model_b.safetensors"
 SIZES = [(80, 24), (120, 40)]
 
-
-def _busy(app) -> bool:
-    """Something is still on its way: parsing, the scan, a worker, a pane saying "computing"."""
-    from textual.worker import WorkerState
-
-    screen = app.screen
-    if type(screen).__name__ == "LoadingScreen" or not app.scan_done or not screen.is_mounted:
-        return True
-    if any(w.state in (WorkerState.PENDING, WorkerState.RUNNING) for w in app.workers):
-        return True
-    if type(screen).__name__ == "DiffScreen" and screen.result is None and screen.error is None:
-        return True
-    for static in screen.query("#d-stats, #dd-hist"):
-        if "computing" in str(static.content):
-            return True
-    return False
-
-
-async def _settle(pilot) -> None:
-    """Wait until parsing, the scan (it starts after the first paint) and every worker are done."""
-    import asyncio
-
-    app = pilot.app
-    for _ in range(2000):
-        await pilot.pause()
-        await app.workers.wait_for_complete()
-        if not _busy(app):
-            break
-        await asyncio.sleep(0.01)
-    await pilot.pause()
 
 
 def _then(*keys: str):
