@@ -477,24 +477,39 @@ def _key_of(value, what: str, pos: int) -> int:
                                     offset=pos) from None
 
 
+def _tar_count(src, model, start: int, end: int, what: str) -> tuple[int, int]:
+    """The pickled record count that opens the tar form's ``storages``/``tensors`` member:
+    (count, offset of the first record)."""
+    member = f"{what}s"
+    r = _run(src, start, end=end, member=member, limits=_SMALL_LIMITS)
+    model.evidence.pickles.append(_record(src, start, r, f"legacy.{what}_count", member))
+    count = r.value
+    if isinstance(count, bool) or not isinstance(count, int) or count < 0:
+        raise _fail(src, f"{what} count is {brief(count, 40)}", start, member)
+    return count, r.end
+
+
+def _tar_header(src, model, pos: int, end: int, i: int, count: int, what: str,
+                fields: str) -> tuple[tuple, int]:
+    """Record ``i`` of ``count``: its pickled 3-tuple header and the offset just after it."""
+    member = f"{what}s"
+    if pos >= end:
+        raise _fail(src, f"{what} {i + 1} of {count}: member ends", pos, member)
+    r = _run(src, pos, end=end, member=member, limits=_SMALL_LIMITS)
+    model.evidence.pickles.append(_record(src, pos, r, f"legacy.{what}_header", member))
+    head = r.value
+    if not isinstance(head, tuple) or len(head) != 3:
+        raise _fail(src, f"{what} record {brief(head, 60)} is not ({fields})", pos, member)
+    return head, r.end
+
+
 def _tar_storages(src, model, span, objects) -> None:
     start, size = span
     end = start + size
-    r = _run(src, start, end=end, member="storages", limits=_SMALL_LIMITS)
-    model.evidence.pickles.append(_record(src, start, r, "legacy.storage_count", "storages"))
-    count = r.value
-    if isinstance(count, bool) or not isinstance(count, int) or count < 0:
-        raise _fail(src, f"storage count is {brief(count, 40)}", start, "storages")
-    pos = r.end
+    count, pos = _tar_count(src, model, start, end, "storage")
     storages: dict[int, StorageRef] = {}
     for i in range(count):
-        if pos >= end:
-            raise _fail(src, f"storage {i + 1} of {count}: member ends", pos, "storages")
-        r = _run(src, pos, end=end, member="storages", limits=_SMALL_LIMITS)
-        model.evidence.pickles.append(_record(src, pos, r, "legacy.storage_header", "storages"))
-        head = r.value
-        if not isinstance(head, tuple) or len(head) != 3:
-            raise _fail(src, f"storage record {brief(head, 60)} is not (key, location, class)", pos, "storages")
+        head, after = _tar_header(src, model, pos, end, i, count, "storage", "key, location, class")
         key = _key_of(head[0], "storage", pos)
         cls = head[2]
         if not isinstance(cls, Global) or cls.name not in torch_pickle.STORAGE_DTYPES \
@@ -502,7 +517,7 @@ def _tar_storages(src, model, span, objects) -> None:
             raise _fail(src, f"storage {key}: unknown storage class {brief(cls, 60)}", pos, "storages")
         dtype = torch_pickle.STORAGE_DTYPES[cls.name]
         item = _itemsize(dtype)
-        pos = r.end
+        pos = after
         if pos + COUNT.size > end:
             raise _fail(src, f"storage {key}: truncated before its element count", pos, "storages")
         n = COUNT.unpack_from(src.buffer, pos)[0]
@@ -536,22 +551,11 @@ def _tar_storages(src, model, span, objects) -> None:
 def _tar_tensors(src, model, span, objects) -> None:
     start, size = span
     end = start + size
-    r = _run(src, start, end=end, member="tensors", limits=_SMALL_LIMITS)
-    model.evidence.pickles.append(_record(src, start, r, "legacy.tensor_count", "tensors"))
-    count = r.value
-    if isinstance(count, bool) or not isinstance(count, int) or count < 0:
-        raise _fail(src, f"tensor count is {brief(count, 40)}", start, "tensors")
-    pos = r.end
+    count, pos = _tar_count(src, model, start, end, "tensor")
     for i in range(count):
-        if pos >= end:
-            raise _fail(src, f"tensor {i + 1} of {count}: member ends", pos, "tensors")
-        r = _run(src, pos, end=end, member="tensors", limits=_SMALL_LIMITS)
-        model.evidence.pickles.append(_record(src, pos, r, "legacy.tensor_header", "tensors"))
-        head = r.value
-        if not isinstance(head, tuple) or len(head) != 3:
-            raise _fail(src, f"tensor record {brief(head, 60)} is not (key, storage, class)", pos, "tensors")
+        head, after = _tar_header(src, model, pos, end, i, count, "tensor", "key, storage, class")
         key, skey = _key_of(head[0], "tensor", pos), _key_of(head[1], "storage", pos)
-        pos = r.end
+        pos = after
         if pos + TAR_NDIM.size > end:
             raise _fail(src, f"tensor {key}: truncated before its dimensions", pos, "tensors")
         ndim = TAR_NDIM.unpack_from(src.buffer, pos)[0]
