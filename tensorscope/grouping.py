@@ -1,0 +1,115 @@
+"""Reading repeated layers as groups: ``model.layers.#.mlp.experts.#.up_proj.weight ×15,360``.
+
+Real checkpoints name tensors by flat dotted keys (``model.layers.3.mlp.up_proj.weight``), so the
+components are the name split on ``.`` — and, for nested containers whose keys hold dots, the
+saved path's components split the same way. Every all-digit component is an index and becomes
+``#``. `inspect --group`, `diff --by layer|module` and the TUI share these functions, so one name
+groups the same way everywhere.
+"""
+from __future__ import annotations
+
+__all__ = ["components", "group_key", "group_indices", "index_ranges", "layer_key", "module_key",
+           "GroupCollector"]
+
+
+def components(name: str, path: tuple[str, ...] = ()) -> tuple[str, ...]:
+    """A tensor's name components: ``path`` entries (nested containers) each split on ``.``."""
+    parts = path if path else (name,)
+    if len(parts) == 1:
+        return tuple(parts[0].split("."))
+    out: list[str] = []
+    for p in parts:
+        out.extend(p.split("."))
+    return tuple(out)
+
+
+def group_key(name: str, path: tuple[str, ...] = ()) -> str:
+    """``model.layers.3.mlp.experts.17.up_proj.weight`` -> ``model.layers.#.mlp.experts.#.up_proj.weight``."""
+    return ".".join("#" if c.isdigit() and c.isascii() else c for c in components(name, path))
+
+
+def group_indices(name: str, path: tuple[str, ...] = ()) -> tuple[int, ...]:
+    """The numeric components of a name, in order (``(3, 17)`` for the example above)."""
+    return tuple(int(c) for c in components(name, path) if c.isdigit() and c.isascii())
+
+
+def index_ranges(indices: list[tuple[int, ...]]) -> list[tuple[int, int, int]]:
+    """Per ``#`` position over a group's members: (lowest, highest, distinct values seen)."""
+    if not indices:
+        return []
+    out = []
+    for pos in range(min(len(i) for i in indices)):
+        seen = {i[pos] for i in indices}
+        out.append((min(seen), max(seen), len(seen)))
+    return out
+
+
+def layer_key(name: str, path: tuple[str, ...] = ()) -> str:
+    """The layer a tensor belongs to: its name up to the first index (``model.layers.3``); a tensor
+    outside any indexed block is its own module (``model.embed_tokens`` for
+    ``model.embed_tokens.weight``)."""
+    parts = components(name, path)
+    for i, c in enumerate(parts):
+        if c.isdigit() and c.isascii():
+            return ".".join(parts[: i + 1])
+    return ".".join(parts[:-1]) if len(parts) > 1 else parts[0]
+
+
+def module_key(name: str, path: tuple[str, ...] = ()) -> str:
+    """The kind of module a tensor belongs to, across layers: the name after its last index, without
+    the parameter leaf (``mlp.experts.#.up_proj`` -> ``up_proj``; ``model.layers.3.self_attn.q_proj.weight``
+    -> ``self_attn.q_proj``); outside indexed blocks, the module itself (``model.embed_tokens``)."""
+    parts = components(name, path)
+    last_index = max((i for i, c in enumerate(parts) if c.isdigit() and c.isascii()), default=-1)
+    tail = parts[last_index + 1:]
+    if len(tail) > 1:
+        tail = tail[:-1]
+    return ".".join(tail) if tail else ".".join(parts)
+
+
+class GroupCollector:
+    """Streaming grouping: feed tensors once, read groups in first-seen order.
+
+    A group is (pattern, dtype, shape); it keeps its count, its first member's name and the index
+    ranges seen, never the whole member list (a million tensors stay a few thousand groups).
+    """
+
+    __slots__ = ("_groups",)
+
+    def __init__(self):
+        self._groups: dict[tuple, list] = {}
+
+    def add(self, name: str, dtype: str, shape: tuple[int, ...], nbytes: int = 0,
+            path: tuple[str, ...] = ()) -> None:
+        parts = components(name, path)
+        key_parts, idx = [], []
+        for c in parts:
+            if c.isdigit() and c.isascii():
+                key_parts.append("#")
+                idx.append(int(c))
+            else:
+                key_parts.append(c)
+        key = (".".join(key_parts), dtype, tuple(shape))
+        g = self._groups.get(key)
+        if g is None:
+            # count, bytes, first name, per-position [lo, hi, seen-set]
+            self._groups[key] = [1, nbytes, name, [[i, i, {i}] for i in idx]]
+            return
+        g[0] += 1
+        g[1] += nbytes
+        for r, i in zip(g[3], idx):
+            if i < r[0]:
+                r[0] = i
+            elif i > r[1]:
+                r[1] = i
+            r[2].add(i)
+
+    def __len__(self) -> int:
+        return len(self._groups)
+
+    def groups(self):
+        """Yields dicts: pattern, dtype, shape, count, bytes, first, ranges [(lo, hi, distinct)]."""
+        for (pattern, dtype, shape), (count, nbytes, first, ranges) in self._groups.items():
+            yield {"pattern": pattern, "dtype": dtype, "shape": list(shape), "count": count,
+                   "bytes": nbytes, "first": first,
+                   "ranges": [(lo, hi, len(seen)) for lo, hi, seen in ranges]}
