@@ -56,15 +56,18 @@ def layer_key(name: str, path: tuple[str, ...] = ()) -> str:
 
 
 def module_key(name: str, path: tuple[str, ...] = ()) -> str:
-    """The kind of module a tensor belongs to, across layers: the name after its last index, without
-    the parameter leaf (``mlp.experts.#.up_proj`` -> ``up_proj``; ``model.layers.3.self_attn.q_proj.weight``
-    -> ``self_attn.q_proj``); outside indexed blocks, the module itself (``model.embed_tokens``)."""
+    """The kind of module a tensor belongs to, across layers: the name after its layer index, inner
+    indices as ``#``, without the parameter leaf (``model.layers.3.self_attn.q_proj.weight`` ->
+    ``self_attn.q_proj``; ``model.layers.3.mlp.experts.17.up_proj.weight`` -> ``mlp.experts.#.up_proj``);
+    outside indexed blocks, the module itself (``model.embed_tokens``)."""
     parts = components(name, path)
-    last_index = max((i for i, c in enumerate(parts) if c.isdigit() and c.isascii()), default=-1)
-    tail = parts[last_index + 1:]
+    first = next((i for i, c in enumerate(parts) if c.isdigit() and c.isascii()), None)
+    tail = parts[first + 1:] if first is not None else parts
     if len(tail) > 1:
         tail = tail[:-1]
-    return ".".join(tail) if tail else ".".join(parts)
+    if not tail:
+        return ".".join(parts)
+    return ".".join("#" if c.isdigit() and c.isascii() else c for c in tail)
 
 
 class GroupCollector:
