@@ -159,6 +159,12 @@ def _describe(value) -> str:
 def parse_storage_pid(pid, pos: int) -> tuple[str | None, str, str, int, str]:
     """``('storage', cls, key, location, numel[, view])`` -> (dtype, key, location, nbytes-or-numel,
     class name). Raises FormatError for any other shape (torch would fail the same way)."""
+    if type(pid) is tuple and len(pid) == 5 and type(pid[1]) is Global and type(pid[2]) is str \
+            and type(pid[3]) is str and type(pid[4]) is int and pid[4] >= 0 and pid[0] == "storage":
+        # Fast path: the form torch.save writes (checked field by field as below).
+        cls = pid[1]
+        if cls.module in _STORAGE_MODULES and cls.name in STORAGE_DTYPES:
+            return STORAGE_DTYPES[cls.name], pid[2], pid[3], pid[4], cls.name
     if not isinstance(pid, tuple) or len(pid) not in (5, 6) or pid[0] != "storage":
         raise _err(f"unsupported persistent id {brief(pid, 80)}", pos)
     cls, key, location, numel = pid[1], pid[2], pid[3], pid[4]

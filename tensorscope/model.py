@@ -6,6 +6,7 @@ the evidence (pickles seen, anomalies) that the scanner judges.
 """
 from __future__ import annotations
 
+import gc
 import math
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping
@@ -179,16 +180,28 @@ class TensorInfo:
                            for c in self.chunks]
         extras = self.extras
         if extras:
-            # Flat extras of plain scalars (the common case) need no walk.
-            if {*map(type, extras.values())} <= _SCALAR_TYPES and {*map(type, extras)} <= _STR_ONLY:
-                d["extras"] = dict(extras)
-            else:
-                d["extras"] = _jsonable(dict(extras))
+            d["extras"] = _plain_extras(extras)
         return d
 
 
 _SCALAR_TYPES = frozenset(_SCALARS)
-_STR_ONLY = frozenset((str,))
+
+
+def _plain_extras(extras: Mapping[str, Any]) -> dict:
+    """`_jsonable` for the common extras (string keys; scalars and flat lists of scalars), in a
+    loop that runs once per tensor; anything else takes the general walk."""
+    out = {}
+    for k, v in extras.items():
+        t = type(v)
+        if type(k) is not str:
+            return _jsonable(dict(extras))
+        if t in _SCALAR_TYPES:
+            out[k] = v
+        elif t is list and set(map(type, v)) <= _SCALAR_TYPES:
+            out[k] = [*v]
+        else:
+            return _jsonable(dict(extras))
+    return out
 
 
 def _jsonable(v):
@@ -359,6 +372,7 @@ class ModelFile:
         for src in self.sources.values():
             src.close()
         self.sources.clear()
+        gc.unfreeze()  # `formats.gc_paused` froze the records: collectable again from now on
 
     def __enter__(self):
         return self
