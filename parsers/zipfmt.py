@@ -116,6 +116,7 @@ U16_MAX = 0xFFFF
 MAX_COMMENT = 0xFFFF
 SMALL_CRC_LIMIT = 1 << 20               # check_small_crc reads STORED members up to 1 MiB
 _CHUNK = 1 << 20                         # decompression input chunk
+SPARSE_SPAN = 256 << 10                  # bytes per member above which headers are pread
 
 
 def sniff(head: bytes, size: int) -> bool:
@@ -477,6 +478,7 @@ class _Reader:
         self.check_small_crc = check_small_crc
         self.anomalies: list[Anomaly] = []
         self.miniz_error: str | None = None
+        self.sparse = False     # set once the member count is known (see `peek`)
 
     def add(self, kind: str, message: str, member: str | None = None,
             offset: int | None = None) -> None:
@@ -494,7 +496,15 @@ class _Reader:
         return 0 <= offset and 0 <= length and length <= self.size - offset
 
     def bytes_at(self, offset: int, length: int) -> bytes:
-        return bytes(self.src.buffer[offset:offset + length])
+        return bytes(self.peek(offset, length))
+
+    def peek(self, offset: int, length: int) -> bytes | memoryview:
+        """Up to ``length`` bytes at ``offset``: through the map when records are dense, with
+        `ByteSource.pread` when they are sparse (members of 256 KiB and more on average), so
+        that listing a 2 GB archive does not make the pages around every header resident."""
+        if self.sparse:
+            return self.src.pread(offset, length)
+        return self.src.buffer[offset:offset + length]
 
     # -- EOCD ------------------------------------------------------------------------------------
     def find_eocd(self) -> tuple[int, list[int]]:
@@ -582,6 +592,7 @@ class _Reader:
         if cd_size < n_total * CENTRAL.size:
             self.miniz_fails("central directory smaller than its entry count allows")
 
+        self.sparse = self.size // max(n_total, 1) >= SPARSE_SPAN
         members = self.read_cd(start_dir, cd_size, n_total, prepended)
         if len(members) != n_total:
             self.add("zip.cd_count_mismatch", f"EOCD declares {n_total} entries, the central "
@@ -766,7 +777,8 @@ class _Reader:
             self.add("zip.data_out_of_range", error, member=name, offset=at)
             self.miniz_fails(f"entry #{i} points outside the file")
         else:
-            lf = LOCAL.unpack_from(self.src.buffer, header_offset)
+            head = self.peek(header_offset, LOCAL.size + len(raw_name))  # header + name
+            lf = LOCAL.unpack_from(head, 0)
             if lf[_LH_SIG] != MAGIC_LOCAL:
                 error = (f"no local file header at byte {header_offset} "
                          f"(found {lf[_LH_SIG]!r})")
@@ -780,7 +792,7 @@ class _Reader:
                     self.add("zip.data_out_of_range", error, member=name, offset=header_offset)
                 else:
                     start = header_offset + LOCAL.size
-                    if self.src.buffer[start:start + lname_len] == raw_name:
+                    if lname_len == len(raw_name) and head[LOCAL.size:] == raw_name:
                         local_name = raw_name   # the same bytes: share the object
                     else:
                         local_name = self.bytes_at(start, lname_len)
@@ -901,9 +913,10 @@ class _Reader:
         if not m.flags & FLAG_DESCRIPTOR:
             return 0
         end = m.data_end
+        raw = self.peek(end, _DESCRIPTORS[0].size)
         for form in _DESCRIPTORS:   # the signed forms in one unpack each (what writers use)
-            if self.fits(end, form.size):
-                sig, crc, cs, us = form.unpack_from(self.src.buffer, end)
+            if len(raw) >= form.size:
+                sig, crc, cs, us = form.unpack_from(raw, 0)
                 if sig == MAGIC_DESCRIPTOR and crc == m.crc32 and cs == m.compressed_size \
                         and us == m.size:
                     return form.size

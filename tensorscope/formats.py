@@ -135,6 +135,7 @@ def _open_model(path: str | os.PathLike, *, format: str | None = None) -> ModelF
         # A sharded checkpoint's index (model.safetensors.index.json): the model is its shards.
         return _parser("sharded").open_index(path)
     src = ByteSource(path)
+    src.advise(random=True)  # parsing touches headers only: no read-ahead around them
     try:
         head = src.head(HEAD_BYTES)
         if src.size == 0:
@@ -145,6 +146,7 @@ def _open_model(path: str | os.PathLike, *, format: str | None = None) -> ModelF
             if format is not None or mod.sniff(head, src.size):
                 model = mod.open_source(src)
                 model.sources.setdefault(path, src)
+                src.advise(random=False)  # values are read in long runs: read-ahead helps
                 return model
         raise UnknownFormat(f"{path}: not a model file this tool recognises "
                             f"(starts with {head[:8]!r}, {src.size} bytes)")
