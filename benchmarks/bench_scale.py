@@ -112,3 +112,169 @@ def generate_in_child(root: Path, sizes) -> None:
     code = (f"import sys; sys.path.insert(0, {str(HERE)!r}); import bench_scale\n"
             f"bench_scale.generate(sys.argv[1], [int(x) for x in sys.argv[2:]])")
     subprocess.run([PY, "-c", code, str(root), *map(str, sizes)], check=True)
+
+
+# -- measurement ------------------------------------------------------------------------------
+PEER_TORCH_LIST = """
+import sys, torch
+sd = torch.load(sys.argv[1], mmap=True, weights_only=True)
+for k, v in sd.items():
+    print(k, v.dtype, tuple(v.shape))
+"""
+
+PEER_ST_LIST = """
+import glob, os, sys
+from safetensors import safe_open
+for file in sorted(glob.glob(os.path.join(sys.argv[1], "*.safetensors"))):
+    with safe_open(file, framework="np") as f:
+        for k in f.keys():
+            s = f.get_slice(k)
+            print(k, s.get_dtype(), s.get_shape())
+"""
+
+PEER_TORCH_DIFF = """
+import sys, torch
+a = torch.load(sys.argv[1], mmap=True, weights_only=True)
+b = torch.load(sys.argv[2], mmap=True, weights_only=True)
+print(sum(1 for k in a if not torch.equal(a[k], b[k])))
+"""
+
+
+def picklescan_exe() -> str | None:
+    """picklescan from its own venv (see the module docstring), next to this Python, or on PATH."""
+    for folder in (CACHE / "peers" / "bin", Path(PY).parent):
+        if (folder / "picklescan").exists():
+            return str(folder / "picklescan")
+    return shutil.which("picklescan")
+
+
+def cases(root: Path, n: int, out_dir: Path) -> list[tuple[str, str, list[str], dict, str | None, list[str] | None]]:
+    """(command, input kind, our argv, measure kwargs, peer label, peer argv) for size ``n``."""
+    pt, st = str(torch_path(root, n)), str(shards_path(root, n))
+    kinds = ([("torch zip", pt)] if n <= TORCH_MAX else []) + [("safetensors x10", st)]
+    out = []
+    for kind, path in kinds:
+        lister = ([PY, "-c", PEER_TORCH_LIST, path] if kind == "torch zip" else
+                  [PY, "-c", PEER_ST_LIST, path])
+        peer_label = ("torch.load(mmap=True) + print each" if kind == "torch zip" else
+                      "safe_open per shard + print each")
+        out.append(("inspect --json", kind, TS + ["inspect", "--json", path], {}, peer_label, lister))
+        out.append(("inspect (table, piped)", kind, TS + ["inspect", path], {}, None, None))
+        out.append(("inspect --group", kind, TS + ["inspect", "--group", path], {}, None, None))
+        if n > TORCH_MAX:
+            continue   # the 1M listing: inspect only
+        out.append(("diff A A", kind, TS + ["diff", path, path], {"ok_codes": (0, 1)},
+                    "2x torch.load(mmap=True) + torch.equal" if kind == "torch zip" else None,
+                    [PY, "-c", PEER_TORCH_DIFF, path, path] if kind == "torch zip" else None))
+        target = out_dir / f"converted_{n}_{kind.split()[0]}.safetensors"
+        out.append(("convert", kind, TS + ["convert", path, str(target), "--force"],
+                    {"before": lambda t=target: t.unlink(missing_ok=True)}, None, None))
+        ps = picklescan_exe()
+        out.append(("scan", kind, TS + ["scan", path], {"ok_codes": (0, 1)},
+                    "picklescan" if ps and kind == "torch zip" else None,
+                    [ps, "-p", path] if ps and kind == "torch zip" else None))
+    return out
+
+
+def run(sizes=SIZES[:3], runs: int = 1, root: Path | None = None, log=print,
+        commands: set[str] | None = None) -> list[dict]:
+    """Measure every case (or those of ``commands``) at every size; one dict per (command, kind,
+    size)."""
+    root = root or CACHE / "scale"
+    generate_in_child(root, sizes)
+    out_dir = Path(tempfile.mkdtemp(prefix="tsbench-scale-"))
+    rows = []
+    try:
+        for n in sizes:
+            for command, kind, argv, kw, peer_label, peer_argv in cases(root, n, out_dir):
+                if commands and command not in commands:
+                    continue
+                ours = measure(argv, runs, warmup=False, **kw)
+                peer = measure(peer_argv, runs, warmup=False, ok_codes=(0, 1)) if peer_argv else None
+                row = {"command": command, "kind": kind, "n": n, "ours": _res(ours),
+                       "peer_label": peer_label, "peer": _res(peer) if peer else None}
+                log(f"  {n:>9,} {kind:<16} {command:<24} {_fmt(row['ours'])}"
+                    + (f" | {peer_label}: {_fmt(row['peer'])}" if peer else ""))
+                rows.append(row)
+    finally:
+        shutil.rmtree(out_dir, ignore_errors=True)
+    return rows
+
+
+def _res(r: Result) -> dict:
+    return {"wall": r.wall, "rss": r.rss, "error": r.error}
+
+
+def _fmt(r: dict | None) -> str:
+    if r is None:
+        return "-"
+    if r["error"]:
+        return r["error"][:60]
+    return f"{r['wall']:.2f} s, {r['rss'] / 2**20:.0f} MiB"
+
+
+def per_tensor(rows: list[dict], command: str, kind: str, side: str = "ours") -> tuple[float, float] | None:
+    """(µs per tensor, bytes per tensor): the slope between the two largest sizes measured."""
+    pts = sorted((r["n"], r[side]) for r in rows if r["command"] == command and r["kind"] == kind
+                 and r[side] and not r[side]["error"])
+    if len(pts) < 2:
+        return None
+    (n1, a), (n2, b) = pts[-2], pts[-1]
+    return (b["wall"] - a["wall"]) / (n2 - n1) * 1e6, (b["rss"] - a["rss"]) / (n2 - n1)
+
+
+def render(rows: list[dict]) -> str:
+    """The "Cost per tensor" section of BENCHMARKS.md."""
+    sizes = sorted({r["n"] for r in rows})
+    lines = ["## Cost per tensor (1k / 10k / 100k / 1M tensors)", "",
+             "MoE names (`model.layers.L.mlp.experts.E.{gate,up,down}_proj.weight`), bf16 [4, 4]; "
+             "`torch.save` zip (up to 100k) and 10 `safetensors.torch.save_file` shards + index "
+             "(every size; the 1M listing exists only as shards). Each cell: wall time, peak RSS "
+             "of the whole process. Per tensor: slope between the two largest sizes (start-up "
+             "excluded). Made by `python benchmarks/bench_scale.py` (or `benchmarks/run.py "
+             "--only pertensor`).", "",
+             "| command | input | " + " | ".join(f"{n:,}" for n in sizes)
+             + " | µs / tensor | bytes / tensor | peer at largest | peer µs / tensor |",
+             "|---|---|" + "---:|" * len(sizes) + "---:|---:|---|---:|"]
+    seen = []
+    for r in rows:
+        key = (r["command"], r["kind"])
+        if key not in seen:
+            seen.append(key)
+    for command, kind in seen:
+        mine = {r["n"]: r for r in rows if (r["command"], r["kind"]) == (command, kind)}
+        cells = [_fmt(mine[n]["ours"]) if n in mine else "" for n in sizes]
+        slope = per_tensor(rows, command, kind)
+        largest = mine[max(mine)]
+        peer = largest["peer"]
+        pslope = per_tensor(rows, command, kind, "peer") if peer else None
+        ratio = ""
+        if peer and not peer["error"] and not largest["ours"]["error"] and largest["ours"]["wall"]:
+            ratio = f" ({peer['wall'] / largest['ours']['wall']:.1f}x)"
+        lines.append(f"| {command} | {kind} | " + " | ".join(cells) + " | "
+                     + (f"{slope[0]:.1f} | {slope[1]:,.0f}" if slope else "- | -") + " | "
+                     + (f"{largest['peer_label']}: {_fmt(peer)}{ratio}" if peer else "-") + " | "
+                     + (f"{pslope[0]:.1f}" if pslope else "-") + " |")
+    lines += ["", "Ratios in brackets are peer time / tensorscope time at the largest size "
+              "(above 1x tensorscope is faster)."]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--sizes", type=int, nargs="+", default=list(SIZES[:3]),
+                    help="tensor counts (default 1000 10000 100000; add 1000000 for the 1M listing)")
+    ap.add_argument("--runs", type=int, default=1, help="measured runs per command (median)")
+    ap.add_argument("--out", type=Path, default=None, help="also write the markdown section here")
+    args = ap.parse_args(argv)
+    rows = run(args.sizes, args.runs)
+    (CACHE / "scale" / "results.json").write_text(json.dumps(rows, indent=1))
+    text = render(rows)
+    if args.out:
+        args.out.write_text(text)
+    print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
