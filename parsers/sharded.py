@@ -185,7 +185,7 @@ def _read_index(path: str) -> tuple[dict, dict, list[str]]:
         if size > INDEX_MAX:
             raise _fail(f"index file of {size} bytes exceeds the {INDEX_MAX}-byte limit", path)
         with open(path, "rb") as f:
-            raw = f.read(INDEX_MAX + 1)
+            raw = f.read(size + 1)  # not INDEX_MAX + 1: read() allocates what it is asked for
     except OSError as e:
         raise _fail(f"cannot read the index: {e.strerror}", path) from None
     dups: list[str] = []
