@@ -272,9 +272,19 @@ def main(argv: list[str] | None = None) -> int:
                     help="tensor counts (default 1000 10000 100000; add 1000000 for the 1M listing)")
     ap.add_argument("--runs", type=int, default=1, help="measured runs per command (median)")
     ap.add_argument("--out", type=Path, default=None, help="also write the markdown section here")
+    ap.add_argument("--commands", nargs="+", default=None, metavar="COMMAND",
+                    help='only these commands (as named in the table, e.g. "inspect --json" scan)')
+    ap.add_argument("--keep", action="store_true",
+                    help="add to the rows of the previous run (results.json) instead of replacing them")
     args = ap.parse_args(argv)
-    rows = run(args.sizes, args.runs)
-    (CACHE / "scale" / "results.json").write_text(json.dumps(rows, indent=1))
+    results = CACHE / "scale" / "results.json"
+    rows = run(args.sizes, args.runs, commands=set(args.commands) if args.commands else None)
+    if args.keep and results.exists():
+        new = {(r["command"], r["kind"], r["n"]) for r in rows}
+        old = [r for r in json.loads(results.read_text())
+               if (r["command"], r["kind"], r["n"]) not in new]
+        rows = sorted(old + rows, key=lambda r: r["n"])
+    results.write_text(json.dumps(rows, indent=1))
     text = render(rows)
     if args.out:
         args.out.write_text(text)

@@ -42,7 +42,7 @@ from tensorscope.model import ModelFile
 __all__ = ["FORMAT", "sniff_dir", "open_dir", "open_index", "is_index_file"]
 
 FORMAT = "sharded"
-INDEX_MAX = 64 << 20   # an index of a 1e6-tensor model is ~60 MB
+INDEX_MAX = 256 << 20  # 1e6 tensors: ~90 MB (json.dumps defaults), ~110 MB with indent=2
 _SHARD = re.compile(r"^(?P<stem>.+)-(?P<i>\d{5})-of-(?P<n>\d{5})\.(?P<ext>safetensors|bin|pt|pth|gguf)$")
 # Single model files, best first (transformers prefers safetensors over .bin).
 _MODEL_EXTS = (".safetensors", (".bin", ".pt", ".pth", ".ckpt"), ".gguf", ".onnx", ".pt2",
