@@ -256,12 +256,13 @@ def _from_index(index: str, folder: str, root: str) -> ModelFile:
             model.evidence.add("sharded.duplicate_key", f"weight_map names {name!r} twice; the "
                                "last entry wins", file=index)
         mapped = set(wm)
+        by_name = {shard: merger.opened[shard]._by_name() for shard in order}
         for tname, shard in wm.items():
-            sub = merger.opened[shard]
-            if tname not in sub:
+            t = by_name[shard].get(tname)
+            if t is None:
                 raise _fail(f"tensor {tname!r} is mapped to shard {shard}, which does not hold it",
                             index)
-            model.tensors.append(sub.tensor(tname))
+            model.tensors.append(t)
         for shard in order:
             for t in merger.opened[shard].tensors:
                 if t.name not in mapped:

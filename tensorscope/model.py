@@ -44,6 +44,7 @@ class FrozenDict(dict):
 
 _EMPTY: Mapping[str, Any] = FrozenDict()
 _KNOWN_DTYPES: set[str] = set()
+_STRIDES: dict[tuple[int, ...], tuple[int, ...]] = {}
 _INT_ONLY = {int}
 _SCALARS = (str, int, float, bool, type(None))
 
@@ -127,7 +128,11 @@ class TensorInfo:
             set_(self, "shape", shape)
         stride = self.stride
         if stride is None:
-            stride = contiguous_stride(shape)
+            stride = _STRIDES.get(shape)
+            if stride is None:
+                stride = contiguous_stride(shape)
+                if len(_STRIDES) < 4096:  # checkpoints repeat a few shapes: share their strides
+                    _STRIDES[shape] = stride
             set_(self, "stride", stride)
         elif type(stride) is not tuple or not _int_items(stride):
             stride = tuple(int(s) for s in stride)
