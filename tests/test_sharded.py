@@ -164,7 +164,7 @@ def _error(capsys, path) -> str:
     assert cli.main(["inspect", str(path)]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1
-    return err.removeprefix("tensorscope: error: ").rstrip("\n")
+    return err.removeprefix("tensorscope inspect: error: ").rstrip("\n")
 
 
 def test_missing_shard_is_named(tmp_path, capsys):
