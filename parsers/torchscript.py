@@ -291,6 +291,8 @@ def _infos(entries, model: ModelFile, file: str, *, quiet_empty: bool = False) -
             model.evidence.add("torch.tensor_out_of_storage",
                                f"tensor {info.name!r} addresses bytes past the end of its storage "
                                f"record ({s.nbytes} bytes)", file=s.file, member=s.member)
+        if info.dtype.startswith("unknown:"):
+            torch_pickle.note_unknown_dtype(model, info)
         out.append(info)
     return out
 

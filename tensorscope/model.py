@@ -119,7 +119,7 @@ class TensorInfo:
             return 0
         s = dtypes.spec(self.dtype)
         last = sum((d - 1) * st for d, st in zip(self.shape, self.stride))
-        if s.kind == "block" or s.packed:
+        if s.kind in ("block", "unknown") or s.packed:
             return self.nbytes
         return (last + 1) * s.itemsize
 
