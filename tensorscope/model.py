@@ -69,7 +69,8 @@ class TensorInfo:
         source_format: the format that produced this record.
         role: ``parameter``, ``buffer``, ``constant``, ``tensor`` (plain), ``input`` ...
         chunks: pieces of a tensor stored in several places (DCP), else empty.
-        extras: format specifics (quantization, requires_grad, ONNX location ...).
+        extras: format specifics (quantization, requires_grad, ONNX location ...); ``no_data``:
+            saved without values (see `has_data`).
     """
 
     name: str
@@ -107,6 +108,13 @@ class TensorInfo:
     @property
     def numel(self) -> int:
         return math.prod(self.shape)
+
+    @property
+    def has_data(self) -> bool:
+        """False for a tensor saved without its values (torch's traced inputs: the pickle gives
+        dtype and shape, the storage record is empty). It is listed, never read, and stays out of
+        every byte total (`ModelFile.total_bytes`, `summary`), which all consumers read."""
+        return not self.extras.get("no_data", False)
 
     @property
     def is_contiguous(self) -> bool:
@@ -265,7 +273,8 @@ class ModelFile:
 
     @property
     def total_bytes(self) -> int:
-        return sum(t.nbytes for t in self.tensors)
+        """Bytes of the stored tensors (tensors saved without data are not counted)."""
+        return sum(t.nbytes for t in self.tensors if t.has_data)
 
     # -- values ---------------------------------------------------------------------------------
     def source(self, file: str) -> ByteSource:
@@ -325,7 +334,7 @@ class ModelFile:
             d = by_dtype.setdefault(t.dtype, {"tensors": 0, "params": 0, "bytes": 0})
             d["tensors"] += 1
             d["params"] += t.numel
-            d["bytes"] += t.nbytes
+            d["bytes"] += t.nbytes if t.has_data else 0
         return {"format": self.format, "path": self.path, "files": list(self.files),
                 "tensors": len(self.tensors), "params": self.num_params,
                 "bytes": self.total_bytes, "by_dtype": by_dtype}
