@@ -56,7 +56,9 @@ def identify(path: str | os.PathLike) -> list[str]:
     path = os.fspath(path)
     if os.path.isdir(path):
         _listable(path)
-        return [mod.FORMAT for _, mod in _available(DIR_PARSERS) if mod.sniff_dir(path)]
+        found = [mod.FORMAT for _, mod in _available(DIR_PARSERS) if mod.sniff_dir(path)]
+        single = _parser("sharded").single_file(path) if found[:1] == ["sharded"] else None
+        return identify(single) if single else found   # one model file: the folder is that file
     try:
         with open(path, "rb") as f:
             head = f.read(HEAD_BYTES)
