@@ -411,8 +411,9 @@ def open_source(src: ByteSource) -> ModelFile:
                             f"alignment {alignment}", file=path, offset=start)
         begin = data_start + offset
         if begin > src.size or nbytes > src.size - begin:
-            raise GGUFError(f"tensor {name!r}: data [{begin}, {begin + nbytes}) runs past the end "
-                            f"of the file ({src.size} bytes)", file=path, offset=start)
+            raise GGUFError(f"truncated: tensor {name!r} (data [{begin}, {begin + nbytes})) needs "
+                            f"{begin + nbytes} bytes, the file ends at {src.size}", file=path,
+                            offset=start)
         if offset != expected:
             ev.add("gguf.unexpected_offset",
                    f"tensor {name!r} is at data offset {offset}, llama.cpp expects {expected} "

@@ -125,6 +125,12 @@ def _open_model(path: str, format: str | None) -> ModelFile:
                 model = mod.open_source(src)
                 model.sources.setdefault(path, src)
                 return model
+        if format is None:   # a recognisable start cut short is a truncated download, not garbage
+            for _, mod in _available(FILE_PARSERS):
+                cut = getattr(mod, "truncation", None)
+                reason = cut(head, src.size) if cut is not None else None
+                if reason:
+                    raise FormatError(reason, format=mod.FORMAT, file=path, offset=src.size)
         raise UnknownFormat(f"{path}: not a model file this tool recognises "
                             f"(starts with {head[:8]!r}, {src.size} bytes)")
     except BaseException:

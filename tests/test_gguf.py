@@ -205,7 +205,7 @@ BAD = [
     ("misaligned", _gguf(tis=[_ti("t", [4], offset=4)], data=F32x8), 24,
      "tensor 't': data offset 4 is not a multiple of the alignment 32"),
     ("past_eof", _gguf(tis=[_ti("t", [16])], data=F32x8), 24,
-     "tensor 't': data [64, 128) runs past the end of the file (96 bytes)"),
+     "truncated: tensor 't' (data [64, 128)) needs 128 bytes, the file ends at 96"),
     ("truncated_infos", _gguf(tis=[_ti("t", [8])])[:50], 49,
      "truncated: data offset of tensor 't' needs 8 bytes, 1 remain"),
 ]
