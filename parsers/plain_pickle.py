@@ -57,7 +57,10 @@ NUMPY_DTYPES = {
     "i1": "int8", "i2": "int16", "i4": "int32", "i8": "int64",
     "u1": "uint8", "u2": "uint16", "u4": "uint32", "u8": "uint64", "b1": "bool",
 }
-_BYTES_OPS = {"BINBYTES": 4, "SHORT_BINBYTES": 1, "BINBYTES8": 8, "BYTEARRAY8": 8}
+# Opcodes whose payload is verbatim bytes in the file: Python 3 bytes, and Python 2 ``str``
+# (BINSTRING, SHORT_BINSTRING), which numpy arrays pickled under Python 2 hold their data in.
+_BYTES_OPS = {"BINBYTES": 4, "SHORT_BINBYTES": 1, "BINBYTES8": 8, "BYTEARRAY8": 8,
+              "BINSTRING": 4, "SHORT_BINSTRING": 1}
 
 
 # -- sniffing -------------------------------------------------------------------------------------
@@ -285,8 +288,19 @@ def _numpy_tensor(call: Call, src: ByteSource, locator: _Locator, model: ModelFi
     shape, dtype_call, fortran, raw = parts
     shape = _shape(shape)
     dt = _numpy_dtype(dtype_call)
-    if shape is None or dt is None or not isinstance(raw, (bytes, bytearray)):
+    if shape is None or dt is None:
         return None  # object arrays, strings, records: stay inert objects
+    if isinstance(raw, str):
+        # A Python 2 pickle: the data is a py2 ``str`` (BINSTRING), which the VM gives as text
+        # when it happens to be valid UTF-8. pickle.load(encoding='latin1') gives latin-1 text
+        # and numpy's _reconstruct encodes it back to latin-1: the same bytes as this round trip.
+        raw = raw.encode("utf-8")
+    if not isinstance(raw, (bytes, bytearray)):
+        model.evidence.add("pickle.numpy_unreadable",
+                           f"numpy array at byte {call.pos} ({dt[0]}, shape {list(shape)}): its "
+                           f"data is a {type(raw).__name__}, not bytes; it is not listed",
+                           file=src.path, offset=call.pos)
+        return None
     dtype, order = dt
     from tensorscope.dtypes import spec
     numel = math.prod(shape)

@@ -1,0 +1,98 @@
+"""NumPy arrays pickled under Python 2 (protocol 2, data in a py2 ``str``: SHORT_BINSTRING or
+BINSTRING). No Python 2 here: the pickles are built opcode by opcode as Python 2.7's cPickle writes
+them, and ``pickle.loads(data, encoding='latin1')`` (what np.load / joblib pass for py2 files) is
+the oracle, in the test itself."""
+from __future__ import annotations
+
+import pickle
+import struct
+
+import numpy as np
+import pytest
+
+import tensorscope
+
+
+def _str(s: bytes) -> bytes:
+    """A Python 2 ``str``: SHORT_BINSTRING below 256 bytes, BINSTRING above (as cPickle)."""
+    if len(s) < 256:
+        return b"U" + bytes([len(s)]) + s
+    return b"T" + struct.pack("<i", len(s)) + s
+
+
+def _int(n: int) -> bytes:
+    return b"K" + bytes([n]) if 0 <= n < 256 else b"J" + struct.pack("<i", n)
+
+
+def _dtype(a: np.ndarray) -> bytes:
+    typestr = f"{a.dtype.kind}{a.dtype.itemsize}".encode()
+    order = b"|" if a.dtype.itemsize == 1 else b"<"
+    return (b"cnumpy\ndtype\n" + _str(typestr) + _int(0) + _int(1) + b"\x87R"
+            + b"(" + _int(3) + _str(order) + b"NNN" + _int(-1) + _int(-1) + _int(0) + b"tb")
+
+
+def _array(a: np.ndarray) -> bytes:
+    """``numpy.core.multiarray._reconstruct(ndarray, (0,), 'b')`` + BUILD (1, shape, dtype,
+    False, rawdata), as numpy 1.x under Python 2 pickles an array."""
+    shape = b"(" + b"".join(_int(d) for d in a.shape) + b"t"
+    return (b"cnumpy.core.multiarray\n_reconstruct\n" + b"cnumpy\nndarray\n" + _int(0) + b"\x85"
+            + _str(b"b") + b"\x87R" + b"(" + _int(1) + shape + _dtype(a) + b"\x89"
+            + _str(np.ascontiguousarray(a).tobytes()) + b"tb")
+
+
+def py2_pickle(state: dict[str, np.ndarray]) -> bytes:
+    body = b"}(" + b"".join(_str(k.encode()) + _array(v) for k, v in state.items()) + b"u"
+    return b"\x80\x02" + body + b"."
+
+
+ARRAYS = {
+    # every byte ASCII: valid UTF-8, which a UTF-8-decoding VM would turn into text
+    "ascii_int8": np.arange(32, 96, dtype=np.int8).reshape(8, 8),
+    "ascii_float": np.frombuffer(b"ABCDEFGH" * 6, dtype=np.float64).reshape(2, 3),
+    # multi-byte UTF-8 sequences, still valid UTF-8
+    "utf8_uint16": np.frombuffer("é€😀ab".encode("utf-8") + b"c", dtype=np.uint16),
+    # invalid UTF-8 (stays bytes either way)
+    "binary": np.linspace(-1, 1, 12, dtype=np.float32).reshape(3, 4),
+    # over 255 bytes: BINSTRING, ASCII again
+    "long": np.full((40, 10), 0x41, dtype=np.uint8),
+}
+
+
+def test_py2_arrays_match_pickle_latin1(tmp_path):
+    data = py2_pickle(ARRAYS)
+    expected = pickle.loads(data, encoding="latin1")   # the oracle: Python 3 reading Python 2
+    assert list(expected) == list(ARRAYS)
+    for k, v in expected.items():
+        assert v.dtype == ARRAYS[k].dtype and np.array_equal(v, ARRAYS[k]), k
+    path = tmp_path / "py2.pkl"
+    path.write_bytes(data)
+    with tensorscope.open(path) as model:
+        assert model.format == "pickle"
+        assert model.names == list(expected)   # none dropped
+        for name, want in expected.items():
+            info = model.tensor(name)
+            got = model.read(name)
+            assert info.shape == want.shape and got.dtype == want.dtype, name
+            assert np.array_equal(got, want), name
+            # the py2 str payload is verbatim in the file: a zero-copy view at its place
+            assert info.byte_offset is not None, name
+            assert data[info.byte_offset:info.byte_offset + info.nbytes] == want.tobytes(), name
+        assert not model.evidence.anomalies
+
+
+def test_array_whose_data_is_not_bytes_is_reported_not_dropped(tmp_path):
+    """An array whose rawdata is neither bytes nor a py2 str (an int here) cannot be located:
+    an anomaly names it instead of a silent drop (pickle.loads itself refuses it)."""
+    a = np.zeros(2, dtype=np.float64)
+    good = _array(a)
+    bad = good.replace(_str(a.tobytes()), _int(7))
+    data = b"\x80\x02}(" + _str(b"w") + bad + b"u."
+    with pytest.raises(Exception):
+        pickle.loads(data, encoding="latin1")
+    path = tmp_path / "bad.pkl"
+    path.write_bytes(data)
+    with tensorscope.open(path) as model:
+        assert model.names == []
+        kinds = [a.kind for a in model.evidence.anomalies]
+        assert kinds == ["pickle.numpy_unreadable"]
+        assert "float64, shape [2]" in model.evidence.anomalies[0].message
