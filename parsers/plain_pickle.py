@@ -251,7 +251,9 @@ def open_source(src: ByteSource) -> ModelFile:
 
     def leaf(call: Call):
         if id(call) not in arrays:  # one record per array, however often it is referenced
-            arrays[id(call)] = _numpy_tensor(call, src, locator, model, copies)
+            sibling = _sibling_array(call, src, model)
+            arrays[id(call)] = sibling if sibling is not False else \
+                _numpy_tensor(call, src, locator, model, copies)
         return arrays[id(call)]
 
     tensors = []
@@ -278,6 +280,55 @@ def _type_name(value) -> str:
     if isinstance(value, Call):
         return value.func.dotted if isinstance(value.func, Global) else "call"
     return type(value).__name__
+
+
+# joblib < 0.10 (Python 2 era) wrote each array to a sibling file and pickled a wrapper naming it.
+_SIBLING_WRAPPERS = {(m, n) for m in ("joblib.numpy_pickle", "sklearn.externals.joblib.numpy_pickle")
+                     for n in ("NDArrayWrapper", "ZNDArrayWrapper")}
+
+
+def _sibling_array(call: Call, src: ByteSource, model: ModelFile):
+    """A joblib < 0.10 ``NDArrayWrapper`` (BUILD state ``{'filename': 'x.pkl_01.npy', ...}``):
+    the sibling .npy it names, listed zero-copy from that file (a plain name in the same folder
+    only), or an anomaly when it cannot be; False when ``call`` is not such a wrapper."""
+    import os
+
+    from . import numpy_fmt
+    func = call.func
+    if type(func) is not Global or (func.module, func.name) not in _SIBLING_WRAPPERS:
+        return False
+    state = call.state if isinstance(call.state, dict) else {}
+    name = state.get("filename")
+    if isinstance(name, bytes):
+        name = name.decode("latin-1")
+
+    def unread(why: str) -> None:
+        model.evidence.add("joblib.sibling_array", f"{func.name} at byte {call.pos} names the "
+                           f"array file {name!r}, {why}: the array is not listed",
+                           file=src.path, offset=call.pos)
+    if not isinstance(name, str) or not name or name in (".", "..") or "/" in name \
+            or "\\" in name or "\0" in name:
+        return unread("not a plain file name in the pickle's folder")
+    if func.name == "ZNDArrayWrapper":
+        return unread("a compressed array file (not read)")
+    folder = os.path.dirname(src.path)
+    path = os.path.join(folder, name)
+    if not os.path.isfile(path):
+        return unread("which does not exist beside it")
+    if os.path.dirname(os.path.realpath(path)) != os.path.realpath(folder or "."):
+        return unread("a link out of the pickle's folder (not followed)")
+    try:
+        sib = model.source(path)
+        h = numpy_fmt.parse_header(sib.buffer, file=path)
+    except (OSError, FormatError) as e:
+        return unread(f"which cannot be read ({e})")
+    if h.layout != "plain" or h.data_nbytes > sib.size - h.data_start:
+        return unread(f"whose {h.layout} array (or its size) is not read in place")
+    storage = StorageRef(f"joblib@{call.pos}", h.dtype, h.numel, "numpy", file=path,
+                         data_offset=h.data_start, nbytes=h.data_nbytes)
+    stride = _fortran_stride(h.shape) if h.fortran_order else contiguous_stride(h.shape)
+    return TensorRef(storage, 0, h.shape, stride, h.dtype, pos=call.pos,
+                     extras={"joblib_file": name, "order": "F" if h.fortran_order else "C"})
 
 
 def _numpy_tensor(call: Call, src: ByteSource, locator: _Locator, model: ModelFile,

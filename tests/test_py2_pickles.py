@@ -96,3 +96,51 @@ def test_array_whose_data_is_not_bytes_is_reported_not_dropped(tmp_path):
         kinds = [a.kind for a in model.evidence.anomalies]
         assert kinds == ["pickle.numpy_unreadable"]
         assert "float64, shape [2]" in model.evidence.anomalies[0].message
+
+
+# -- joblib < 0.10: arrays in sibling .npy files ---------------------------------------------------
+def _wrapper(filename: str, cls: bytes = b"NDArrayWrapper") -> bytes:
+    """``joblib.numpy_pickle.NDArrayWrapper`` as joblib 0.8/0.9 pickled it under Python 2:
+    NEWOBJ, then BUILD of {'filename': ..., 'subclass': numpy.ndarray, 'allow_mmap': True}."""
+    return (b"cjoblib.numpy_pickle\n" + cls + b"\n)\x81}(" + _str(b"filename") + _str(filename.encode())
+            + _str(b"subclass") + b"cnumpy\nndarray\n" + _str(b"allow_mmap") + b"\x88ub")
+
+
+class _Stub:
+    """Stand-in for joblib's wrapper class in the oracle's unpickler (NEWOBJ + BUILD)."""
+
+
+class _OracleUnpickler(pickle.Unpickler):
+    def find_class(self, module, name):
+        if module == "joblib.numpy_pickle":
+            return _Stub
+        return super().find_class(module, name)
+
+
+def test_joblib_0_9_sibling_arrays(tmp_path):
+    """What joblib 0.9's NDArrayWrapper.read does: np.load the sibling file it names."""
+    w = np.arange(12, dtype=np.float32).reshape(3, 4)
+    b = np.asfortranarray(np.arange(6, dtype=np.int64).reshape(2, 3))
+    np.save(tmp_path / "model.pkl_01.npy", w)
+    np.save(tmp_path / "model.pkl_02.npy", b)
+    data = (b"\x80\x02}(" + _str(b"w") + _wrapper("model.pkl_01.npy")
+            + _str(b"b") + _wrapper("model.pkl_02.npy")
+            + _str(b"gone") + _wrapper("model.pkl_03.npy")
+            + _str(b"escape") + _wrapper("../model.pkl_01.npy")
+            + _str(b"z") + _wrapper("model.pkl_04.npy.z", b"ZNDArrayWrapper") + b"u.")
+    path = tmp_path / "model.pkl"
+    path.write_bytes(data)
+    import io
+    tree = _OracleUnpickler(io.BytesIO(data), encoding="latin1").load()
+    expected = {k: np.load(tmp_path / v.filename) for k, v in tree.items() if k in ("w", "b")}
+    with tensorscope.open(path) as model:
+        assert model.names == ["w", "b"]
+        for name, want in expected.items():
+            got = model.read(name)
+            assert got.dtype == want.dtype and np.array_equal(got, want), name
+            assert model.tensor(name).file == str(tmp_path / tree[name].filename)
+        messages = [a.message for a in model.evidence.anomalies if a.kind == "joblib.sibling_array"]
+        assert len(messages) == 3   # missing, outside the folder, compressed: each named
+        assert any("model.pkl_03.npy" in m and "does not exist" in m for m in messages)
+        assert any("../model.pkl_01.npy" in m and "not a plain file name" in m for m in messages)
+        assert any("model.pkl_04.npy.z" in m and "compressed" in m for m in messages)
