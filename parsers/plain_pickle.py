@@ -11,7 +11,10 @@ Spec (what ``pickle.load`` would meet; last in the registry, so any file no cont
   are listed as tensors: when ``rawdata`` is stored verbatim (BINBYTES, BYTEARRAY8: protocols 3+)
   ``byte_offset`` is its place in the file and reads are zero-copy views (big-endian arrays are
   byte-swapped copies); protocols 0-2 store bytes as latin-1 text (``_codecs.encode``): then
-  ``byte_offset`` is None and the reader copies the decoded bytes.
+  ``byte_offset`` is None and the reader copies the decoded bytes. Pickles written by Python 2
+  hold ``rawdata`` in a py2 ``str`` (SHORT_BINSTRING/BINSTRING, verbatim in the file): read as
+  ``pickle.load(encoding='latin1')`` and numpy read it, they are the same bytes, listed zero-copy.
+  A numeric array whose data cannot be located is a ``pickle.numpy_unreadable`` anomaly.
 - torch tensors pickled without ``torch.save`` are ``torch._utils._rebuild_tensor_v2(storage,
   ...)`` whose storage is ``torch.storage._load_from_bytes(<bytes>)``: a nested ``torch.load`` of
   a legacy stream (parsed by `torch_legacy`, never run). Its storage bytes are located in the file
@@ -19,6 +22,8 @@ Spec (what ``pickle.load`` would meet; last in the registry, so any file no cont
 - joblib files (``joblib.dump`` without compression) are pickles whose arrays follow the BUILD of
   a ``joblib.numpy_pickle.NumpyArrayWrapper`` as raw bytes (`joblib_fmt` has the layout): the VM
   reads them as joblib's unpickler does, and numeric ones are listed zero-copy at their offsets.
+  joblib < 0.10 pickled a ``NDArrayWrapper`` naming a sibling ``.npy`` file instead: a plain name
+  in the pickle's folder is listed zero-copy from that file; otherwise ``joblib.sibling_array``.
 - Everything else stays an inert object in ``model.objects``; every global and call the VM saw is
   in ``model.evidence.pickles`` (role ``pickle``) for the scanner.
 
