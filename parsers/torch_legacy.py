@@ -269,10 +269,10 @@ def _place_storages(src, model, pending, keys, data_start, little, member, base)
             elif count < 0:
                 raise _fail(src, f"{where}: negative element count {count}", base + pos, member)
             else:
-                remain = src.size - pos - COUNT.size
-                raise _fail(src, f"{where}: {count} elements of {itemsize} bytes need "
-                                 f"{count * itemsize} bytes, {remain} remain (truncated file?)",
-                            base + pos + COUNT.size, member)
+                ends = "its record ends" if member else "the file ends"
+                raise _fail(src, f"truncated: {where} ({count} elements of {itemsize} bytes) "
+                                 f"needs {base + pos + COUNT.size + count * itemsize} bytes, "
+                                 f"{ends} at {base + src.size}", base + pos + COUNT.size, member)
         if count != entry.ref.numel:
             model.evidence.add(
                 "legacy.storage_size_mismatch",
