@@ -69,8 +69,11 @@ class TensorInfo:
         source_format: the format that produced this record.
         role: ``parameter``, ``buffer``, ``constant``, ``tensor`` (plain), ``input`` ...
         chunks: pieces of a tensor stored in several places (DCP), else empty.
-        extras: format specifics (quantization, requires_grad, ONNX location ...); ``no_data``:
-            saved without values (see `has_data`).
+        extras: format specifics (quantization, requires_grad, ONNX location ...).
+        has_data: False for a tensor saved without its values (torch's traced inputs: the pickle
+            gives dtype and shape, the storage record is empty). It is listed, never read, and
+            stays out of every byte total (`ModelFile.total_bytes`, `summary`), which all
+            consumers (inspect, diff, the TUI) read.
     """
 
     name: str
@@ -88,6 +91,7 @@ class TensorInfo:
     role: str = "tensor"
     chunks: tuple[Chunk, ...] = ()
     extras: Mapping[str, Any] = field(default_factory=dict, compare=False, hash=False)
+    has_data: bool = True
 
     def __post_init__(self):
         set_ = object.__setattr__
@@ -108,13 +112,6 @@ class TensorInfo:
     @property
     def numel(self) -> int:
         return math.prod(self.shape)
-
-    @property
-    def has_data(self) -> bool:
-        """False for a tensor saved without its values (torch's traced inputs: the pickle gives
-        dtype and shape, the storage record is empty). It is listed, never read, and stays out of
-        every byte total (`ModelFile.total_bytes`, `summary`), which all consumers read."""
-        return not self.extras.get("no_data", False)
 
     @property
     def is_contiguous(self) -> bool:
@@ -140,6 +137,8 @@ class TensorInfo:
             "file": self.file, "storage_key": self.storage_key, "role": self.role,
             "path": list(self.path), "format": self.source_format,
         }
+        if not self.has_data:
+            d["has_data"] = False
         if self.chunks:
             d["chunks"] = [{"offsets": list(c.offsets), "sizes": list(c.sizes), "file": c.tensor.file,
                             "byte_offset": c.tensor.byte_offset, "nbytes": c.tensor.nbytes}

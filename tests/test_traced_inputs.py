@@ -31,7 +31,6 @@ def test_model_lists_the_input_without_counting_it():
     with tensorscope.open(PATH) as model:
         inp = model.tensor(NAME)
         assert inp.has_data is False and inp.byte_offset is None and inp.role == "input"
-        assert inp.extras["no_data"] is True
         assert all(t.has_data for t in model.tensors if t.name != NAME)
         assert model.total_bytes == _stored_bytes()
         assert model.summary()["bytes"] == model.total_bytes
@@ -44,7 +43,8 @@ def test_inspect_shows_no_bytes_for_it(capsys):
     doc = json.loads(capsys.readouterr().out)
     assert doc["summary"]["bytes"] == _stored_bytes()
     row = next(r for r in doc["tensors"] if r["name"] == NAME)
-    assert row["byte_offset"] is None and row["extras"]["no_data"] is True
+    assert row["byte_offset"] is None and row["has_data"] is False
+    assert all("has_data" not in r for r in doc["tensors"] if r["name"] != NAME)
     assert cli.main(["inspect", str(PATH)]) == 0
     line = next(ln for ln in capsys.readouterr().out.splitlines() if ln.startswith(NAME))
     assert line.split()[-2:] == ["-", "-"]   # bytes and offset
