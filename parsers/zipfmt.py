@@ -463,13 +463,15 @@ def truncation(src: ByteSource, max_members: int = 1_000_000) -> str | None:
     headers, walked one after the other (as ``zip -FF`` would) until one, or its data, runs past
     the end of the file; when all fit, the central directory is what is missing."""
     buf, size = src.buffer, src.size
+    raw = src.raw
+    find = raw.find if hasattr(raw, "find") else bytes(raw).find
     pos = count = 0
     while count < max_members and bytes(buf[pos:pos + 4]) == MAGIC_LOCAL:
         if LOCAL.size > size - pos:
             return (f"truncated: the local header at byte {pos} needs {pos + LOCAL.size} bytes, "
                     f"the file ends at {size}")
         f = LOCAL.unpack(bytes(buf[pos:pos + LOCAL.size]))
-        flags, csize, name_len, extra_len = f[3], f[8], f[10], f[11]
+        flags, csize, usize, name_len, extra_len = f[3], f[8], f[9], f[10], f[11]
         data = pos + LOCAL.size + name_len + extra_len
         name = bytes(buf[pos + LOCAL.size:min(pos + LOCAL.size + name_len, size)]).decode(
             "utf-8", "replace")
@@ -480,14 +482,15 @@ def truncation(src: ByteSource, max_members: int = 1_000_000) -> str | None:
             at = 0
             while at + 4 <= len(extra):
                 xid, xlen = EXTRA_HEADER.unpack_from(extra, at)
-                if xid == 1 and xlen >= 16:
-                    csize = struct.unpack_from("<Q", extra, at + 12)[0]
+                skip = 8 if usize == 0xFFFFFFFF else 0   # the sizes present: uncompressed first
+                if xid == 1 and xlen >= skip + 8 and at + 4 + skip + 8 <= len(extra):
+                    csize = struct.unpack_from("<Q", extra, at + 4 + skip)[0]
                     break
                 at += 4 + xlen
         if flags & 8 and csize in (0, 0xFFFFFFFF):
             # Streamed (torch's writer): the size is in a data descriptor after the data, found
             # by its signature and a compressed size that matches the distance.
-            pos = _descriptor_end(src, data)
+            pos = _descriptor_end(src, data, find)
             if pos is None:
                 return (f"truncated: member {name!r} (data from byte {data}) has no end: its data "
                         f"descriptor and the central directory are missing, the file ends at {size}")
@@ -505,10 +508,9 @@ def truncation(src: ByteSource, max_members: int = 1_000_000) -> str | None:
     return None
 
 
-def _descriptor_end(src: ByteSource, data: int) -> int | None:
-    """End of the data descriptor that closes a streamed member whose data starts at ``data``."""
-    raw = src.raw
-    find = raw.find if hasattr(raw, "find") else bytes(raw).find
+def _descriptor_end(src: ByteSource, data: int, find) -> int | None:
+    """End of the data descriptor that closes a streamed member whose data starts at ``data``
+    (``find``: the file's bytes.find)."""
     at = data
     while (sig := find(b"PK\x07\x08", at)) >= 0:
         d = bytes(src.buffer[sig + 4:sig + 24])
