@@ -95,7 +95,8 @@ def open_model(path: str | os.PathLike, *, format: str | None = None) -> ModelFi
 def _listable(folder: str) -> None:
     """Raise `AccessDenied` (not "holds no model") for a folder that may not be listed."""
     try:
-        os.listdir(folder)
+        with os.scandir(folder):   # opening the listing is enough: no entry is read
+            pass
     except OSError as e:
         raise file_error(e, folder) from None
 

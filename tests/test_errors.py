@@ -55,6 +55,7 @@ def test_unlistable_folder_through_a_mocked_listdir(tmp_path, monkeypatch):
     def refusing(p="."):
         raise PermissionError(13, "Permission denied", os.fspath(p))
     monkeypatch.setattr(os, "listdir", refusing)
+    monkeypatch.setattr(os, "scandir", refusing)
     with pytest.raises(AccessDenied, match="permission denied"):
         tensorscope.open(folder)
 
