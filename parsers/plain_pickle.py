@@ -22,8 +22,9 @@ Spec (what ``pickle.load`` would meet; last in the registry, so any file no cont
 - joblib files (``joblib.dump`` without compression) are pickles whose arrays follow the BUILD of
   a ``joblib.numpy_pickle.NumpyArrayWrapper`` as raw bytes (`joblib_fmt` has the layout): the VM
   reads them as joblib's unpickler does, and numeric ones are listed zero-copy at their offsets.
-  joblib < 0.10 pickled a ``NDArrayWrapper`` naming a sibling ``.npy`` file instead: a plain name
-  in the pickle's folder is listed zero-copy from that file; otherwise ``joblib.sibling_array``.
+  joblib < 0.10 pickled a ``NDArrayWrapper`` naming a sibling ``.npy`` file instead (listed
+  zero-copy from it), or a ``ZNDArrayWrapper`` naming a ``ZF``-compressed data file (inflated,
+  capped, into a copy): plain names in the pickle's folder only; otherwise ``joblib.sibling_array``.
 - Everything else stays an inert object in ``model.objects``; every global and call the VM saw is
   in ``model.evidence.pickles`` (role ``pickle``) for the scanner.
 
@@ -256,7 +257,7 @@ def open_source(src: ByteSource) -> ModelFile:
 
     def leaf(call: Call):
         if id(call) not in arrays:  # one record per array, however often it is referenced
-            sibling = _sibling_array(call, src, model)
+            sibling = _sibling_array(call, src, model, copies)
             arrays[id(call)] = sibling if sibling is not False else \
                 _numpy_tensor(call, src, locator, model, copies)
         return arrays[id(call)]
@@ -292,10 +293,12 @@ _SIBLING_WRAPPERS = {(m, n) for m in ("joblib.numpy_pickle", "sklearn.externals.
                      for n in ("NDArrayWrapper", "ZNDArrayWrapper")}
 
 
-def _sibling_array(call: Call, src: ByteSource, model: ModelFile):
+def _sibling_array(call: Call, src: ByteSource, model: ModelFile, copies: "_Copies"):
     """A joblib < 0.10 ``NDArrayWrapper`` (BUILD state ``{'filename': 'x.pkl_01.npy', ...}``):
     the sibling .npy it names, listed zero-copy from that file (a plain name in the same folder
-    only), or an anomaly when it cannot be; False when ``call`` is not such a wrapper."""
+    only), or an anomaly when it cannot be; False when ``call`` is not such a wrapper.
+    ``ZNDArrayWrapper`` (compressed dumps): the sibling holds ``ZF`` + zlib of the raw data and
+    the wrapper's ``state`` is the array's (version, shape, dtype, fortran): read as a copy."""
     import os
 
     from . import numpy_fmt
@@ -314,14 +317,14 @@ def _sibling_array(call: Call, src: ByteSource, model: ModelFile):
     if not isinstance(name, str) or not name or name in (".", "..") or "/" in name \
             or "\\" in name or "\0" in name:
         return unread("not a plain file name in the pickle's folder")
-    if func.name == "ZNDArrayWrapper":
-        return unread("a compressed array file (not read)")
     folder = os.path.dirname(src.path)
     path = os.path.join(folder, name)
     if not os.path.isfile(path):
         return unread("which does not exist beside it")
     if os.path.dirname(os.path.realpath(path)) != os.path.realpath(folder or "."):
         return unread("a link out of the pickle's folder (not followed)")
+    if func.name == "ZNDArrayWrapper":
+        return _zf_sibling(call, state, path, model, copies, unread)
     try:
         sib = model.source(path)
         h = numpy_fmt.parse_header(sib.buffer, file=path)
@@ -334,6 +337,36 @@ def _sibling_array(call: Call, src: ByteSource, model: ModelFile):
     stride = _fortran_stride(h.shape) if h.fortran_order else contiguous_stride(h.shape)
     return TensorRef(storage, 0, h.shape, stride, h.dtype, pos=call.pos,
                      extras={"joblib_file": name, "order": "F" if h.fortran_order else "C"})
+
+
+def _zf_sibling(call: Call, state: dict, path: str, model: ModelFile, copies: "_Copies", unread):
+    """``ZNDArrayWrapper.read``: ``_reconstruct(*init_args)`` then ``__setstate__(state +
+    (read_zfile(sibling),))``; the data are inflated (capped) into a copy."""
+    import os
+    parts = state.get("state")
+    if not (isinstance(parts, tuple) and len(parts) == 4):
+        return unread("with an array state that is not (version, shape, dtype, fortran)")
+    shape, dt = _shape(parts[1]), _numpy_dtype(parts[2])
+    if shape is None or dt is None:
+        return unread("holding a non-numeric array (not listed)")
+    dtype, order = dt
+    try:
+        sib = model.source(path)
+        if joblib_fmt.compression(sib.head(2)) != "zf":
+            return unread("which is not a ZF-compressed array file")
+        data = joblib_fmt.decompress(sib.buffer, "zf", path=path)
+    except (OSError, FormatError) as e:
+        return unread(f"which cannot be read ({e})")
+    from tensorscope.dtypes import spec
+    numel = math.prod(shape)
+    if len(data) != numel * spec(dtype).itemsize:
+        return unread(f"whose {len(data)} bytes do not hold shape {list(shape)} of {dtype}")
+    storage = StorageRef(f"joblib@{call.pos}", dtype, numel, "numpy", file=path, nbytes=len(data))
+    copies.add(storage, data, 0, order)
+    fortran = parts[3] is True
+    stride = _fortran_stride(shape) if fortran else contiguous_stride(shape)
+    return TensorRef(storage, 0, shape, stride, dtype, pos=call.pos,
+                     extras={"joblib_file": os.path.basename(path), "order": "F" if fortran else "C"})
 
 
 def _numpy_tensor(call: Call, src: ByteSource, locator: _Locator, model: ModelFile,

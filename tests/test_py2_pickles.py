@@ -99,11 +99,29 @@ def test_array_whose_data_is_not_bytes_is_reported_not_dropped(tmp_path):
 
 
 # -- joblib < 0.10: arrays in sibling .npy files ---------------------------------------------------
-def _wrapper(filename: str, cls: bytes = b"NDArrayWrapper") -> bytes:
+def _wrapper(filename: str) -> bytes:
     """``joblib.numpy_pickle.NDArrayWrapper`` as joblib 0.8/0.9 pickled it under Python 2:
     NEWOBJ, then BUILD of {'filename': ..., 'subclass': numpy.ndarray, 'allow_mmap': True}."""
-    return (b"cjoblib.numpy_pickle\n" + cls + b"\n)\x81}(" + _str(b"filename") + _str(filename.encode())
-            + _str(b"subclass") + b"cnumpy\nndarray\n" + _str(b"allow_mmap") + b"\x88ub")
+    return (b"cjoblib.numpy_pickle\nNDArrayWrapper\n)\x81}(" + _str(b"filename")
+            + _str(filename.encode()) + _str(b"subclass") + b"cnumpy\nndarray\n"
+            + _str(b"allow_mmap") + b"\x88ub")
+
+
+def _zwrapper(filename: str, a: np.ndarray) -> bytes:
+    """``ZNDArrayWrapper`` (joblib 0.8/0.9 with compress): BUILD of {'filename': ...,
+    'init_args': (ndarray, (0,), 'b'), 'state': (1, shape, dtype, fortran)}; the data are in the
+    sibling file."""
+    shape = b"(" + b"".join(_int(d) for d in a.shape) + b"t"
+    return (b"cjoblib.numpy_pickle\nZNDArrayWrapper\n)\x81}(" + _str(b"filename")
+            + _str(filename.encode()) + _str(b"init_args") + b"cnumpy\nndarray\n" + _int(0)
+            + b"\x85" + _str(b"b") + b"\x87" + _str(b"state") + b"(" + _int(1) + shape
+            + _dtype(a) + b"\x89t" + b"ub")
+
+
+def _write_zfile(path, raw: bytes) -> None:
+    """joblib 0.9's write_zfile: 'ZF', the length in hex left-justified to 19 bytes, zlib."""
+    import zlib
+    path.write_bytes(b"ZF" + hex(len(raw)).encode().ljust(19) + zlib.compress(raw, 3))
 
 
 class _Stub:
@@ -121,26 +139,41 @@ def test_joblib_0_9_sibling_arrays(tmp_path):
     """What joblib 0.9's NDArrayWrapper.read does: np.load the sibling file it names."""
     w = np.arange(12, dtype=np.float32).reshape(3, 4)
     b = np.asfortranarray(np.arange(6, dtype=np.int64).reshape(2, 3))
+    z = np.linspace(0, 1, 10, dtype=np.float64).reshape(2, 5)
     np.save(tmp_path / "model.pkl_01.npy", w)
     np.save(tmp_path / "model.pkl_02.npy", b)
+    _write_zfile(tmp_path / "model.pkl_04.npy.z", z.tobytes())
+    _write_zfile(tmp_path / "model.pkl_05.npy.z", b"short")
     data = (b"\x80\x02}(" + _str(b"w") + _wrapper("model.pkl_01.npy")
             + _str(b"b") + _wrapper("model.pkl_02.npy")
             + _str(b"gone") + _wrapper("model.pkl_03.npy")
             + _str(b"escape") + _wrapper("../model.pkl_01.npy")
-            + _str(b"z") + _wrapper("model.pkl_04.npy.z", b"ZNDArrayWrapper") + b"u.")
+            + _str(b"z") + _zwrapper("model.pkl_04.npy.z", z)
+            + _str(b"zbad") + _zwrapper("model.pkl_05.npy.z", z) + b"u.")
     path = tmp_path / "model.pkl"
     path.write_bytes(data)
     import io
+    import zlib
     tree = _OracleUnpickler(io.BytesIO(data), encoding="latin1").load()
     expected = {k: np.load(tmp_path / v.filename) for k, v in tree.items() if k in ("w", "b")}
+    # ZNDArrayWrapper.read, as joblib 0.9 does it: numpy rebuilds the array from the wrapper's
+    # init_args and state plus the inflated sibling
+    zw = tree["z"]
+    raw = (tmp_path / zw.filename).read_bytes()
+    core = np._core if hasattr(np, "_core") else np.core   # numpy 2 / 1
+    arr = core.multiarray._reconstruct(*zw.init_args)
+    arr.__setstate__(zw.state + (zlib.decompress(raw[21:]),))
+    expected["z"] = arr
     with tensorscope.open(path) as model:
-        assert model.names == ["w", "b"]
+        assert model.names == ["w", "b", "z"]
         for name, want in expected.items():
             got = model.read(name)
-            assert got.dtype == want.dtype and np.array_equal(got, want), name
+            assert got.dtype == want.dtype and got.shape == want.shape, name
+            assert np.array_equal(got, want), name
             assert model.tensor(name).file == str(tmp_path / tree[name].filename)
+        assert model.tensor("w").byte_offset is not None   # .npy siblings: zero-copy
         messages = [a.message for a in model.evidence.anomalies if a.kind == "joblib.sibling_array"]
-        assert len(messages) == 3   # missing, outside the folder, compressed: each named
+        assert len(messages) == 3   # missing, outside the folder, too short: each named
         assert any("model.pkl_03.npy" in m and "does not exist" in m for m in messages)
         assert any("../model.pkl_01.npy" in m and "not a plain file name" in m for m in messages)
-        assert any("model.pkl_04.npy.z" in m and "compressed" in m for m in messages)
+        assert any("model.pkl_05.npy.z" in m and "do not hold shape [2, 5]" in m for m in messages)
