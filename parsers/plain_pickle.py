@@ -204,6 +204,7 @@ class _Copies:
 
     def __init__(self):
         self.table: dict[int, tuple[StorageRef, bytes, int, str]] = {}
+        self.inflated: dict[str, bytes] = {}   # joblib .z sibling files, each inflated once
 
     def add(self, storage: StorageRef, buffer: bytes, offset: int, order: str = "<") -> None:
         self.table[id(storage)] = (storage, buffer, offset, order)
@@ -350,13 +351,18 @@ def _zf_sibling(call: Call, state: dict, path: str, model: ModelFile, copies: "_
     if shape is None or dt is None:
         return unread("holding a non-numeric array (not listed)")
     dtype, order = dt
-    try:
-        sib = model.source(path)
-        if joblib_fmt.compression(sib.head(2)) != "zf":
-            return unread("which is not a ZF-compressed array file")
-        data = joblib_fmt.decompress(sib.buffer, "zf", path=path)
-    except (OSError, FormatError) as e:
-        return unread(f"which cannot be read ({e})")
+    data = copies.inflated.get(path)
+    if data is None:
+        # One budget for every sibling of the pickle: many wrappers cannot multiply the cap.
+        budget = joblib_fmt.INFLATE_MAX - sum(len(d) for d in copies.inflated.values())
+        try:
+            sib = model.source(path)
+            if joblib_fmt.compression(sib.head(2)) != "zf":
+                return unread("which is not a ZF-compressed array file")
+            data = copies.inflated[path] = joblib_fmt.decompress(sib.buffer, "zf", path=path,
+                                                                 cap=max(budget, 0))
+        except (OSError, FormatError) as e:
+            return unread(f"which cannot be read ({e})")
     from tensorscope.dtypes import spec
     numel = math.prod(shape)
     if len(data) != numel * spec(dtype).itemsize:
