@@ -340,7 +340,7 @@ def scan_paths(*paths: str | os.PathLike, recursive: bool = True,
         A `ScanReport`, findings worst first.
 
     Raises:
-        FileNotFoundError: a path does not exist.
+        FileMissing: a path does not exist (a TensorscopeError and a FileNotFoundError).
 
     Example:
         >>> report = scan_paths("model.pt")            # doctest: +SKIP
