@@ -45,7 +45,7 @@ from . import joblib_fmt, pickle_vm, torch_pickle
 from .pickle_vm import Call, Global
 from .torch_pickle import StorageRef, TensorRef
 
-__all__ = ["FORMAT", "sniff", "open_source"]
+__all__ = ["FORMAT", "sniff", "open_source", "cut_short"]
 
 FORMAT = "pickle"
 SNIFF_OPCODES = 64       # opcodes the sniffer runs over the head
@@ -73,6 +73,17 @@ _BYTES_OPS = {"BINBYTES": 4, "SHORT_BINBYTES": 1, "BINBYTES8": 8, "BYTEARRAY8": 
 def _truncation(err) -> bool:
     reason = getattr(err, "reason", "")
     return "remain" in reason or "data ends" in reason or "ran out of data" in reason
+
+
+def cut_short(result, src: ByteSource) -> FormatError | None:
+    """The error for a pickle run that failed because the FILE ends before the pickle does (a cut
+    download): ``truncated: <the VM's reason>; the file ends at <size>``. None otherwise (and for
+    in-memory blobs, whose end is not the file's)."""
+    err = result.error
+    if err is None or result.stopped or not _truncation(err) or src.path == "<memory>":
+        return None
+    return FormatError(f"truncated: {err.reason}; the file ends at {src.size}", format=err.format,
+                       file=err.file or src.path, member=err.member, offset=err.offset)
 
 
 def sniff(head: bytes, size: int) -> bool:
@@ -246,6 +257,9 @@ def open_source(src: ByteSource) -> ModelFile:
     result = pickle_vm.run(src.buffer, hooks=_hooks(src, model, nested), file=src.path,
                            build_hooks=joblib_fmt.build_hooks(src.buffer, on_array))
     model.evidence.pickles.append(PickleRecord(src.path, None, 0, result.end, result, role="pickle"))
+    cut = cut_short(result, src)
+    if cut is not None:
+        raise cut from None
     result.raise_for_error()
     if result.end < src.size:
         model.evidence.add("pickle.trailing_bytes", f"{src.size - result.end} bytes follow the "

@@ -193,7 +193,7 @@ def test_truncated_before_a_count(tmp_path, capsys):
     with tensorscope.open(DIR / "legacy_views.pt") as model:
         last = model.extras["storages"][-1]
     err = _run_cli(tmp_path, capsys, "cut_count.pt", data[:last["byte_offset"] - 4])
-    assert f"storage '{last['key']}'" in err and "before its element count" in err
+    assert f"storage '{last['key']}'" in err and "its element count needs" in err
 
 
 def test_truncated_main_pickle(tmp_path, capsys):

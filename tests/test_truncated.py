@@ -26,6 +26,16 @@ def _make_torch(path):
     torch.save(_state(), path)
 
 
+def _make_legacy(path):
+    torch.save(_state(), path, _use_new_zipfile_serialization=False)
+
+
+def _make_pickle(path):   # pickle.dump of NumPy arrays (scikit-learn-style .pkl), protocol 4
+    import pickle
+    with open(path, "wb") as f:
+        pickle.dump({k: v.numpy() for k, v in _state().items()}, f, protocol=4)
+
+
 def _make_safetensors(path):
     import safetensors.torch
     safetensors.torch.save_file(_state(), str(path))
@@ -68,6 +78,12 @@ def _load_torch(p):
     torch.load(p)
 
 
+def _load_pickle(p):
+    import pickle
+    with open(p, "rb") as f:
+        pickle.load(f)
+
+
 def _load_safetensors(p):
     from safetensors.numpy import load_file
     load_file(str(p))
@@ -95,7 +111,9 @@ def _load_npz(p):
             z[k]
 
 
-CASES = {"pt": (_make_torch, _load_torch), "safetensors": (_make_safetensors, _load_safetensors),
+CASES = {"pt": (_make_torch, _load_torch), "legacy.pt": (_make_legacy, _load_torch),
+         "pkl": (_make_pickle, _load_pickle),
+         "safetensors": (_make_safetensors, _load_safetensors),
          "onnx": (_make_onnx, _load_onnx), "gguf": (_make_gguf, _load_gguf),
          "npy": (_make_npy, _load_npy), "npz": (_make_npz, _load_npz)}
 
