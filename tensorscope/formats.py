@@ -124,14 +124,10 @@ def open_model(path: str | os.PathLike, *, format: str | None = None) -> ModelFi
         UnknownFormat: no parser recognises the content.
         FormatError: the content is recognised but malformed (message names the place).
     """
-    with gc_paused():  # records are built with the cyclic collector paused
-        return _open_model(path, format=format)
-
-
-def _open_model(path: str | os.PathLike, *, format: str | None = None) -> ModelFile:
     path = os.fspath(path)
     try:
-        return _open_model(path, format)
+        with gc_paused():  # records are built with the cyclic collector paused
+            return _open_model(path, format)
     except OSError as e:  # missing shard, unreadable file or folder: named, one hierarchy
         raise file_error(e, path) from None
 
