@@ -750,7 +750,7 @@ def _verify(model: ModelFile, tensors: list[PlannedTensor], path: str) -> None:
 # ------------------------------------------------------------------------------------------------
 
 def _severity(value):
-    from .scanner import Severity
+    from .scan import Severity
     if value is None or isinstance(value, Severity):
         return value
     return Severity.parse(str(value))
@@ -797,7 +797,7 @@ def convert(src: str | os.PathLike, out: str | os.PathLike, *, max_shard_size: i
         >>> report.tensors_written, report.outputs                                  # doctest: +SKIP
     """
     from .formats import open_model
-    from .scanner import scan_paths
+    from .scan import scan_paths
 
     src, out = os.fspath(src), os.fspath(out)
     if not os.path.exists(src):

@@ -68,7 +68,7 @@ def add_arguments(p):
 
 def run(args) -> int:
     from ..convert import UnsafeSource, Unconvertible, convert, parse_size
-    from ..scanner import scan_paths
+    from ..scan import scan_paths
 
     if not os.path.exists(args.input):
         _say(stderr_console(), f"tensorscope convert: error: {args.input}: no such file or folder")
@@ -122,7 +122,7 @@ def _print_scan(scan) -> None:
     parts = ", ".join(f"{v} {k}" for k, v in sorted(counts.items(),
                                                       key=lambda kv: -SEVERITIES.index(kv[0])))
     _say(out, f"scan: {len(scan.findings)} finding(s) ({parts}); worst: {scan.severity}")
-    from ..scanner import Severity
+    from ..scan import Severity
     serious = [f for f in scan.findings if f.severity >= Severity.MEDIUM]
     for f in serious[:_SHOWN]:
         _say(out, f"  {f}")

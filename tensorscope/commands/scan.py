@@ -45,7 +45,7 @@ def add_arguments(p):
 def run(args) -> int:
     import os
 
-    from ..scanner import Severity, scan_paths
+    from ..scan import Severity, scan_paths
     for p in args.paths:
         if not os.path.lexists(p):
             stderr_console().print(f"tensorscope scan: error: {p}: no such file or directory",
