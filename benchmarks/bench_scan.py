@@ -85,7 +85,7 @@ def timed(cmd: list[str], repeat: int) -> tuple[float, int]:
 
 
 def in_process(path: Path, repeat: int) -> float:
-    from tensorscope.scanner import scan_paths
+    from tensorscope.scan import scan_paths
     best = float("inf")
     for _ in range(repeat):
         t0 = time.perf_counter()
@@ -137,7 +137,7 @@ def _modelscan_flagged(report: dict, corpus: Path) -> set[str]:
 
 
 def detection(args) -> None:
-    from tensorscope.scanner import ScanLimits, Severity, scan_paths
+    from tensorscope.scan import ScanLimits, Severity, scan_paths
     corpus, cases = make_corpus()
     # one case per file (the corpus has duplicate files with different expectations)
     ours = {}
