@@ -12,6 +12,7 @@ import sys
 
 from . import __version__
 from .formats import describe_error
+from .safetext import shown
 
 __all__ = ["main", "COMMANDS", "EXIT_CLEAN", "EXIT_FINDINGS", "EXIT_ERROR"]
 
@@ -66,10 +67,11 @@ def main(argv: list[str] | None = None) -> int:
     except BrokenPipeError:
         return EXIT_CLEAN
     except (RecursionError, MemoryError) as e:  # defence in depth: still one line, exit 2
-        print(f"tensorscope: error: {describe_error(e)}", file=sys.stderr)
+        print(f"tensorscope: error: {shown(describe_error(e))}", file=sys.stderr)
         return EXIT_ERROR
     except Exception as e:  # noqa: BLE001 — the boundary where every error becomes one line
-        print(f"tensorscope: error: {describe_error(e)}", file=sys.stderr)
+        # error messages quote names from the file: escaped, so they cannot drive the terminal
+        print(f"tensorscope: error: {shown(describe_error(e))}", file=sys.stderr)
         return EXIT_ERROR
 
 

@@ -552,13 +552,14 @@ def _scan_zip(ctx: _Ctx, src: ByteSource, prefix: str | None, absolute: bool, de
             else:
                 data = memoryview(archive.read_bytes(m, ctx.limits.max_decompressed))
                 base, abs_member = 0, False
+        except LimitExceeded:
+            ctx.add("file.decompression-limit",
+                    f"member inflates past {ctx.limits.max_decompressed} bytes: not scanned", name)
+            ok = False
+            continue
         except FormatError as e:
-            if "exceeds the limit" in str(e):
-                ctx.add("file.decompression-limit",
-                        f"member inflates past {ctx.limits.max_decompressed} bytes: not scanned", name)
-            else:
-                ctx.add("zip.member-unreadable",
-                        f"member cannot be read ({e.reason}): its content is not scanned", name)
+            ctx.add("zip.member-unreadable",
+                    f"member cannot be read ({e.reason}): its content is not scanned", name)
             ok = False
             continue
         if not len(data):

@@ -67,6 +67,10 @@ def scan_stream(ctx: _Ctx, data, member: str | None, base: int, absolute: bool,
             # a pickle the VM cannot read at all: never clean
             ctx.fail(f"pickle{(' ' + member) if member else ''}: {r.error.reason if hasattr(r.error, 'reason') else r.error}")
             return True, False
+        if lenient and member and member.lower().endswith(_NAMED_PICKLE):
+            # the loader that reads this member by its name (pickle/joblib.load) would fail
+            ctx.fail(f"member {member} is named as a pickle but does not parse as one")
+            return True, False
         return False, True
     understood = True
     _check_joblib_bytes(ctx, data, r, member, base, offset_base)
@@ -130,6 +134,9 @@ def _hidden_stream(ctx: _Ctx, data, pos: int, member, base: int):
         if r.stopped and (r.globals or r.calls):
             return pos + m.start(), r
     return None
+
+
+_NAMED_PICKLE = (".pkl", ".pickle", ".joblib")
 
 
 def plausible_start(data) -> bool:
