@@ -153,7 +153,20 @@ def judge_result(ctx: _Ctx, r, member: str | None, base: int, offset_base: str, 
     # how each global is used: calls keyed by the Global object's position
     uses: dict[int, list] = {}
     module_calls: set[int] = set()
+    # Calls of allowlisted plain callables (torch's rebuild functions, OrderedDict: one per tensor)
+    # need no judging: they are set aside once, by the identity of their Global.
+    plain: dict[int, bool] = {}
+    to_judge = []
     for c in r.calls:
+        f = c.func
+        if type(f) is Global:
+            p = plain.get(id(f))
+            if p is None:
+                p = plain[id(f)] = _plain_callable(f.module, f.name)
+            if p and not _bytes_arg(c.args):
+                continue
+        to_judge.append(c)
+    for c in to_judge:
         if c.opcode in _CONTAINER_OPS:
             continue
         f = c.func
@@ -230,7 +243,7 @@ def judge_result(ctx: _Ctx, r, member: str | None, base: int, offset_base: str, 
                     "this scan's reading", base + at, None))
 
     # 2. calls of things that are not globals; second stages
-    for c in r.calls:
+    for c in to_judge:
         f = c.func
         if c.opcode in _CONTAINER_OPS or id(c) in module_calls:
             continue
@@ -305,6 +318,22 @@ def judge_result(ctx: _Ctx, r, member: str | None, base: int, offset_base: str, 
             ctx.add("pickle.findings-capped", f"{n - cap} more {rule} findings in this pickle "
                     "(not listed)", member, None, None, offset_base, variant=str(severity_of(rule)))
     return ok
+
+
+def _plain_callable(module, name) -> bool:
+    """An allowlisted global that neither constructs by its argument nor loads bytes."""
+    transparent, loader, _ = _call_facts(module, name)
+    return not transparent and not loader and policy.classify(module, name).category == policy.ALLOWED
+
+
+def _bytes_arg(args) -> bool:
+    """Whether a call's arguments hold bytes that could be an inline pickle (scanned in step 2)."""
+    if type(args) is not tuple:
+        return False
+    for a in args:
+        if type(a) is bytes or type(a) is bytearray:
+            return True
+    return False
 
 
 def _is_loader(module: str, name: str) -> bool:
@@ -527,12 +556,6 @@ def _looks_pickled(b: bytes) -> bool:
     return (b[0] == 0x80 and 2 <= b[1] <= 5) or b[:1] in (b"c", b"(", b"}", b"]", b"\x8c", b"X")
 
 
-def _maybe_payload(v) -> bool:
-    if isinstance(v, (bytes, bytearray)):
-        return len(v) >= 8 and (v[-1:] == b"." or _B64.fullmatch(bytes(v[:64])) is not None)
-    return isinstance(v, str) and len(v) >= 16 and (v[-1:] == "." or v[:1].isalnum())
-
-
 def _approx(n: int) -> str:
     return f"{n:,}" if n < 10 ** 12 else f"about 2^{n.bit_length() - 1}"
 
@@ -542,78 +565,89 @@ def _walk_value(root):
     [(where, bytes-or-str payload candidate)]).
 
     Shared containers are counted once per reference (what a copy or repr builds), computed over
-    the DAG with a memo, so the walk itself costs one visit per distinct container. Calls to
-    torch's rebuild functions are leaves: their arguments are storage references, integers and
-    shape tuples that the torch parser checks."""
+    the DAG with a memo, so the walk itself costs one visit per distinct container; objects the
+    parsers made (tensor references) and atoms are leaves. Calls to torch's rebuild functions are
+    leaves too: their arguments are storage references, integers and shape tuples that the torch
+    parser checks. Only values are payload candidates, never dict keys (tensor names)."""
     from ..parsers.pickle_vm import BuildStates, Call, Global, UnhashableKey
+    containers = (dict, list, tuple, set, frozenset, Call, UnhashableKey)
     sizes: dict[int, int] = {}
     unhashable = None
     candidates: list[tuple[str, object]] = []
     visited = 0
     on_path: set[int] = set()
-    stack = [(root, False, "the value")]
+    stack: list = [(root, None, 0)]
+
+    def value(v, where, kids):
+        """Classify one child in value position: 1 if a leaf, 0 if pushed as a container."""
+        t = type(v)
+        if t is str or t is bytes or t is bytearray:
+            if len(v) >= 16 and len(candidates) < _CANDIDATES:
+                candidates.append((where, v))
+            return 1
+        if isinstance(v, containers):
+            kids.append(v)
+            return 0
+        return 1
+
     while stack:
-        node, done, where = stack.pop()
-        if type(node) in _ATOMS:
-            if _maybe_payload(node) and len(candidates) < _CANDIDATES:
-                candidates.append((where, node))
+        node, kids, atoms = stack.pop()
+        if kids is not None:   # post-visit: every child's size is known
+            total = 1 + atoms
+            for k in kids:
+                total += sizes.get(id(k), 1)
+            sizes[id(node)] = total
+            on_path.discard(id(node))
             continue
         key = id(node)
-        if done:
-            on_path.discard(key)
-            total = 1
-            for child, _ in _children(node, Call, BuildStates, Global):
-                total += sizes.get(id(child), 1)
-            sizes[key] = total
-            continue
-        if key in sizes or key in on_path:
+        if key in sizes or key in on_path or not isinstance(node, containers):
             continue
         visited += 1
         if visited > _WALK_NODES:
             break
-        if isinstance(node, UnhashableKey):
-            unhashable = unhashable or type(node.value).__name__
-        if isinstance(node, Call) and isinstance(node.func, Global) and \
-                node.func.module == "torch._utils":
-            sizes[key] = 1
-            continue
+        kids = []
+        atoms = 0
+        t = type(node)
+        if t is dict or isinstance(node, dict):
+            for k, v in node.items():
+                if type(k) is UnhashableKey:
+                    unhashable = unhashable or type(k.value).__name__
+                    kids.append(k)
+                elif type(k) is tuple:
+                    kids.append(k)
+                else:
+                    atoms += 1
+                atoms += value(v, f"the value of key {short_repr(k)}", kids)
+        elif t is UnhashableKey:
+            atoms += value(node.value, "a dict key", kids)
+        elif t is Call:
+            f = node.func
+            if isinstance(f, Global) and f.module == "torch._utils":
+                sizes[key] = 1
+                continue
+            where = f"an argument of {getattr(f, 'dotted', type(f).__name__)}"
+            for v in node.args if isinstance(node.args, tuple) else ():
+                atoms += value(v, where, kids)
+            for v in (node.kwargs or {}).values():
+                atoms += value(v, where, kids)
+            if isinstance(node.state, (dict, list, tuple, BuildStates)):
+                kids.append(node.state)
+            for v in node.items:
+                atoms += value(v, "a list item", kids)
+            for k, v in node.dictitems:
+                if type(k) is UnhashableKey:
+                    unhashable = unhashable or type(k.value).__name__
+                atoms += 1
+                atoms += value(v, f"the value of key {short_repr(k)}", kids)
+            for v in node.setitems:
+                atoms += value(v, "a set item", kids)
+        else:  # list, tuple, set, frozenset, BuildStates
+            for v in node:
+                if type(v) is UnhashableKey:
+                    unhashable = unhashable or type(v.value).__name__
+                atoms += value(v, "a list item", kids)
         on_path.add(key)
-        stack.append((node, True, where))
-        for child, label in _children(node, Call, BuildStates, Global):
-            stack.append((child, False, label or where))
-    size = sizes.get(id(root), 1)
-    return size, visited, unhashable, candidates
-
-
-_ATOMS = (type(None), bool, int, float, complex, str, bytes, bytearray)
-_ATOMS = frozenset(_ATOMS)
-
-
-def _children(node, Call, BuildStates, Global):
-    """(child, label) pairs; a label names a dict key when a value sits under one."""
-    t = type(node)
-    if t is dict or isinstance(node, dict):
-        for k, v in node.items():
-            yield k, None
-            yield v, f"the value of key {short_repr(k)}"
-    elif t in (list, tuple, set, frozenset) or isinstance(node, (list, tuple, set, frozenset)):
-        for v in node:
-            yield v, None
-    elif isinstance(node, Call):
-        for v in node.args if isinstance(node.args, tuple) else ():
-            yield v, None
-        if node.kwargs:
-            for v in node.kwargs.values():
-                yield v, None
-        state = node.state
-        if isinstance(state, (dict, list, tuple, BuildStates)):
-            yield state, None
-        for v in node.items:
-            yield v, None
-        for k, v in node.dictitems:
-            yield k, None
-            yield v, f"the value of key {short_repr(k)}"
-        for v in node.setitems:
-            yield v, None
-    elif hasattr(node, "value") and type(node).__name__ == "UnhashableKey":
-        yield node.value, None
+        stack.append((node, kids, atoms))
+        for k in reversed(kids):
+            stack.append((k, None, 0))
+    return sizes.get(id(root), 1), visited, unhashable, candidates
