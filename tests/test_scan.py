@@ -15,6 +15,7 @@ from tensorscope.scan import Finding, ScanLimits, ScanReport, Severity, scan_pat
 
 sys.path.insert(0, str(Path(__file__).parent))
 import make_attack_corpus  # noqa: E402
+from helpers import audit  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 FIXTURES = sorted(p for p in (ROOT / "fixtures").rglob("*")
@@ -124,39 +125,14 @@ def test_whole_module_pickle_names_the_user_class():
 
 
 # --- nothing executes ----------------------------------------------------------------------------
-_AUDIT = {"active": False, "events": []}
-_FORBIDDEN_PREFIXES = ("os.system", "os.exec", "os.spawn", "os.posix_spawn", "os.fork",
-                       "subprocess.Popen", "socket.", "exec", "ctypes.", "webbrowser.open",
-                       "pty.spawn")
-
-
-def _audit_hook(event, args):
-    if not _AUDIT["active"]:
-        return
-    if event == "compile":  # not even ast.parse: code files are tokenized, npy headers hand-parsed
-        _AUDIT["events"].append((event, repr(args)[:200]))
-    elif event == "import":
-        if args[0] not in sys.modules:
-            _AUDIT["events"].append((event, args[0]))
-    elif event.startswith(_FORBIDDEN_PREFIXES):
-        _AUDIT["events"].append((event, repr(args)[:200]))
-
-
-sys.addaudithook(_audit_hook)  # cannot be removed: it only acts while _AUDIT["active"]
-
-
 def test_scanning_executes_and_imports_nothing(corpus):
     for case in corpus:        # warm-up: the scanner's own lazy imports happen here
         _scan_case(case)
-    _AUDIT["events"].clear()
-    _AUDIT["active"] = True
-    try:
+    # not even ast.parse: code files are tokenized, npy headers hand-parsed
+    with audit():
         for case in corpus:
             _scan_case(case)
         scan_paths(*FIXTURES)
-    finally:
-        _AUDIT["active"] = False
-    assert not _AUDIT["events"], _AUDIT["events"][:10]
 
 
 # --- policy ---------------------------------------------------------------------------------------

@@ -19,7 +19,7 @@ def _looks_like_pickle(r) -> bool:
     return bool(r.stopped or r.globals or r.protocol is not None and r.opcodes > 2)
 
 
-def vm_run(ctx: _Ctx, data, start: int, member: str | None, base: int, joblib: bool = True):
+def vm_run(ctx: "loader._Ctx", data, start: int, member: str | None, base: int, joblib: bool = True):
     """One pickle as its loader reads it: joblib's array placeholders are followed by raw array
     bytes that joblib.load reads (parsers/joblib_fmt.py); ``joblib=False`` reads as pickle.load."""
     from ..parsers import joblib_fmt, pickle_vm
@@ -30,7 +30,7 @@ def vm_run(ctx: _Ctx, data, start: int, member: str | None, base: int, joblib: b
                          member=member, base_offset=base, **kwargs)
 
 
-def _check_joblib_bytes(ctx: _Ctx, data, r, member: str | None, base: int,
+def _check_joblib_bytes(ctx: "loader._Ctx", data, r, member: str | None, base: int,
                         offset_base: str) -> None:
     """A joblib file read by pickle.load instead: the inline array bytes become opcodes. Bytes
     crafted to import something dangerous that way hide from a joblib-only reading, so that
@@ -49,7 +49,7 @@ def _check_joblib_bytes(ctx: _Ctx, data, r, member: str | None, base: int,
                     base + g.pos, v.dotted, offset_base)
 
 
-def scan_stream(ctx: _Ctx, data, member: str | None, base: int, absolute: bool,
+def scan_stream(ctx: "loader._Ctx", data, member: str | None, base: int, absolute: bool,
                       depth: int, lenient: bool, keys: set | None = None,
                       require_stop: bool = False) -> tuple[bool, bool]:
     """Read pickles from ``data[0]`` as loaders do. Returns (is a pickle, fully understood).
@@ -123,7 +123,7 @@ _HIDDEN_SEARCH = 16 << 20   # bytes of a tail searched for a stream start
 _HIDDEN_TRIES = 64          # candidate starts run through the VM per tail
 
 
-def _hidden_stream(ctx: _Ctx, data, pos: int, member, base: int):
+def _hidden_stream(ctx: "loader._Ctx", data, pos: int, member, base: int):
     """(start, result) of the first complete pickle that starts anywhere in ``data[pos:]`` (after
     a separator byte, padding or junk) and imports something, or None."""
     tail = bytes(data[pos:pos + _HIDDEN_SEARCH])
@@ -144,7 +144,7 @@ def plausible_start(data) -> bool:
     return b[:1] == b"\x80" or b[:1] in (b"(", b"c", b"}", b"]", b")", b"\x95")
 
 
-def judge_result(ctx: _Ctx, r, member: str | None, base: int, offset_base: str, depth: int,
+def judge_result(ctx: "loader._Ctx", r, member: str | None, base: int, offset_base: str, depth: int,
                   keys: set | None = None, role: str = "pickle") -> bool:
     """Findings for one VM result. Returns False when the pickle broke (partial results kept)."""
     from ..parsers.pickle_vm import DYNAMIC, Call, Global, PersistentRef
@@ -473,7 +473,7 @@ def _unwrap_bytes(v, depth: int = 0) -> bytes | None:
     return None
 
 
-def scan_second_stage(ctx: _Ctx, payload: bytes, member: str | None, pos: int, depth: int) -> None:
+def scan_second_stage(ctx: "loader._Ctx", payload: bytes, member: str | None, pos: int, depth: int) -> None:
     if depth + 1 > ctx.limits.max_depth:
         ctx.add("file.unparseable", "second stages nest deeper than the scan limit",
                 member, pos, base="member")
@@ -488,13 +488,13 @@ def scan_second_stage(ctx: _Ctx, payload: bytes, member: str | None, pos: int, d
 # What the value tree says: embedded pickles, reference bombs, keys the real loader rejects
 
 _BOMB_ELEMENTS = 10 ** 8      # materialised elements past which shared references are a bomb
-_WALK_NODES = 1_000_000       # distinct containers visited per pickle (bounded work)
+_WALK_NODES = 32_768          # distinct containers visited per pickle (bounded work and memory)
 _CANDIDATES = 64              # embedded payloads tried per pickle
 _B64 = re.compile(rb"[A-Za-z0-9+/]{16,}={0,2}\s*")
 _HEX = re.compile(rb"(?:[0-9a-fA-F]{2}){8,}")
 
 
-def _value_findings(ctx: _Ctx, value, member, depth: int) -> list[tuple]:
+def _value_findings(ctx: "loader._Ctx", value, member, depth: int) -> list[tuple]:
     """Findings from the inert value a pickle returns (see the rules pickle.reference-bomb,
     pickle.loader-rejects, data.embedded-pickle)."""
     size, distinct, unhashable, candidates = _walk_value(value)
@@ -513,7 +513,7 @@ def _value_findings(ctx: _Ctx, value, member, depth: int) -> list[tuple]:
     return out
 
 
-def embedded_payload(ctx: _Ctx, blob, member, where: str, depth: int) -> list[tuple]:
+def embedded_payload(ctx: "loader._Ctx", blob, member, where: str, depth: int) -> list[tuple]:
     """A bytes/text value that may hold a pickle (raw, base64, hex): when it decodes to a complete
     pickle, one data.embedded-pickle finding, and the payload is scanned like a second stage."""
     raw = blob.encode("latin-1", "replace") if isinstance(blob, str) else bytes(blob)

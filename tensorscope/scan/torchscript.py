@@ -2,6 +2,11 @@
 TorchScript builtins. The code is tokenized (pure Python), never compiled."""
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from . import loader
+
 # =================================================================================================
 # TorchScript code
 
@@ -75,7 +80,7 @@ def _code_calls_and_bindings(tokens):
     return calls, bound, imports
 
 
-def check_code(ctx: _Ctx, member: str, text: str) -> None:
+def check_code(ctx: "loader._Ctx", member: str, text: str) -> None:
     """Calls in a TorchScript ``code/`` file must stay within torch, ops and the builtins."""
     import tokenize
     try:
