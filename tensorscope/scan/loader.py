@@ -262,8 +262,9 @@ def _scan_file(ctx: _Ctx, src: ByteSource, explicit: bool, model=None) -> bool:
             if not ctx.findings:
                 return False
             return True
-        if _is_text(head):
-            # text that is not a pickle (index JSON, configs, refs): no loader unpickles it
+        if _is_text(head) and ext not in _EXT_KIND:
+            # text that is not a pickle (index JSON, configs, refs): no loader unpickles it. Text
+            # named as a model (a protocol 0 pickle cut short is text) is a model that fails.
             ctx.add("file.not-a-model",
                     "text file that is not a pickle: nothing here is loaded as code")
             return True
