@@ -35,7 +35,8 @@ from tensorscope.errors import FormatError, LimitExceeded
 from tensorscope.model import ModelFile, PickleRecord, contiguous_stride
 from tensorscope.source import ByteSource
 
-from . import joblib_fmt, pickle_vm, torch_pickle
+from . import pickle_vm, torch_pickle
+from .joblib_arrays import InlineArray, build_hooks
 from .pickle_vm import Call, Global
 from .torch_pickle import StorageRef, TensorRef
 
@@ -72,7 +73,7 @@ def sniff(head: bytes, size: int) -> bool:
         return False
     if head[0] == 0x80 and (len(head) < 2 or not 2 <= head[1] <= 5):
         return False
-    result = pickle_vm.run(head, limits=_SNIFF_LIMITS, build_hooks=joblib_fmt.build_hooks(head))
+    result = pickle_vm.run(head, limits=_SNIFF_LIMITS, build_hooks=build_hooks(head))
     if result.stopped or isinstance(result.error, LimitExceeded):
         return True
     if _truncation(result.error):
@@ -227,14 +228,14 @@ def open_source(src: ByteSource) -> ModelFile:
     model = ModelFile(FORMAT, src.path, sources={src.path: src})
     nested: list[tuple[int, StorageRef, bytes, ModelFile]] = []
     copies = _Copies()
-    joblib_arrays: list[joblib_fmt.InlineArray] = []
+    joblib_arrays: list[InlineArray] = []
 
-    def on_array(array: joblib_fmt.InlineArray):
+    def on_array(array: InlineArray):
         joblib_arrays.append(array)
         return _joblib_tensor(array, src, copies)
 
     result = pickle_vm.run(src.buffer, hooks=_hooks(src, model, nested), file=src.path,
-                           build_hooks=joblib_fmt.build_hooks(src.buffer, on_array))
+                           build_hooks=build_hooks(src.buffer, on_array))
     model.evidence.pickles.append(PickleRecord(src.path, None, 0, result.end, result, role="pickle"))
     result.raise_for_error()
     if result.end < src.size:
@@ -308,7 +309,7 @@ def _numpy_tensor(call: Call, src: ByteSource, locator: _Locator, model: ModelFi
     return TensorRef(storage, 0, shape, stride, dtype, pos=call.pos, extras=extras)
 
 
-def _joblib_tensor(array: joblib_fmt.InlineArray, src: ByteSource,
+def _joblib_tensor(array: InlineArray, src: ByteSource,
                    copies: _Copies) -> TensorRef | None:
     """A numeric array joblib wrote inline: a view of its bytes in the file (a copy when
     big-endian). Object, string, record and datetime arrays stay inert (None)."""

@@ -10,7 +10,6 @@ polyglot) is read too. The parser's own pickle runs are reused, its anomalies an
 """
 from __future__ import annotations
 
-import io
 import os
 import struct
 from dataclasses import dataclass
@@ -388,8 +387,8 @@ def _parser_error_finding(ctx: _Ctx, err: BaseException, understood: bool, kind:
 
 def _content_kind(head: bytes) -> str:
     """What a loader sees at the head of the bytes. Compressed wrappers use joblib's own sniffer
-    (the one `parsers/joblib_fmt.py` dispatches on), so the two never disagree."""
-    from ..parsers.joblib_fmt import compression
+    (`parsers/compression.py`, what the joblib parser dispatches on), so the two never disagree."""
+    from ..parsers.compression import compression
     if head[:4] == MAGIC_ZIP:
         return "zip"
     if head[:4] == MAGIC_EMPTY_ZIP:
@@ -693,10 +692,10 @@ def _scan_npy(ctx: _Ctx, data, member: str | None, base: int, absolute: bool, de
 def decompress(data, kind: str, cap: int) -> bytes:
     """One bounded decompressor, shared with the joblib parser: at most ``cap`` bytes out
     (LimitExceeded past it, FormatError for a broken stream)."""
-    from ..parsers import joblib_fmt
+    from ..parsers import compression
     if kind == "lzma" and bytes(data[:6]) == MAGIC_XZ:
         kind = "xz"
-    return joblib_fmt.decompress(data, kind, cap=cap)
+    return compression.decompress(data, kind, cap=cap)
 
 
 def _scan_compressed(ctx: _Ctx, data, kind: str, member: str | None, depth: int) -> bool:
@@ -724,70 +723,35 @@ _STORAGE_ITEMSIZE: dict[str, int] = {"Double": 8, "Float": 4, "Half": 2, "BFloat
 def _scan_tar(ctx: _Ctx, data, member: str | None, depth: int, base: int = 0,
               absolute: bool = True) -> bool:
     """torch's legacy tar form (members ``sys_info``, ``pickle``, ``tensors``, ``storages``) or any
-    tar: every member judged by content; ``storages`` and ``tensors`` walked record by record as
-    torch's ``legacy_load`` reads them. Only headers are parsed (tarfile over the bytes); member
-    data are zero-copy slices."""
-    import tarfile  # only tars need it (2 ms of start-up otherwise)
+    tar: every entry (duplicates included) judged by content; ``storages`` and ``tensors`` walked
+    record by record as torch's ``legacy_load`` reads them. Headers come from the legacy parser's
+    tar reader; member data are zero-copy slices."""
+    from ..parsers.torch_legacy import tar_entries
     ok = True
     try:
-        fileobj = _MemReader(data)
-        with tarfile.open(fileobj=fileobj, mode="r:") as tar:
-            infos = tar.getmembers()
-    except (tarfile.TarError, OSError, EOFError, ValueError) as e:
-        ctx.fail(f"tar archive: {e}")
+        entries = list(tar_entries(ByteSource.from_bytes(data, name=ctx.path)))
+    except FormatError as e:
+        ctx.fail(f"tar archive: {e.reason}")
         return False
-    for info in infos:
-        name = join(member, info.name)
-        if info.issym() or info.islnk():
-            ctx.add("file.symlink-outside",
-                    f"tar member is a link to {info.linkname!r}", name, variant="link_in_tar")
+    for entry, kind, start, size, link in entries:
+        name = join(member, entry)
+        if kind in "12":
+            ctx.add("file.symlink-outside", f"tar member is a link to {link!r}", name,
+                    variant="link_in_tar")
             continue
-        if not info.isfile():
-            continue
-        start, size = info.offset_data, info.size
-        if start + size > len(data):
-            ctx.fail(f"tar member {info.name!r} runs past the end of the archive")
-            ok = False
+        if kind not in "07":
             continue
         raw = data[start:start + size]
         mbase = base + start if absolute else start
-        if info.name == "storages":
+        if entry == "storages":
             ok &= _scan_legacy_records(ctx, raw, name, mbase, absolute, depth, "storages")
-        elif info.name == "tensors":
+        elif entry == "tensors":
             ok &= _scan_legacy_records(ctx, raw, name, mbase, absolute, depth, "tensors")
         else:
             res = scan_blob(ctx, raw, name, mbase, absolute, depth + 1,
-                             strict=info.name not in ("pickle", "sys_info"))
+                            strict=entry not in ("pickle", "sys_info"))
             ok &= res is not False
     return ok
-
-
-class _MemReader(io.RawIOBase):
-    """A read-only file over a memoryview, so tarfile can parse headers without a copy."""
-
-    def __init__(self, data):
-        self._data = memoryview(data)
-        self._pos = 0
-
-    def readable(self):
-        return True
-
-    def seekable(self):
-        return True
-
-    def tell(self):
-        return self._pos
-
-    def seek(self, pos, whence=0):
-        base = {0: 0, 1: self._pos, 2: len(self._data)}[whence]
-        self._pos = max(0, base + pos)
-        return self._pos
-
-    def readinto(self, b):
-        n = max(0, min(len(b), len(self._data) - self._pos))
-        b[:n] = self._data[self._pos:self._pos + n]
-        self._pos += n
-        return n
 
 
 def _scan_legacy_records(ctx: _Ctx, data, member: str, base: int, absolute: bool, depth: int,

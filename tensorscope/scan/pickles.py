@@ -21,11 +21,11 @@ def _looks_like_pickle(r) -> bool:
 
 def vm_run(ctx: "loader._Ctx", data, start: int, member: str | None, base: int, joblib: bool = True):
     """One pickle as its loader reads it: joblib's array placeholders are followed by raw array
-    bytes that joblib.load reads (parsers/joblib_fmt.py); ``joblib=False`` reads as pickle.load."""
-    from ..parsers import joblib_fmt, pickle_vm
+    bytes that joblib.load reads (parsers/joblib_arrays.py); ``joblib=False`` reads as pickle.load."""
+    from ..parsers import joblib_arrays, pickle_vm
     kwargs = {} if ctx.vm_limits is None else {"limits": ctx.vm_limits}
     if joblib:
-        kwargs["build_hooks"] = joblib_fmt.build_hooks(data)
+        kwargs["build_hooks"] = joblib_arrays.build_hooks(data)
     return pickle_vm.run(data, start=start, hooks=pickle_vm.CONTAINER_HOOKS, file=ctx.path,
                          member=member, base_offset=base, **kwargs)
 
@@ -35,8 +35,8 @@ def _check_joblib_bytes(ctx: "loader._Ctx", data, r, member: str | None, base: i
     """A joblib file read by pickle.load instead: the inline array bytes become opcodes. Bytes
     crafted to import something dangerous that way hide from a joblib-only reading, so that
     reading is judged too (denied names only: real array bytes decode as junk, never as them)."""
-    from ..parsers import joblib_fmt
-    if not any((g.module, g.name) in joblib_fmt.ARRAY_WRAPPERS for g in r.globals):
+    from ..parsers import joblib_arrays
+    if not any((g.module, g.name) in joblib_arrays.ARRAY_WRAPPERS for g in r.globals):
         return
     seen = {g.pos for g in r.globals}
     plain = vm_run(ctx, data, 0, member, base, joblib=False)
