@@ -68,7 +68,6 @@ def add_arguments(p):
 
 def run(args) -> int:
     from ..convert import UnsafeSource, Unconvertible, convert, parse_size
-    from ..scan import scan_paths
 
     if not os.path.exists(args.input):
         _say(stderr_console(), f"tensorscope convert: error: {args.input}: no such file or folder")
@@ -78,16 +77,14 @@ def run(args) -> int:
     except ValueError as e:
         _say(stderr_console(), f"tensorscope convert: error: --max-shard-size: {e}")
         return 2
-    scan = scan_paths(args.input)
-    if not args.json:
-        _print_scan(scan)
     total = _planned_bytes(args) if sys.stderr.isatty() else 0  # only a progress bar needs it
     try:
         with progress(total, "convert") as advance:
             report = convert(args.input, args.output, max_shard_size=limit,
                              allow_unsafe_source=args.allow_unsafe_source, refuse_at=args.refuse_on,
                              verify=args.verify, force=args.force, include_all=args.include_all,
-                             skip_unsupported=args.skip_unsupported, scan_report=scan,
+                             skip_unsupported=args.skip_unsupported,
+                             on_scan=None if args.json else _print_scan,
                              progress=advance)
     except (UnsafeSource, Unconvertible) as e:
         if args.json:

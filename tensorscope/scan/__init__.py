@@ -14,6 +14,7 @@ Public API:
     scan_paths(*paths) -> ScanReport        files and folders (also ``tensorscope.scan(*paths)``)
     scan_file(path, limits=...) -> FileReport  one file: pure and picklable, for process pools
     scan_model(model) -> FileReport         a ModelFile already opened (convert, the TUI)
+    scan_opened(path, model) -> ScanReport  scan_paths(path) reusing a model opened from it
     plan(*paths)                            the files scan_paths would read, and walk findings
 """
 from __future__ import annotations
@@ -24,9 +25,9 @@ import types
 from .loader import DEFAULT_SCAN_LIMITS, ScanLimits, scan_file, scan_model
 from .report import FileReport, Finding, ScanReport, Severity, merge
 from .rules import RULES, Rule, severity_of
-from .walk import plan, scan_paths
+from .walk import plan, scan_opened, scan_paths
 
-__all__ = ["scan_paths", "scan_file", "scan_model", "plan", "merge", "Severity", "Finding",
+__all__ = ["scan_paths", "scan_file", "scan_model", "scan_opened", "plan", "merge", "Severity", "Finding",
            "FileReport", "ScanReport", "RULES", "Rule", "severity_of", "ScanLimits",
            "DEFAULT_SCAN_LIMITS"]
 

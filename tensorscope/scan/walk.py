@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from typing import Iterator
 
-from .loader import ScanLimits, scan_file
+from .loader import ScanLimits, scan_file, scan_model
 from .report import FileReport, Finding, ScanReport, merge
 from .rules import severity_of
 
@@ -43,6 +43,17 @@ def scan_paths(*paths: str | os.PathLike, recursive: bool = True,
         data_files.update(r.data_files)
         reports.append(r)
     return merge(reports)
+
+
+def scan_opened(path, model, *, limits: ScanLimits | None = None) -> ScanReport:
+    """`scan_paths(path)` for a model already opened from ``path`` (convert, the TUI): a single
+    file is scanned from the parsed model, without parsing it again; folders and multi-file
+    models are walked as usual."""
+    path = os.fspath(path)
+    if os.path.isfile(path) and os.path.realpath(model.path) == os.path.realpath(path) and \
+            len(model.files) <= 1:
+        return merge([scan_model(model, limits=limits)])
+    return scan_paths(path, limits=limits)
 
 
 def plan(*paths, recursive: bool = True,
