@@ -31,6 +31,8 @@ MAGIC_7Z = b"7z\xbc\xaf\x27\x1c"
 MAGIC_RAR = b"Rar!\x1a\x07"
 MAGIC_ZSTD = b"\x28\xb5\x2f\xfd"
 _I64 = struct.Struct("<q")
+
+
 def _cannot_import(data: bytes) -> bool:
     """True when no byte of ``data`` can start an opcode that imports: no STACK_GLOBAL or
     EXT1/2/4 byte, and no GLOBAL/INST byte ('c', 'i') with a newline after it. GLOBAL and INST
@@ -244,7 +246,7 @@ def _scan_file(ctx: _Ctx, src: ByteSource, explicit: bool, model=None) -> bool:
         _scan_polyglot_zip(ctx, src, kind)
 
     if model is not None:
-        _judge_model_evidence(ctx, model)
+        judge_model_evidence(ctx, model)
         ctx.data_files = {t.file for t in model.tensors if t.file and t.file != ctx.path}
         ctx.data_files |= {f for f in model.files if f != ctx.path}
     elif parser_error is not None:
@@ -441,7 +443,9 @@ def _check_extension(ctx: _Ctx, ext: str, kind: str, model) -> None:
 # =================================================================================================
 # Parser evidence
 
-def _judge_model_evidence(ctx: _Ctx, model) -> None:
+def judge_model_evidence(ctx: _Ctx, model) -> None:
+    """What the parser already knows: its anomalies, its pickle runs, TorchScript code, ONNX
+    domains, safetensors user metadata. Judged here; never re-derived from the bytes."""
     ev = model.evidence
     for a in ev.anomalies:
         if ctx.blob_mode and a.kind.startswith("zip."):

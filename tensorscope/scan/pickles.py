@@ -516,6 +516,8 @@ def _value_findings(ctx: "loader._Ctx", value, member, depth: int) -> list[tuple
 def embedded_payload(ctx: "loader._Ctx", blob, member, where: str, depth: int) -> list[tuple]:
     """A bytes/text value that may hold a pickle (raw, base64, hex): when it decodes to a complete
     pickle, one data.embedded-pickle finding, and the payload is scanned like a second stage."""
+    if len(blob) > ctx.limits.max_decompressed:
+        return []   # larger than any payload the scan would decompress: raw data, not read twice
     raw = blob.encode("latin-1", "replace") if isinstance(blob, str) else bytes(blob)
     for how, payload in _decodings(raw):
         if not _looks_pickled(payload):
