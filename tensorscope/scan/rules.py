@@ -191,7 +191,6 @@ _ANOMALY_TABLE: dict[str, tuple[Severity, str]] = {
     "zip.nul_in_name": (H, f"a NUL in a member name: {_DISAGREE}"),
     "zip.stored_size_mismatch": (H, f"stored sizes disagree: {_DISAGREE}"),
     "npy.trailing_bytes": (L, "bytes after the array data (np.load ignores them)"),
-    "npy.pickle_not_analysed": (H, "an object array whose pickle could not be read"),
     "npz.bad_member": (H, "an npz member that np.load cannot read"),
     "onnx.duplicate_name": (L, "two initializers share a name: runtimes disagree on which is used"),
     "onnx.ignored_data_field": (I, _NOTE), "onnx.ignored_external_data": (I, _NOTE),
