@@ -517,19 +517,16 @@ def _scan_zip(ctx: _Ctx, src: ByteSource, prefix: str | None, absolute: bool, de
     tp = archive.torch_prefix()
     members = [m for m in archive.members if not m.is_dir]
 
-    def is_record(m) -> bool:
-        # torch storage records: P/data/<key>, P/constants/<key>, P/traced_inputs/<key>
-        if tp is None:
-            return False
-        parts = m.name.split("/")
-        return len(parts) == 3 and parts[0] == tp and parts[1] in ("data", "constants", "traced_inputs")
-
-    flagged = [(m, is_record(m)) for m in members]
-    for m, record in [f for f in flagged if not f[1]] + [f for f in flagged if f[1]]:
+    # torch storage records: P/data/<key>, P/constants/<key>, P/traced_inputs/<key>
+    record_dirs = tuple(f"{tp}/{d}/" for d in ("data", "constants", "traced_inputs")) if tp else ()
+    records, others = [], []
+    for m in members:
+        n = m.name
+        (records if n.startswith(record_dirs) and n.count("/") == 2 else others).append(m)
+    for m, record in [(m, False) for m in others] + [(m, True) for m in records]:
+        if record and m.name[m.name.rindex("/") + 1:] in referenced:
+            continue  # a storage: torch reads its bytes raw, never unpickles them
         name = join(prefix, m.name)
-        if record:
-            if m.name.split("/", 1)[1] in referenced:
-                continue  # a storage: torch reads its bytes raw, never unpickles them
         if m.error and m.is_encrypted and m.is_stored and \
                 0 <= m.data_offset <= m.data_offset + m.compressed_size <= src.size:
             # flagged encrypted but STORED: the bytes are plain; a reader ignoring the flag

@@ -163,7 +163,7 @@ def judge_result(ctx: "loader._Ctx", r, member: str | None, base: int, offset_ba
             p = plain.get(id(f))
             if p is None:
                 p = plain[id(f)] = _plain_callable(f.module, f.name)
-            if p and not _bytes_arg(c.args):
+            if p and (p is _REBUILD or not _bytes_arg(c.args)):
                 continue
         to_judge.append(c)
     for c in to_judge:
@@ -282,12 +282,11 @@ def judge_result(ctx: "loader._Ctx", r, member: str | None, base: int, offset_ba
             if isinstance(a, (bytes, bytearray)) and len(a) >= 8 and a[:1] == b"\x80" and a[1:2] and a[1] <= 5:
                 scan_second_stage(ctx, bytes(a), member, c.pos, depth)
 
-    # 3. persistent ids (torch storages) -> keys of records that are raw data
-    for pid, _pos in r.persistent_ids:
-        if keys is not None and isinstance(pid, tuple) and len(pid) >= 3 and pid[0] == "storage":
-            keys.add(f"data/{pid[2]}")
-            keys.add(f"constants/{pid[2]}")
-            keys.add(f"traced_inputs/{pid[2]}")
+    # 3. persistent ids (torch storages) -> keys of records (data/K, constants/K,
+    # traced_inputs/K) that torch reads as raw bytes
+    if keys is not None:
+        keys.update(str(pid[2]) for pid, _pos in r.persistent_ids
+                    if type(pid) is tuple and len(pid) >= 3 and pid[0] == "storage")
 
     # 4. a broken pickle: what ran before the break counts
     ok = True
@@ -320,10 +319,18 @@ def judge_result(ctx: "loader._Ctx", r, member: str | None, base: int, offset_ba
     return ok
 
 
-def _plain_callable(module, name) -> bool:
-    """An allowlisted global that neither constructs by its argument nor loads bytes."""
+_REBUILD = "rebuild"  # a truthy marker: torch's rebuild functions and OrderedDict, one per tensor
+
+
+def _plain_callable(module, name):
+    """An allowlisted global that neither constructs by its argument nor loads bytes: False, True,
+    or `_REBUILD` for the per-tensor callables whose arguments are storage references, integers,
+    shape tuples and dicts (never raw bytes; the torch parser checks them)."""
     transparent, loader, _ = _call_facts(module, name)
-    return not transparent and not loader and policy.classify(module, name).category == policy.ALLOWED
+    if transparent or loader or policy.classify(module, name).category != policy.ALLOWED:
+        return False
+    return _REBUILD if module == "torch._utils" or (module, name) == ("collections", "OrderedDict") \
+        else True
 
 
 def _bytes_arg(args) -> bool:
@@ -581,10 +588,13 @@ def _walk_value(root):
     stack: list = [(root, None, 0)]
 
     def value(v, where, kids):
-        """Classify one child in value position: 1 if a leaf, 0 if pushed as a container."""
+        """Classify one child in value position: 1 if a leaf, 0 if pushed as a container.
+        ``where`` is a label, or a 1-tuple holding the dict key the value sits under."""
         t = type(v)
         if t is str or t is bytes or t is bytearray:
             if len(v) >= 16 and len(candidates) < _CANDIDATES:
+                if type(where) is tuple:
+                    where = f"the value of key {short_repr(where[0])}"
                 candidates.append((where, v))
             return 1
         if isinstance(v, containers):
@@ -619,7 +629,7 @@ def _walk_value(root):
                     kids.append(k)
                 else:
                     atoms += 1
-                atoms += value(v, f"the value of key {short_repr(k)}", kids)
+                atoms += value(v, (k,), kids)
         elif t is UnhashableKey:
             atoms += value(node.value, "a dict key", kids)
         elif t is Call:
@@ -640,7 +650,7 @@ def _walk_value(root):
                 if type(k) is UnhashableKey:
                     unhashable = unhashable or type(k.value).__name__
                 atoms += 1
-                atoms += value(v, f"the value of key {short_repr(k)}", kids)
+                atoms += value(v, (k,), kids)
             for v in node.setitems:
                 atoms += value(v, "a set item", kids)
         else:  # list, tuple, set, frozenset, BuildStates
