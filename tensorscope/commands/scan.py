@@ -1,7 +1,7 @@
 """`tensorscope scan PATH...`: static safety scan of untrusted model files."""
 from __future__ import annotations
 
-from ..render import emit_json, stderr_console, stdout_console
+from ..render import emit_json, error_line, stdout_console
 from ..safetext import shown
 
 HELP = "statically scan model files for code that loading would run (nothing is executed)"
@@ -57,25 +57,19 @@ def run(args) -> int:
     from ..scan import Severity, scan_paths
     if args.list_rules:
         return _list_rules(args.json)
-    err = stderr_console()
     if not args.paths:
-        err.print("tensorscope scan: error: no PATH given (or use --list-rules)", markup=False,
-                  highlight=False)
-        return 2
+        return error_line("scan", "no PATH given (or use --list-rules)")
     for p in args.paths:
         if not os.path.lexists(p):
-            err.print(f"tensorscope scan: error: {shown(p)}: no such file or folder",
-                      markup=False, highlight=False)
-            return 2
+            return error_line("scan", f"{p}: no such file or directory")
     report = scan_paths(*args.paths, recursive=not args.no_recursive)
     if not report.files:
         # Nothing was scanned (an empty or mistyped folder): that must not pass a CI gate.
         skipped = "" if not report.findings else \
             f" ({len(report.findings)} walk finding{'s' if len(report.findings) != 1 else ''}: " \
-            + "; ".join(shown(str(f)) for f in report.findings[:3]) + ")"
-        err.print(f"tensorscope scan: error: nothing to scan in {', '.join(shown(p) for p in args.paths)}: "
-                  f"no model file found{skipped}", markup=False, highlight=False)
-        return 2
+            + "; ".join(str(f) for f in report.findings[:3]) + ")"
+        return error_line("scan", f"nothing to scan in {', '.join(args.paths)}: no model file "
+                                  f"found{skipped}")
     fail_on = Severity.parse(args.fail_on)
     if args.json:
         emit_json(report.to_dict())

@@ -209,6 +209,10 @@ _ANOMALY_TABLE: dict[str, tuple[Severity, str]] = {
     "pickle.tensor_not_rebuilt": (L, "a tensor rebuild the reader could not follow"),
     "pickle.numpy_size_mismatch": (M, f"array bytes do not match the shape: {_LOADER_FAILS}"),
     "pickle.nested_unreadable": (H, "a nested payload could not be read, so it is not scanned"),
+    "pickle.numpy_unreadable": (L, "an array whose data the reader cannot locate (listed without it)"),
+    "joblib.sibling_array": (M, "a joblib < 0.10 sibling array file that is missing, compressed or "
+                                "outside the pickle's folder: joblib.load fails or reads elsewhere"),
+    "torch.unknown_dtype": (I, "a dtype a newer torch writes, listed with its raw bytes"),
     "legacy.duplicate_storage_key": (L, "two storages share a key: the last one wins"),
     "legacy.object_missing": (M, f"a referenced object is missing: {_LOADER_FAILS}"),
     "legacy.storage_missing": (M, f"a referenced storage is missing: {_LOADER_FAILS}"),

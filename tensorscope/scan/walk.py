@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 from typing import Iterator
 
+from ..errors import FileMissing
 from .loader import ScanLimits, scan_file, scan_model
 from .report import FileReport, Finding, ScanReport, merge
 from .rules import severity_of
@@ -26,7 +27,7 @@ def scan_paths(*paths: str | os.PathLike, recursive: bool = True,
         A `ScanReport`, findings worst first.
 
     Raises:
-        FileNotFoundError: a path does not exist.
+        FileMissing: a path does not exist (a TensorscopeError and a FileNotFoundError).
 
     Example:
         >>> report = scan_paths("model.pt")            # doctest: +SKIP
@@ -66,7 +67,7 @@ def plan(*paths, recursive: bool = True,
     for p in paths:
         p = os.fspath(p)
         if not os.path.lexists(p):
-            raise FileNotFoundError(f"{p}: no such file or folder")
+            raise FileMissing(p, "no such file or directory")
         if os.path.isdir(p):
             todo.extend((f, real, False) for f, real in
                         _walk(p, recursive, follow_symlinks_inside, walk_findings))
