@@ -48,6 +48,8 @@ TORCH_MAX = 100_000          # larger sizes are made as safetensors shards only
 SHARDS = 10
 EXPERTS = 256
 PROJ = ("gate", "up", "down")
+COMMANDS = ("inspect --json", "inspect (table, piped)", "inspect --group", "diff A A", "convert",
+            "scan")
 
 
 def names(n: int) -> list[str]:
@@ -247,6 +249,8 @@ def render(rows: list[dict]) -> str:
         key = (r["command"], r["kind"])
         if key not in seen:
             seen.append(key)
+    seen.sort(key=lambda k: (COMMANDS.index(k[0]) if k[0] in COMMANDS else len(COMMANDS),
+                             k[1] != "torch zip"))
     for command, kind in seen:
         mine = {r["n"]: r for r in rows if (r["command"], r["kind"]) == (command, kind)}
         cells = [_fmt(mine[n]["ours"]) if n in mine else "" for n in sizes]
