@@ -87,8 +87,8 @@ def _bytes_payloads(src: ByteSource, start: int, end: int) -> dict[int, list[int
     """``{length: [offsets]}`` of every BINBYTES/SHORT_BINBYTES/BINBYTES8/BYTEARRAY8 payload in
     the pickle at ``[start, end)``: the VM gives values, this static walk gives their places.
     Opcode layouts come from `pickletools`; nothing is copied but text lines."""
-    buf = src.buffer
-    raw = src.raw
+    buf = src.view(0, src.size, "pickle", fmt=FORMAT)
+    raw = src.raw  # valid: the view above fetched every byte of a remote source
     find = raw.find if hasattr(raw, "find") else None
     out: dict[int, list[int]] = {}
     pos = start
@@ -140,7 +140,7 @@ class _Locator:
             self.table = _bytes_payloads(self.src, 0, self.end)
         n = len(value)
         for at in self.table.get(n, ()):
-            if at not in self.used and self.src.buffer[at:at + n] == value:
+            if at not in self.used and self.src.view(at, n) == value:
                 self.used.add(at)
                 return at
         return None
@@ -233,8 +233,9 @@ def open_source(src: ByteSource) -> ModelFile:
         joblib_arrays.append(array)
         return _joblib_tensor(array, src, copies)
 
-    result = pickle_vm.run(src.buffer, hooks=_hooks(src, model, nested), file=src.path,
-                           build_hooks=joblib_fmt.build_hooks(src.buffer, on_array))
+    data = src.view(0, src.size, "pickle", fmt=FORMAT)
+    result = pickle_vm.run(data, hooks=_hooks(src, model, nested), file=src.path,
+                           build_hooks=joblib_fmt.build_hooks(data, on_array))
     model.evidence.pickles.append(PickleRecord(src.path, None, 0, result.end, result, role="pickle"))
     result.raise_for_error()
     if result.end < src.size:
@@ -322,7 +323,7 @@ def _joblib_tensor(array: joblib_fmt.InlineArray, src: ByteSource,
     order = ">" if array.byteorder == ">" else "<"
     if order == ">":
         start = array.data_offset
-        copies.add(storage, bytes(src.buffer[start:start + array.nbytes]), 0, order)
+        copies.add(storage, src.read(start, array.nbytes), 0, order)
     fortran = array.order == "F"
     stride = _fortran_stride(array.shape) if fortran else contiguous_stride(array.shape)
     extras = {"numpy_dtype": f"{order}{dtype}", "order": array.order, "joblib": True}

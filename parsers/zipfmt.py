@@ -287,7 +287,8 @@ class ZipArchive:
         if member.data_offset + member.compressed_size > self.source.size:
             raise self._fail(member, f"data ({member.compressed_size} bytes) runs past the end of "
                                      f"the file ({self.source.size} bytes)", member.data_offset)
-        return self.source.buffer[member.data_offset:member.data_offset + member.compressed_size]
+        return self.source.view(member.data_offset, member.compressed_size, "member data",
+                                fmt=FORMAT, member=member.name)
 
     def read_bytes(self, member: ZipMember, max_size: int = 256 << 20) -> bytes:
         """The member's uncompressed content, a copy. STORED, DEFLATE, BZIP2 and LZMA.
@@ -485,7 +486,7 @@ class _Reader:
         return 0 <= offset and 0 <= length and length <= self.size - offset
 
     def bytes_at(self, offset: int, length: int) -> bytes:
-        return bytes(self.src.buffer[offset:offset + length])
+        return self.src.read(offset, length, fmt=FORMAT)
 
     # -- EOCD ------------------------------------------------------------------------------------
     def find_eocd(self) -> tuple[int, list[int]]:
@@ -628,7 +629,8 @@ class _Reader:
     # -- central directory -----------------------------------------------------------------------
     def read_cd(self, start: int, cd_size: int, n_total: int,
                 prepended: int) -> list[ZipMember]:
-        cd = self.src.buffer[start:start + cd_size]
+        cd = self.src.view(start, cd_size, "central directory", fmt=FORMAT)
+        _prefetch_local_headers(self.src, cd, prepended)
         members: list[ZipMember] = []
         pos = 0
         while pos < cd_size:
@@ -998,3 +1000,23 @@ def read_zip(src: ByteSource, *, max_members: int = 1_000_000,
         ('model', 64)
     """
     return _Reader(src, max_members, check_small_crc).read()
+
+
+def _prefetch_local_headers(src, cd, prepended: int) -> None:
+    """Tell a remote source (`tensorscope.remote`) every local header the listing will read, and
+    the small STORED members whose CRC it checks, so they are fetched together rather than one
+    round trip each. A hint only: entries it cannot parse are left to the real reader."""
+    prefetch = getattr(src, "prefetch", None)
+    if prefetch is None:
+        return
+    ranges, pos, n = [], 0, len(cd)
+    while pos + CENTRAL.size <= n and bytes(cd[pos:pos + 4]) == MAGIC_CENTRAL:
+        f = CENTRAL.unpack_from(cd, pos)
+        at = f[_CD_OFFSET] + prepended
+        want = LOCAL.size + f[_CD_NAME_LEN] + f[_CD_EXTRA_LEN] + 128  # local extra may differ
+        if f[_CD_METHOD] == 0 and f[_CD_CSIZE] <= SMALL_CRC_LIMIT:
+            want += f[_CD_CSIZE]
+        if f[_CD_OFFSET] != U32_MAX:
+            ranges.append((at, want))
+        pos += CENTRAL.size + f[_CD_NAME_LEN] + f[_CD_EXTRA_LEN] + f[_CD_COMMENT_LEN]
+    prefetch(ranges)

@@ -15,6 +15,7 @@ import os
 
 from .errors import FormatError, TensorscopeError, UnknownFormat
 from .model import ModelFile
+from .remote import is_url
 from .source import ByteSource
 
 __all__ = ["open_model", "identify", "FILE_PARSERS", "HEAD_BYTES"]
@@ -54,6 +55,11 @@ def _available(names: list[str]):
 def identify(path: str | os.PathLike) -> list[str]:
     """Formats whose signature matches, best first (empty when none does)."""
     path = os.fspath(path)
+    if is_url(path):
+        from .remote import RemoteSource
+        with RemoteSource(path) as src:
+            head, size = src.head(HEAD_BYTES), src.size
+        return [mod.FORMAT for _, mod in _available(FILE_PARSERS) if mod.sniff(head, size)]
     if os.path.isdir(path):
         return [mod.FORMAT for _, mod in _available(DIR_PARSERS) if mod.sniff_dir(path)]
     with open(path, "rb") as f:
@@ -79,6 +85,8 @@ def open_model(path: str | os.PathLike, *, format: str | None = None) -> ModelFi
         FormatError: the content is recognised but malformed (message names the place).
     """
     path = os.fspath(path)
+    if is_url(path):
+        return _open_url(path, format)
     if not os.path.exists(path):
         raise FileNotFoundError(f"{path}: no such file or directory")
     if os.path.isdir(path):
@@ -90,7 +98,25 @@ def open_model(path: str | os.PathLike, *, format: str | None = None) -> ModelFi
     if path.endswith(".index.json") and format in (None, "sharded"):
         # A sharded checkpoint's index (model.safetensors.index.json): the model is its shards.
         return _parser("sharded").open_index(path)
-    src = ByteSource(path)
+    return _open_source(ByteSource(path), path, format)
+
+
+def _open_url(url: str, format: str | None) -> ModelFile:
+    """A model behind a URL: a file read by ranges, an index and its shards, or (``hf://``, any
+    fsspec store that lists) a model folder."""
+    from .remote import RemoteSource
+    if url.endswith(".index.json") and format in (None, "sharded"):
+        return _parser("sharded").open_index(url)
+    try:
+        src = RemoteSource(url)
+    except IsADirectoryError:
+        if format not in (None, "sharded"):
+            raise
+        return _parser("sharded").open_dir(url)
+    return _open_source(src, url, format)
+
+
+def _open_source(src, path: str, format: str | None) -> ModelFile:
     try:
         head = src.head(HEAD_BYTES)
         if src.size == 0:

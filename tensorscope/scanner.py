@@ -57,6 +57,7 @@ from typing import Any, Iterable, Iterator
 
 from . import policy
 from .errors import FormatError, TensorscopeError, UnknownFormat
+from .remote import is_url, list_files, open_source
 from .source import ByteSource
 
 __all__ = ["Severity", "Finding", "ScanReport", "scan_paths", "scan_file", "RULES",
@@ -352,6 +353,10 @@ def scan_paths(*paths: str | os.PathLike, recursive: bool = True,
     walk_findings: list[Finding] = []
     for p in paths:
         p = os.fspath(p)
+        if is_url(p):  # read by ranges; a remote folder (hf://org/name) is its files
+            names = list_files(p)
+            todo.extend((u, u, not names) for u in ([f"{p.rstrip('/')}/{n}" for n in names] or [p]))
+            continue
         if not os.path.lexists(p):
             raise FileNotFoundError(f"{p}: no such file or directory")
         if os.path.isdir(p):
@@ -523,9 +528,10 @@ def _scan_one(path: str, limits: ScanLimits, explicit: bool, known_data: bool) -
     ctx = _Ctx(path, limits)
     ctx.known_data = known_data
     try:
-        src = ByteSource(path)
-    except OSError as e:
-        ctx.add(Severity.HIGH, "file.unreadable", f"cannot open the file: {e.strerror or e}")
+        src = open_source(path)
+    except (OSError, TensorscopeError) as e:
+        ctx.add(Severity.HIGH, "file.unreadable",
+                f"cannot open the file: {getattr(e, 'strerror', None) or e}")
         ctx.fail("unreadable")
         return ctx, True
     try:
@@ -567,7 +573,9 @@ def _scan_file(ctx: _Ctx, src: ByteSource, explicit: bool) -> bool:
             ctx.reused.setdefault((rec.member, rec.offset), rec.result)
 
     # -- the loader's view, byte level -----------------------------------------------------------
-    buf = src.buffer
+    def whole():  # the kinds read whole by their loaders (a remote file is fetched in full)
+        return src.view(0, src.size, "file")
+
     blobs = _dcp_blobs(ctx.path) if kind in ("zip", "empty-zip") else None
     if blobs:
         ctx.blob_mode = True
@@ -575,18 +583,18 @@ def _scan_file(ctx: _Ctx, src: ByteSource, explicit: bool) -> bool:
     elif kind in ("zip", "empty-zip"):
         understood = _scan_zip(ctx, src, prefix=None, absolute=True, depth=0, archive=archive)
     elif kind == "npy":
-        understood = _scan_npy(ctx, buf, None, 0, True, 0)
+        understood = _scan_npy(ctx, whole(), None, 0, True, 0)
     elif kind in ("gzip", "bz2", "xz", "zlib", "lzma"):
-        understood = _scan_compressed(ctx, buf, kind, None, 0)
+        understood = _scan_compressed(ctx, whole(), kind, None, 0)
     elif kind == "zf":
         from .parsers.joblib_fmt import zf_data_offset
         try:
-            start = zf_data_offset(buf, ctx.path)
+            start = zf_data_offset(whole(), ctx.path)
         except FormatError as e:
             ctx.fail(str(e))
             understood = False
         else:
-            understood = _scan_compressed(ctx, buf[start:], "zlib", None, 0)
+            understood = _scan_compressed(ctx, whole()[start:], "zlib", None, 0)
         kind = "zlib"
     elif kind in ("7z", "rar", "zstd"):
         ctx.add(Severity.HIGH, "file.unsupported-archive",
@@ -594,12 +602,12 @@ def _scan_file(ctx: _Ctx, src: ByteSource, explicit: bool) -> bool:
                 "pickle, as in the nullifAI models) is not scanned")
         understood = True  # reported under its own rule
     elif kind == "tar":
-        understood = _scan_tar(ctx, buf, None, 0, 0, True)
+        understood = _scan_tar(ctx, whole(), None, 0, 0, True)
     elif parser_format in ("safetensors", "gguf", "onnx") or _sniffs_as_safe_format(head, src.size):
         kind = model.format if model is not None else (parser_format or "safe-format")
         understood = model is not None
     else:
-        is_pickle, understood = _scan_pickle_file(ctx, buf, None, 0, True, 0,
+        is_pickle, understood = _scan_pickle_file(ctx, whole(), None, 0, True, 0,
                                                   lenient=expected_model,
                                                   require_stop=not expected_model)
         kind = "pickle" if is_pickle else "unknown"
@@ -899,7 +907,7 @@ def _scan_zip(ctx: _Ctx, src: ByteSource, prefix: str | None, absolute: bool, de
                 0 <= m.data_offset <= m.data_offset + m.compressed_size <= src.size:
             # flagged encrypted but STORED: the bytes are plain; a reader ignoring the flag
             # unpickles them (picklescan GHSA-w8jq-xcqf-f792), so they are scanned.
-            data = src.buffer[m.data_offset:m.data_offset + m.compressed_size]
+            data = src.view(m.data_offset, m.compressed_size, member=m.name)
             _scan_blob(ctx, data, name, m.data_offset, absolute, depth,
                        strict=not m.name.lower().endswith(_PICKLE_MEMBER_SUFFIXES))
             continue
@@ -958,7 +966,7 @@ def _dcp_blobs(path: str) -> list[tuple[int, int]] | None:
     try:
         with ByteSource(meta) as src:
             from .parsers import pickle_vm
-            r = pickle_vm.run(src.buffer, hooks=pickle_vm.CONTAINER_HOOKS)
+            r = pickle_vm.run(src.view(0, src.size), hooks=pickle_vm.CONTAINER_HOOKS)
             value = r.value
     except (OSError, FormatError):
         return None
@@ -991,7 +999,7 @@ def _scan_dcp_blobs(ctx: _Ctx, src: ByteSource, blobs: list[tuple[int, int]]) ->
                     f"{off - covered} bytes at {covered}..{off} belong to no checkpoint item",
                     None, covered)
         covered = max(covered, off + length)
-        view = src.buffer[off:off + length]
+        view = src.view(off, length)
         if bytes(view[:4]) == MAGIC_ZIP:
             ok &= _scan_zip(ctx, ByteSource.from_bytes(view, name=ctx.path), name, False, 1)
         else:
@@ -1654,7 +1662,7 @@ def _scan_legacy_records(ctx: _Ctx, data, member: str, base: int, absolute: bool
 
 def _scan_polyglot_zip(ctx: _Ctx, src: ByteSource, kind: str) -> None:
     """A zip that Python's zipfile (and scanners built on it) would find behind another head."""
-    tail = bytes(src.buffer[max(0, src.size - 65557):])
+    tail = src.read(max(0, src.size - 65557), min(src.size, 65557))
     if MAGIC_EMPTY_ZIP not in tail:
         return
     from .parsers import zipfmt
