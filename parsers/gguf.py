@@ -189,7 +189,7 @@ class _Reader:
         self.size = src.size
         # A window over the file's start that grows as the header is read: the header's end is
         # not known up front, and a remote file then fetches the header, not the tensors.
-        self.buf = src.view(0, min(self.size, 1 << 20), "header", fmt=FORMAT)
+        self.buf = src.view(0, min(self.size, 64 << 10), "header", fmt=FORMAT)
         self.pos = 0
         self.order = order
         self.anomalies: list[tuple[str, str, int]] = []

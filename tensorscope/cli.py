@@ -45,6 +45,10 @@ def build_parser() -> argparse.ArgumentParser:
         p = sub.add_parser(name, help=mod.HELP, description=getattr(mod, "DESCRIPTION", mod.HELP),
                            formatter_class=argparse.RawDescriptionHelpFormatter)
         mod.add_arguments(p)
+        if not any("-v" in a.option_strings for a in p._actions):
+            p.add_argument("-v", "--verbose", action="store_true",
+                           help="say on stderr what reading cost (bytes fetched and requests "
+                                "made for URLs)")
         p.set_defaults(_run=mod.run)
     return parser
 
@@ -71,6 +75,15 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as e:  # noqa: BLE001 — the boundary where every error becomes one line
         print(f"tensorscope: error: {describe_error(e)}", file=sys.stderr)
         return EXIT_ERROR
+    finally:
+        _say_cost(args)
+
+
+def _say_cost(args) -> None:
+    from .remote import cost_line
+    line = cost_line() if getattr(args, "verbose", False) else None
+    if line:
+        print(f"tensorscope: {line}", file=sys.stderr)
 
 
 if __name__ == "__main__":

@@ -373,7 +373,7 @@ class _FSSpec:
             raise RemoteChanged(self.url, "the object disappeared while being read") from None
         except Exception as e:  # noqa: BLE001
             text = f"{type(e).__name__}: {e}"
-            if "PreconditionFailed" in text or "412" in text:
+            if "PreconditionFailed" in text or "412" in text or "pre-conditions" in text:
                 raise RemoteChanged(self.url, "the object changed while being read (its ETag "
                                     "no longer matches)") from None
             raise _Retry(text) from None
@@ -571,8 +571,10 @@ class RemoteSource:
     # -- the ByteSource interface ---------------------------------------------------------------
     @property
     def raw(self):
-        """The sparse map numpy views are made over: valid only where `view` has been called."""
-        return self._mm if self._mm is not None else self._view
+        """What numpy views are made over: the cache, read-only, valid only where `view` has
+        fetched. Not the `mmap` itself, so that nobody drops its pages (``MADV_DONTNEED`` on an
+        anonymous map zeroes them: page releasers skip anything that is not a file map)."""
+        return self._view
 
     def check(self, offset: int, length: int, what: str = "data", *, fmt: str = "",
               member: str | None = None) -> None:
@@ -692,3 +694,21 @@ def list_files(url: str) -> list[str]:
         return []
     return sorted(posixpath.basename(e["name"].rstrip("/")) for e in entries
                   if e.get("type") == "file")
+
+
+def with_cost(doc: dict) -> dict:
+    """``doc`` plus ``"fetched": {"bytes", "requests", "objects"}`` when remote objects were read
+    (the ``--json`` key that says what a remote listing cost); unchanged otherwise."""
+    cost = totals()
+    if cost["objects"]:
+        doc["fetched"] = cost
+    return doc
+
+
+def cost_line() -> str | None:
+    """One line for ``-v``: what reading remote objects cost, or None when nothing was remote."""
+    cost = totals()
+    if not cost["objects"]:
+        return None
+    return (f"fetched {cost['bytes']} bytes in {cost['requests']} requests from "
+            f"{cost['objects']} remote object{'s' if cost['objects'] != 1 else ''}")

@@ -4,6 +4,7 @@ from __future__ import annotations
 import os
 import sys
 
+from ..remote import is_url, with_cost
 from ..render import emit_json, human_bytes, progress, stderr_console, stdout_console
 
 HELP = "convert a checkpoint (torch, ONNX, NumPy ...) to safetensors without executing it"
@@ -70,7 +71,7 @@ def run(args) -> int:
     from ..convert import UnsafeSource, Unconvertible, convert, parse_size
     from ..scanner import scan_paths
 
-    if not os.path.exists(args.input):
+    if not is_url(args.input) and not os.path.exists(args.input):
         _say(stderr_console(), f"tensorscope convert: error: {args.input}: no such file or folder")
         return 2
     try:
@@ -91,12 +92,12 @@ def run(args) -> int:
                              progress=advance)
     except (UnsafeSource, Unconvertible) as e:
         if args.json:
-            emit_json(e.report.to_dict())
+            emit_json(with_cost(e.report.to_dict()))
         else:
             _say(stderr_console(), f"tensorscope convert: {e}")
         return 1 if isinstance(e, UnsafeSource) else 2
     if args.json:
-        emit_json(report.to_dict())
+        emit_json(with_cost(report.to_dict()))
     else:
         _print_report(report)
     return 0

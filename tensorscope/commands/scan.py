@@ -1,6 +1,7 @@
 """`tensorscope scan PATH...`: static safety scan of untrusted model files."""
 from __future__ import annotations
 
+from ..remote import is_url, with_cost
 from ..render import emit_json, stderr_console, stdout_console
 
 HELP = "statically scan model files for code that loading would run (nothing is executed)"
@@ -47,14 +48,14 @@ def run(args) -> int:
 
     from ..scanner import Severity, scan_paths
     for p in args.paths:
-        if not os.path.lexists(p):
+        if not is_url(p) and not os.path.lexists(p):
             stderr_console().print(f"tensorscope scan: error: {p}: no such file or directory",
                                    markup=False, highlight=False)
             return 2
     report = scan_paths(*args.paths, recursive=not args.no_recursive)
     fail_on = Severity.parse(args.fail_on)
     if args.json:
-        emit_json(report.to_dict())
+        emit_json(with_cost(report.to_dict()))
     elif args.sarif:
         emit_json(report.to_sarif())
     else:
