@@ -43,7 +43,7 @@ from urllib.parse import urljoin, urlsplit
 from .errors import FormatError, TensorscopeError
 
 __all__ = ["RemoteSource", "RemoteError", "RemoteChanged", "FetchBudgetExceeded", "is_url",
-           "open_source", "totals", "reset_totals", "join", "dirname", "basename", "parse_budget",
+           "open_source", "totals", "add_totals", "reset_totals", "join", "dirname", "basename", "parse_budget",
            "DEFAULT_BUDGET"]
 
 BLOCK_SHIFT = 12                 # 4 KiB cache blocks: a zip local header costs one page, not more
@@ -136,6 +136,14 @@ def totals() -> dict[str, int]:
         return dict(_TOTALS)
 
 
+def add_totals(nbytes: int, requests: int, objects: int) -> None:
+    """Fold in what other processes (scan workers) fetched, so one process reports it all."""
+    with _TOTALS_LOCK:
+        _TOTALS["bytes"] += nbytes
+        _TOTALS["requests"] += requests
+        _TOTALS["objects"] += objects
+
+
 def reset_totals() -> None:
     with _TOTALS_LOCK:
         for k in _TOTALS:
@@ -187,15 +195,20 @@ class _HTTP:
         for _ in range(MAX_REDIRECTS + 1):
             parts = urlsplit(url)
             target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
-            conn = self._conn(parts.scheme, parts.netloc)
-            try:
-                conn.request("GET", target, headers={
-                    "Range": f"bytes={start}-{end - 1}", "Accept-Encoding": "identity",
-                    "User-Agent": "tensorscope"})
-                resp = conn.getresponse()
-            except (OSError, http.client.HTTPException) as e:
-                self._drop(parts.scheme, parts.netloc)
-                raise _Retry(f"{type(e).__name__}: {e}") from None
+            headers = {"Range": f"bytes={start}-{end - 1}", "Accept-Encoding": "identity",
+                       "User-Agent": "tensorscope"}
+            for fresh in (False, True):
+                conn = self._conn(parts.scheme, parts.netloc)
+                reused = conn.sock is not None
+                try:
+                    conn.request("GET", target, headers=headers)
+                    resp = conn.getresponse()
+                    break
+                except (OSError, http.client.HTTPException) as e:
+                    self._drop(parts.scheme, parts.netloc)
+                    if reused and not fresh:
+                        continue  # the server closed an idle keep-alive connection: reconnect
+                    raise _Retry(f"{type(e).__name__}: {e}") from None
             if resp.status in (301, 302, 303, 307, 308):
                 loc = resp.getheader("Location")
                 resp.read()
@@ -262,7 +275,15 @@ class _HTTP:
         self._fail_status(resp, 0, first)
 
     def fetch(self, start: int, end: int, size: int) -> bytes:
-        resp, _ = self._get(start, end)
+        resp, url = self._get(start, end)
+        try:
+            return self._fetched(resp, start, end, size)
+        except (_Retry, RemoteError):
+            parts = urlsplit(url)
+            self._drop(parts.scheme, parts.netloc)
+            raise
+
+    def _fetched(self, resp, start: int, end: int, size: int) -> bytes:
         if resp.status == 206:
             total = _content_range(resp.getheader("Content-Range"))
             self._same(resp, total, size)
@@ -616,6 +637,14 @@ class RemoteSource:
         n = min(self._readahead << BLOCK_SHIFT, self.size - pos)
         with self._lock:
             self._ensure([(pos, n)])
+
+    @property
+    def version(self) -> str | None:
+        """What identifies this version of the object: its ETag (or content hash, or
+        Last-Modified), None when the server gives none."""
+        ident = self._transport.identity
+        return ident.get("ETag") or ident.get("sha256") or ident.get("blob_id") or \
+            ident.get("Last-Modified")
 
     def cost(self) -> dict[str, int]:
         return {"bytes": self.bytes_fetched, "requests": self.requests}

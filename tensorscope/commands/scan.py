@@ -21,6 +21,10 @@ Example:
   tensorscope scan checkpoints/ --fail-on high
   tensorscope scan model.bin --json > report.json
   tensorscope scan . --sarif > scan.sarif
+  tensorscope scan https://example.org/model.safetensors hf://org/name s3://bucket/model.pt
+  tensorscope scan registry/ --jobs 8 --jsonl report.jsonl
+  tensorscope scan registry/ --jobs 8 --jsonl report.jsonl --resume report.jsonl
+  tensorscope scan s3://bucket/models --dask tcp://scheduler:8786 --jsonl report.jsonl
 """
 
 SEVERITY_STYLES = {"info": "dim", "low": "cyan", "medium": "yellow", "high": "bold red",
@@ -41,6 +45,18 @@ def add_arguments(p):
                    help="hide findings below this severity in the table (default: low; "
                         "info lists every framework global seen)")
     p.add_argument("--no-recursive", action="store_true", help="do not descend into sub-folders")
+    fleet = p.add_argument_group("many files (tensorscope.fleet)")
+    fleet.add_argument("--jobs", type=int, default=1, metavar="N",
+                       help="scan on N processes (default 1); verdicts as a sequential scan")
+    fleet.add_argument("--dask", metavar="ADDRESS",
+                       help="scan on the Dask cluster at ADDRESS ('local': start a LocalCluster; "
+                            "needs tensorscope[distributed])")
+    fleet.add_argument("--jsonl", metavar="FILE",
+                       help="write one JSON object per file as it finishes ('-': stdout, "
+                            "instead of the table)")
+    fleet.add_argument("--resume", metavar="REPORT.jsonl",
+                       help="skip files whose size and ETag/mtime equal their line in this "
+                            "report (give the same FILE to --jsonl to append to it)")
 
 
 def run(args) -> int:
@@ -52,9 +68,19 @@ def run(args) -> int:
             stderr_console().print(f"tensorscope scan: error: {p}: no such file or directory",
                                    markup=False, highlight=False)
             return 2
-    report = scan_paths(*args.paths, recursive=not args.no_recursive)
+    if args.jobs < 1:
+        stderr_console().print("tensorscope scan: error: --jobs must be at least 1", markup=False)
+        return 2
+    if args.jobs > 1 or args.dask or args.jsonl or args.resume:
+        from ..fleet import scan_fleet
+        report = scan_fleet(args.paths, recursive=not args.no_recursive, jobs=args.jobs,
+                            dask=args.dask, jsonl=args.jsonl, resume=args.resume)
+    else:
+        report = scan_paths(*args.paths, recursive=not args.no_recursive)
     fail_on = Severity.parse(args.fail_on)
-    if args.json:
+    if args.jsonl == "-":
+        pass  # the JSON lines are the output
+    elif args.json:
         emit_json(with_cost(report.to_dict()))
     elif args.sarif:
         emit_json(report.to_sarif())
