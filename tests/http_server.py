@@ -85,10 +85,10 @@ def _handler(root: str, knobs: Knobs):
                 try:
                     while left > 0:
                         chunk = f.read(min(left, 1 << 20))
+                        with knobs.lock:  # counted before sending: the client may be faster
+                            knobs.bytes_sent += len(chunk)
                         self.wfile.write(chunk)
                         left -= len(chunk)
-                        with knobs.lock:
-                            knobs.bytes_sent += len(chunk)
                 except (BrokenPipeError, ConnectionResetError):
                     self.close_connection = True
                     return
