@@ -38,7 +38,7 @@ import ssl
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from urllib.parse import urljoin, urlsplit
+from urllib.parse import quote, urljoin, urlsplit
 
 from .errors import FormatError, TensorscopeError
 
@@ -194,7 +194,9 @@ class _HTTP:
         url = self.location
         for _ in range(MAX_REDIRECTS + 1):
             parts = urlsplit(url)
-            target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
+            # names from a file (ONNX external data) may hold spaces: quote, keeping escapes
+            target = quote(parts.path or "/", safe="/%:@!$&'()*+,;=-._~") + \
+                (f"?{parts.query}" if parts.query else "")
             headers = {"Range": f"bytes={start}-{end - 1}", "Accept-Encoding": "identity",
                        "User-Agent": "tensorscope"}
             for fresh in (False, True):

@@ -306,3 +306,24 @@ def test_s3_listing_equals_local_and_change_is_detected(s3_server, big_models):
     fs.put(str(d / "model.safetensors"), "models/model.safetensors")
     with tensorscope.open("s3://models") as m:
         assert sorted(m.names) == sorted(tensors)
+
+
+def test_tui_browses_a_url(fixtures_server):
+    import asyncio
+
+    from tensorscope.tui.app import make_app
+    from tensorscope.tui.screens.browse import BrowseScreen
+
+    from helpers import settle
+
+    rel = "tui/model_a.safetensors"
+    app = make_app(fixtures_server.url(rel))
+
+    async def go():
+        async with app.run_test(size=(80, 24)) as pilot:
+            await settle(pilot)
+            assert isinstance(app.screen, BrowseScreen)
+            with tensorscope.open(os.path.join(FIX, rel)) as local:
+                assert [t.name for t in app.models[0].tensors] == local.names
+            assert app.scan_done and not app.scan_error
+    asyncio.run(go())
