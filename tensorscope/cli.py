@@ -62,6 +62,8 @@ def main(argv: list[str] | None = None) -> int:
     if not getattr(args, "_run", None):
         parser.print_help(sys.stderr)
         return EXIT_ERROR
+    from .remote import reset_totals
+    reset_totals()  # what this command fetched, whatever ran before in this process
     try:
         return int(args._run(args))
     except KeyboardInterrupt:

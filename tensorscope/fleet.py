@@ -132,11 +132,18 @@ def _run_processes(items, jobs: int, limits) -> Iterator[dict[str, Any]]:
     # forkserver/spawn: workers start from a clean interpreter, not a copy of one whose
     # threads (fetch pools, progress bars) may hold locks.
     ctx = multiprocessing.get_context("forkserver" if "forkserver" in methods else "spawn")
+    # Small batches: one task per file would spend as much on inter-process traffic as on
+    # scanning a small file; a few batches per worker still stream results as they finish.
+    size = max(1, min(16, len(items) // (jobs * 8)))
+    batches = [items[i:i + size] for i in range(0, len(items), size)]
     with ProcessPoolExecutor(jobs, mp_context=ctx) as pool:
-        futures = [pool.submit(scan_record, path, explicit, limits, ident)
-                   for path, explicit, ident in items]
+        futures = [pool.submit(_scan_batch, batch, limits) for batch in batches]
         for fut in as_completed(futures):
-            yield fut.result()
+            yield from fut.result()
+
+
+def _scan_batch(batch, limits) -> list[dict[str, Any]]:
+    return [scan_record(path, explicit, limits, ident) for path, explicit, ident in batch]
 
 
 def _run_dask(items, address: str, limits) -> Iterator[dict[str, Any]]:

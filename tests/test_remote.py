@@ -28,6 +28,8 @@ FILES = [
     "formats/gguf_v3.gguf", "formats/gguf_be.gguf", "formats/gguf_alltypes.gguf",
     "formats/f32.npy", "formats/bigendian.npy", "formats/plain.npz",
     "containers/legacy_module.pt", "containers/ts_traced.pt", "containers/plain_numpy_p4.pkl",
+    "realworld/hf/llama/sharded_st/model.safetensors.index.json",
+    "realworld/hf/gpt2/sharded_bin/pytorch_model.bin.index.json",
 ]
 
 
