@@ -329,3 +329,26 @@ def test_tui_browses_a_url(fixtures_server):
                 assert [t.name for t in app.models[0].tensors] == local.names
             assert app.scan_done and not app.scan_error
     asyncio.run(go())
+
+
+def _open_outcome(path: str, shown: str):
+    try:
+        with tensorscope.open(path) as m:
+            return "ok", m.format, _listing(m)
+    except (tensorscope.TensorscopeError, OSError) as e:
+        return "error", type(e).__name__, str(e).replace(shown, "<file>")
+
+
+def test_hostile_files_fail_over_http_as_they_fail_locally(tmp_path):
+    """The attack corpus (broken zips, lying headers, truncations...): the same listing or the
+    same error, place and reason, whether read from disk or by ranges."""
+    import make_attack_corpus
+    cases = make_attack_corpus.build(tmp_path)
+    with Server(tmp_path) as s:
+        for case in cases:
+            if os.path.isdir(case.path):
+                continue
+            rel = os.path.relpath(case.path, tmp_path)
+            local = _open_outcome(str(case.path), str(case.path))
+            far = _open_outcome(s.url(rel), s.url(rel))
+            assert far == local, rel
