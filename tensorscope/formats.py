@@ -73,7 +73,9 @@ def open_model(path: str | os.PathLike, *, format: str | None = None) -> ModelFi
 
     Args:
         path: a file (any supported format, any extension) or a folder (DCP checkpoint, sharded
-            checkpoint with ``*.index.json``, Hugging Face snapshot).
+            checkpoint with ``*.index.json``, Hugging Face snapshot), or a URL (``https://``,
+            ``hf://org/name[@revision][/file]``, ``s3://bucket/key``) read by byte ranges
+            (`tensorscope.remote`).
         format: force a parser by its ``FORMAT`` name instead of detecting.
 
     Returns:
