@@ -50,7 +50,10 @@ def gen_fleet(folder: str, n: int) -> None:
     import make_attack_corpus
     g = torch.Generator().manual_seed(0)
     for i in range(n):
-        sd = {f"layers.{j}.weight": torch.randn(32, 32, generator=g) for j in range(4)}
+        # a tiny transformer: 4 layers of 6 tensors, as small fine-tunes and adapters are
+        sd = {f"model.layers.{j}.{part}": torch.randn(64, 64, generator=g)
+              for j in range(4) for part in ("q.weight", "k.weight", "v.weight", "o.weight",
+                                              "up.weight", "down.weight")}
         kind = i % 100
         if kind == 99:
             data = make_attack_corpus.torch_zip_with_payload(
@@ -85,10 +88,12 @@ def remote_listing(cases, delay: float, repeat: int) -> list[dict]:
     rows = []
     with Server(common.CACHE) as server:
         server.knobs.delay = delay
-        for label, rel in cases:
+        for label, rel, with_folder in cases:
             local = str(common.CACHE / rel)
             url = server.url(rel)
-            size = os.path.getsize(local)
+            folder = os.path.dirname(local)   # external data: the model is its whole folder
+            size = sum(os.path.getsize(os.path.join(folder, n)) for n in os.listdir(folder)) \
+                if with_folder else os.path.getsize(local)
             row = {"case": label, "size": size}
             for cmd in ("inspect", "scan"):
                 ok = (0, 1)
@@ -143,7 +148,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.quick:
         common.CACHE = Path(cache)
     files = 40 if args.quick else args.files
-    fleet_dir = Path(cache) / f"fleet{files}"
+    fleet_dir = Path(cache) / f"fleet{files}x24"
     t0 = time.perf_counter()
     common.generate_in_child([("gen_state_dicts", (cache, args.quick)), ("gen_onnx", (cache, args.quick))])
     import subprocess
@@ -153,8 +158,9 @@ def main(argv: list[str] | None = None) -> int:
     print(f"inputs ready in {time.perf_counter() - t0:.0f} s", file=sys.stderr)
     result = {"machine": common.machine_info(), "delay_s": args.delay, "repeat": args.repeat}
     if not args.skip_remote:
-        cases = [("torch zip", "diff/a.pt"), ("safetensors", "diff/a.safetensors"),
-                 ("ONNX", "onnx/embedded.onnx"), ("ONNX external data", "onnx/external/model.onnx")]
+        cases = [("torch zip", "diff/a.pt", False), ("safetensors", "diff/a.safetensors", False),
+                 ("ONNX", "onnx/embedded.onnx", False),
+                 ("ONNX external data", "onnx/external/model.onnx", True)]
         result["remote"] = remote_listing(cases, args.delay, args.repeat)
         print(f"{'case':20} {'size':>12} {'cmd':8} {'local s':>8} {'remote s':>9} {'fetched':>10} "
               f"{'%':>7} {'reqs':>5}  identical")

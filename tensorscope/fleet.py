@@ -127,19 +127,29 @@ def _unchanged(prev: dict[str, Any] | None, ident: dict[str, Any]) -> bool:
 
 def _run_processes(items, jobs: int, limits) -> Iterator[dict[str, Any]]:
     import multiprocessing
+    import threading
     from concurrent.futures import ProcessPoolExecutor, as_completed
     methods = multiprocessing.get_all_start_methods()
-    # forkserver/spawn: workers start from a clean interpreter, not a copy of one whose
-    # threads (fetch pools, progress bars) may hold locks.
-    ctx = multiprocessing.get_context("forkserver" if "forkserver" in methods else "spawn")
+    # fork starts workers with everything imported, and is safe while this process has no other
+    # thread; otherwise forkserver/spawn: a clean interpreter, not a copy of one whose threads
+    # (fetch pools, progress bars) may hold locks.
+    if "fork" in methods and threading.active_count() == 1:
+        method = "fork"
+    else:
+        method = "forkserver" if "forkserver" in methods else "spawn"
+    ctx = multiprocessing.get_context(method)
     # Small batches: one task per file would spend as much on inter-process traffic as on
     # scanning a small file; a few batches per worker still stream results as they finish.
-    size = max(1, min(16, len(items) // (jobs * 8)))
-    batches = [items[i:i + size] for i in range(0, len(items), size)]
+    batches = _batches(items, jobs)
     with ProcessPoolExecutor(jobs, mp_context=ctx) as pool:
         futures = [pool.submit(_scan_batch, batch, limits) for batch in batches]
         for fut in as_completed(futures):
             yield from fut.result()
+
+
+def _batches(items: list, workers: int) -> list[list]:
+    size = max(1, min(16, len(items) // (workers * 8)))
+    return [items[i:i + size] for i in range(0, len(items), size)]
 
 
 def _scan_batch(batch, limits) -> list[dict[str, Any]]:
@@ -161,10 +171,10 @@ def _run_dask(items, address: str, limits) -> Iterator[dict[str, Any]]:
     else:
         client = Client(address)
     try:
-        futures = client.map(scan_record, [p for p, _, _ in items], [e for _, e, _ in items],
-                             [limits] * len(items), [i for _, _, i in items], pure=False)
+        workers = max(1, len(client.scheduler_info().get("workers", {})))
+        futures = client.map(_scan_batch, _batches(items, workers), limits=limits, pure=False)
         for fut in as_completed(futures):
-            yield fut.result()
+            yield from fut.result()
     finally:
         client.close()
         if cluster is not None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import re
+import socket
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -35,6 +36,12 @@ def _handler(root: str, knobs: Knobs):
 
         def log_message(self, *args):  # quiet
             pass
+
+        def setup(self):
+            super().setup()
+            # headers and body go out as two writes: without this, Nagle's algorithm holds the
+            # body until the client's delayed ACK (40 ms per response), as no real server does
+            self.connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
 
         def do_GET(self):  # noqa: N802 — http.server's name
             with knobs.lock:
