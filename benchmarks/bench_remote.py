@@ -116,6 +116,33 @@ def remote_listing(cases, delay: float, repeat: int) -> list[dict]:
     return rows
 
 
+CPU_SCRIPT = """
+import json, os, sys, time
+from tensorscope import fleet
+out = {}
+for jobs in (1, 2):
+    t, c0 = time.perf_counter(), os.times()
+    recs = []
+    fleet.scan_fleet([sys.argv[1]], jobs=jobs, on_record=recs.append)
+    c1 = os.times()
+    out[jobs] = {"wall_s": time.perf_counter() - t,
+                 "cpu_s": (c1.user - c0.user + c1.system - c0.system + c1.children_user
+                           - c0.children_user + c1.children_system - c0.children_system),
+                 "cpu_per_file_ms": 1000 * sum(r["cpu_seconds"] for r in recs) / len(recs)}
+print(json.dumps(out))
+"""
+
+
+def fleet_cpu(folder: Path) -> dict:
+    """CPU seconds of --jobs 1 and --jobs 2 (main process + workers): on a machine shared with
+    other users the wall-time ratio says how much CPU the scheduler gave us, this says how much
+    work the fleet needed."""
+    import subprocess
+    out = subprocess.run([sys.executable, "-c", CPU_SCRIPT, str(folder)], capture_output=True,
+                         text=True, check=True).stdout
+    return json.loads(out)
+
+
 def fleet(folder: Path, repeat: int) -> dict:
     out = {"files": sum(1 for p in folder.iterdir() if not p.name.startswith("."))}
     docs = {}
@@ -185,6 +212,10 @@ def main(argv: list[str] | None = None) -> int:
                       f"identical verdicts: {r['identical']}")
         if "speedup_jobs2" in f:
             print(f"  --jobs 2 / --jobs 1 throughput: {f['speedup_jobs2']:.2f}x")
+        f["cpu"] = cpu = fleet_cpu(fleet_dir)
+        for jobs, c in cpu.items():
+            print(f"  jobs {jobs}: {c['wall_s']:.2f} s wall, {c['cpu_s']:.2f} CPU s in all, "
+                  f"{c['cpu_per_file_ms']:.2f} CPU ms per file")
     out = Path(cache) / "bench_remote.json"
     out.write_text(json.dumps(result, indent=1))
     print(f"results: {out}", file=sys.stderr)

@@ -11,7 +11,7 @@ those of a sequential scan.
 
 A JSON line: ``{"path", "size", "version" (ETag or content hash for a URL, else null),
 "mtime_ns" (local files), "scanned", "error", "severity" (worst, null when none), "findings"
-[...], "fetched" {"bytes", "requests", "objects"}, "seconds"}``. ``--resume REPORT.jsonl`` skips a file whose
+[...], "fetched" {"bytes", "requests", "objects"}, "seconds", "cpu_seconds"}``. ``--resume REPORT.jsonl`` skips a file whose
 size and version/mtime equal its last line there (later lines win), and keeps that line's
 findings in the report.
 """
@@ -78,7 +78,7 @@ def identity(path: str) -> dict[str, Any]:
 def scan_record(path: str, explicit: bool = True, limits: ScanLimits | None = None,
                 ident: dict | None = None) -> dict[str, Any]:
     """Scan one file; the JSON-ready record (see the module doc). Pure and picklable."""
-    start = time.perf_counter()
+    start, cpu = time.perf_counter(), time.process_time()
     before = remote.totals()
     ident = ident if ident is not None else identity(path)
     findings, scanned, error = scan_file(path, limits=limits or DEFAULT_SCAN_LIMITS,
@@ -90,7 +90,8 @@ def scan_record(path: str, explicit: bool = True, limits: ScanLimits | None = No
             "severity": str(worst) if worst is not None else None,
             "findings": [f.to_dict() for f in findings],
             "fetched": {k: after[k] - before[k] for k in ("bytes", "requests", "objects")},
-            "seconds": round(time.perf_counter() - start, 6)}
+            "seconds": round(time.perf_counter() - start, 6),
+            "cpu_seconds": round(time.process_time() - cpu, 6)}
 
 
 def record_findings(rec: dict[str, Any]) -> list[Finding]:
