@@ -133,6 +133,36 @@ print(json.dumps(out))
 """
 
 
+REMOTE_FLEET_SCRIPT = """
+import json, os, sys, time
+from tensorscope import fleet, remote
+urls = sys.argv[2:]
+t, c0 = time.perf_counter(), os.times()
+recs = []
+fleet.scan_fleet(urls, jobs=int(sys.argv[1]), on_record=recs.append)
+c1 = os.times()
+print(json.dumps({"files": len(recs), "wall_s": time.perf_counter() - t,
+                  "cpu_s": (c1.user - c0.user + c1.system - c0.system + c1.children_user
+                            - c0.children_user + c1.children_system - c0.children_system),
+                  "bytes_per_file": sum(r["fetched"]["bytes"] for r in recs) / len(recs),
+                  "requests_per_file": sum(r["fetched"]["requests"] for r in recs) / len(recs),
+                  "file_bytes": sum(r["size"] for r in recs) / len(recs)}))
+"""
+
+
+def remote_fleet(folder: Path, delay: float, n: int, jobs: int) -> dict:
+    """``n`` files of the fleet scanned as URLs from the delayed server on ``jobs`` processes:
+    files/s, CPU, bytes and requests per file (the figures of the hub estimate)."""
+    import subprocess
+    names = sorted(p.name for p in folder.iterdir() if not p.name.startswith("."))[:n]
+    with Server(folder) as server:
+        server.knobs.delay = delay
+        out = subprocess.run([sys.executable, "-c", REMOTE_FLEET_SCRIPT, str(jobs),
+                              *[server.url(name) for name in names]],
+                             capture_output=True, text=True, check=True).stdout
+    return json.loads(out)
+
+
 def fleet_cpu(folder: Path) -> dict:
     """CPU seconds of --jobs 1 and --jobs 2 (main process + workers): on a machine shared with
     other users the wall-time ratio says how much CPU the scheduler gave us, this says how much
@@ -212,6 +242,11 @@ def main(argv: list[str] | None = None) -> int:
                       f"identical verdicts: {r['identical']}")
         if "speedup_jobs2" in f:
             print(f"  --jobs 2 / --jobs 1 throughput: {f['speedup_jobs2']:.2f}x")
+        f["remote"] = rf = remote_fleet(fleet_dir, args.delay, min(files, 300), 8)
+        print(f"  {rf['files']} files as URLs (delay {args.delay * 1000:.0f} ms), --jobs 8: "
+              f"{rf['files'] / rf['wall_s']:.1f} files/s, {1000 * rf['cpu_s'] / rf['files']:.1f} "
+              f"CPU ms, {rf['bytes_per_file'] / 1024:.1f} KiB in {rf['requests_per_file']:.1f} "
+              f"requests per file of {rf['file_bytes'] / 1024:.0f} KiB")
         f["cpu"] = cpu = fleet_cpu(fleet_dir)
         for jobs, c in cpu.items():
             print(f"  jobs {jobs}: {c['wall_s']:.2f} s wall, {c['cpu_s']:.2f} CPU s in all, "

@@ -80,9 +80,14 @@ def scan_record(path: str, explicit: bool = True, limits: ScanLimits | None = No
     """Scan one file; the JSON-ready record (see the module doc). Pure and picklable."""
     start, cpu = time.perf_counter(), time.process_time()
     before = remote.totals()
-    ident = ident if ident is not None else identity(path)
+    url = remote.is_url(path)
+    if ident is None and not url:
+        ident = identity(path)
     findings, scanned, error = scan_file(path, limits=limits or DEFAULT_SCAN_LIMITS,
                                          explicit=explicit)
+    if ident is None:  # a URL: the version the scan itself read, no extra request
+        got = remote.seen(path) or {"size": None, "version": None}
+        ident = {"size": got["size"], "version": got["version"], "mtime_ns": None}
     findings = _sorted(_dedupe(findings))
     after = remote.totals()
     worst = max((f.severity for f in findings), default=None)

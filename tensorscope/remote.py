@@ -144,6 +144,16 @@ def add_totals(nbytes: int, requests: int, objects: int) -> None:
         _TOTALS["objects"] += objects
 
 
+_SEEN: dict[str, dict] = {}
+
+
+def seen(url: str) -> dict | None:
+    """``{"size", "version"}`` of the object at ``url`` when this process last opened it (a
+    scan record says which version it judged without asking the server again)."""
+    with _TOTALS_LOCK:
+        return _SEEN.get(url)
+
+
 def reset_totals() -> None:
     with _TOTALS_LOCK:
         for k in _TOTALS:
@@ -468,6 +478,9 @@ class RemoteSource:
         self._view = memoryview(self._mm).toreadonly() if self._mm is not None else memoryview(b"")
         with _TOTALS_LOCK:
             _TOTALS["objects"] += 1
+            if len(_SEEN) > 4096:
+                _SEEN.clear()
+            _SEEN[url] = {"size": size, "version": self.version}
         if not self.ranges_ok:
             self._stream_whole(first)
         elif first:

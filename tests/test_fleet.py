@@ -117,3 +117,21 @@ def test_remote_files_on_processes_report_what_workers_fetched(capsys):
         os.path.getsize(os.path.join(FIX, r)) for r in ("torch/dtypes.pt",
                                                          "formats/st_torch.safetensors",
                                                          "onnx/mlp.onnx"))
+
+
+def test_resume_over_http_uses_the_etag(tmp_path):
+    names = ["torch/dtypes.pt", "formats/st_torch.safetensors"]
+    out = str(tmp_path / "r.jsonl")
+    with Server(FIX) as s:
+        urls = [s.url(n) for n in names]
+        first = fleet.scan_fleet(urls, jsonl=out)
+        recs = fleet.load_resume(out)
+        for n, u in zip(names, urls):
+            assert recs[u]["size"] == os.path.getsize(os.path.join(FIX, n))
+            assert recs[u]["version"] and recs[u]["version"].startswith('"')  # the ETag
+        seen = []
+        again = fleet.scan_fleet(urls, jsonl=out, resume=out, on_record=seen.append)
+        assert seen == [] and again.to_dict() == first.to_dict()
+        s.knobs.change_after = s.knobs.requests  # a new version of every object
+        again = fleet.scan_fleet(urls, jsonl=out, resume=out, on_record=seen.append)
+        assert sorted(r["path"] for r in seen) == sorted(urls)
