@@ -437,6 +437,8 @@ def _pin_hf(fs, path: str) -> str:
     """``org/name@rev/file`` -> the same at the commit ``rev`` resolves to now, so the object
     cannot change under us between requests (commits are immutable)."""
     res = fs.resolve_path(path)
+    if not hasattr(res, "repo_id"):
+        return path  # a storage bucket, not a repository: no commits to pin to
     rev = res.revision
     if not (rev and re.fullmatch(r"[0-9a-f]{40}", rev)):
         rev = fs._api.repo_info(res.repo_id, revision=res.revision, repo_type=res.repo_type).sha
