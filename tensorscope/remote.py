@@ -375,9 +375,9 @@ class _FSSpec:
             raise RemoteError(url, f"not a readable URL: {e}") from None
         self.url, self.fs, self.path = url, fs, path
         self.protocol = fs.protocol if isinstance(fs.protocol, str) else fs.protocol[0]
-        if self.protocol == "hf":
-            self.path = _pin_hf(fs, path)
         try:
+            if self.protocol == "hf":
+                self.path = _pin_hf(fs, path)
             info = fs.info(self.path)
         except FileNotFoundError:
             raise FileNotFoundError(f"{url}: no such object") from None
