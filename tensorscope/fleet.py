@@ -24,7 +24,7 @@ import time
 from typing import Any, Callable, Iterable, Iterator
 
 from . import remote
-from .errors import TensorscopeError
+from .errors import FileMissing, TensorscopeError
 from .scanner import (DEFAULT_SCAN_LIMITS, Finding, ScanLimits, ScanReport, Severity, _dedupe,
                       _nicer, _sorted, _walk, scan_file)
 
@@ -44,7 +44,7 @@ def plan(paths: Iterable[str | os.PathLike], recursive: bool = True,
             todo.extend((u, u, not names) for u in ([f"{p.rstrip('/')}/{n}" for n in names] or [p]))
             continue
         if not os.path.lexists(p):
-            raise FileNotFoundError(f"{p}: no such file or directory")
+            raise FileMissing(p, "no such file or directory")
         if os.path.isdir(p):
             todo.extend((f, real, False) for f, real in
                         _walk(p, recursive, follow_symlinks_inside, walk_findings))

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from ..remote import is_url, with_cost
-from ..render import emit_json, stderr_console, stdout_console
+from ..render import emit_json, error_line, stdout_console
 
 HELP = "statically scan model files for code that loading would run (nothing is executed)"
 DESCRIPTION = """\
@@ -65,12 +65,9 @@ def run(args) -> int:
     from ..scanner import Severity, scan_paths
     for p in args.paths:
         if not is_url(p) and not os.path.lexists(p):
-            stderr_console().print(f"tensorscope scan: error: {p}: no such file or directory",
-                                   markup=False, highlight=False)
-            return 2
+            return error_line("scan", f"{p}: no such file or directory")
     if args.jobs < 1:
-        stderr_console().print("tensorscope scan: error: --jobs must be at least 1", markup=False)
-        return 2
+        return error_line("scan", "--jobs must be at least 1")
     if args.jobs > 1 or args.dask or args.jsonl or args.resume:
         from ..fleet import scan_fleet
         report = scan_fleet(args.paths, recursive=not args.no_recursive, jobs=args.jobs,
