@@ -135,3 +135,11 @@ def test_resume_over_http_uses_the_etag(tmp_path):
         s.knobs.change_after = s.knobs.requests  # a new version of every object
         again = fleet.scan_fleet(urls, jsonl=out, resume=out, on_record=seen.append)
         assert sorted(r["path"] for r in seen) == sorted(urls)
+
+
+def test_dask_cluster_by_address(registry):
+    distributed = pytest.importorskip("distributed")
+    with distributed.LocalCluster(n_workers=1, threads_per_worker=1, processes=True,
+                                  dashboard_address=None) as cluster:
+        report = fleet.scan_fleet([registry / "formats"], dask=cluster.scheduler_address)
+    assert report.to_dict() == scan_paths(registry / "formats").to_dict()

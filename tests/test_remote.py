@@ -352,3 +352,9 @@ def test_hostile_files_fail_over_http_as_they_fail_locally(tmp_path):
             local = _open_outcome(str(case.path), str(case.path))
             far = _open_outcome(s.url(rel), s.url(rel))
             assert far == local, rel
+
+
+@pytest.mark.parametrize("rel", ["torch/module.pt", "formats/st_torch.safetensors", "onnx/mlp.onnx",
+                                 "formats/gguf_v3.gguf"])
+def test_identify_over_http_equals_local(fixtures_server, rel):
+    assert tensorscope.identify(fixtures_server.url(rel)) == tensorscope.identify(os.path.join(FIX, rel))
