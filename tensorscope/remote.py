@@ -4,7 +4,8 @@
 ``read``, ``head``, ``close``, ``raw``) and fetches only the byte ranges the parsers ask for:
 
 - **Block cache.** Fetched bytes land in a sparse anonymous map as large as the object (pages
-  never written cost no memory), tracked per 4 KiB block, so a range is fetched once and views
+  never written cost no memory), tracked per 4 KiB block (larger blocks past 64 GiB, so the
+  block map stays under 16 MiB), so a range is fetched once and views
   stay zero-copy, numpy views included (``raw``; only bytes a `view` returned are valid there).
 - **Coalesced, concurrent requests.** The missing blocks of one `view` (or of a `prefetch`
   list, e.g. every local header of a zip) are merged into runs (gaps under `MAX_GAP` filled,
@@ -47,7 +48,8 @@ __all__ = ["RemoteSource", "RemoteError", "RemoteChanged", "FetchBudgetExceeded"
            "DEFAULT_BUDGET"]
 
 BLOCK_SHIFT = 12                 # 4 KiB cache blocks: a zip local header costs one page, not more
-BLOCK = 1 << BLOCK_SHIFT
+MAX_BLOCKS = 1 << 24             # bigger objects get bigger blocks: the block map stays <= 16 MiB
+MAX_SIZE = 1 << 46               # 64 TiB: a larger size is a server's claim, not an object
 HEAD_FETCH = 64 << 10            # the first request: sniffing head + most headers, one round trip
 MAX_GAP = 32 << 10               # fill holes smaller than this rather than pay another request
 MAX_REQUEST = 8 << 20            # split big reads so they go out concurrently
@@ -122,12 +124,6 @@ def join(base: str, *names: str) -> str:
 # -- process-wide counters (what the CLI reports) -------------------------------------------------
 _TOTALS = {"bytes": 0, "requests": 0, "objects": 0}
 _TOTALS_LOCK = threading.Lock()
-
-
-def _count(nbytes: int, requests: int = 1) -> None:
-    with _TOTALS_LOCK:
-        _TOTALS["bytes"] += nbytes
-        _TOTALS["requests"] += requests
 
 
 def totals() -> dict[str, int]:
@@ -470,13 +466,28 @@ class RemoteSource:
         self._last_fault = -2
         self._transport = _HTTP(url) if url.split("://", 1)[0].lower() in ("http", "https") \
             else _FSSpec(url)
-        size, first, self.ranges_ok = self._retrying(
-            lambda: self._transport.stat(HEAD_FETCH, self.budget), 0, HEAD_FETCH)
-        self.size = size
-        nblocks = (size + BLOCK - 1) >> BLOCK_SHIFT
-        self._have = bytearray(nblocks)
-        self._mm = mmap.mmap(-1, max(size, 1), flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS |
-                             _MAP_NORESERVE) if size else None
+        try:
+            size, first, self.ranges_ok = self._retrying(
+                lambda: self._transport.stat(HEAD_FETCH, self.budget), 0, HEAD_FETCH)
+            if size > MAX_SIZE:
+                raise RemoteError(url, f"the server says the object has {size} bytes: more than "
+                                  f"any model file ({MAX_SIZE}), not believed")
+            self.size = size
+            self._shift = BLOCK_SHIFT
+            while (size >> self._shift) > MAX_BLOCKS:
+                self._shift += 1
+            self._have = bytearray((size + (1 << self._shift) - 1) >> self._shift)
+            # The cache: as large as the object, but pages never written take no memory.
+            self._mm = mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS |
+                                 _MAP_NORESERVE) if size else None
+        except (OSError, OverflowError) as e:
+            self._transport.close()
+            if isinstance(e, FileNotFoundError):
+                raise
+            raise RemoteError(url, f"cannot hold a cache of the object: {e}") from None
+        except BaseException:
+            self._transport.close()
+            raise
         self._view = memoryview(self._mm).toreadonly() if self._mm is not None else memoryview(b"")
         with _TOTALS_LOCK:
             _TOTALS["objects"] += 1
@@ -492,9 +503,10 @@ class RemoteSource:
     def _store(self, start: int, data: bytes) -> None:
         end = start + len(data)
         self._mm[start:end] = data
-        first, last = start >> BLOCK_SHIFT, (end + BLOCK - 1) >> BLOCK_SHIFT
+        shift = self._shift
+        first, last = start >> shift, (end + (1 << shift) - 1) >> shift
         if end < self.size:
-            last = end >> BLOCK_SHIFT  # a trailing partial block is not complete
+            last = end >> shift  # a trailing partial block is not complete
         self._have[first:last] = b"\x01" * (last - first)
 
     def _stream_whole(self, resp) -> None:
@@ -519,9 +531,11 @@ class RemoteSource:
         self._have[:] = b"\x01" * len(self._have)
 
     def _account(self, nbytes: int, requests: int) -> None:
-        self.bytes_fetched += nbytes
-        self.requests += requests
-        _count(nbytes, requests)
+        with _TOTALS_LOCK:  # fetch threads count too
+            self.bytes_fetched += nbytes
+            self.requests += requests
+            _TOTALS["bytes"] += nbytes
+            _TOTALS["requests"] += requests
 
     def _retrying(self, call, start: int, end: int):
         delay = BACKOFF
@@ -548,15 +562,15 @@ class RemoteSource:
     # -- fetching ------------------------------------------------------------------------------
     def _missing(self, start: int, end: int) -> list[tuple[int, int]]:
         """Block-aligned byte runs of ``[start, end)`` not fetched yet."""
-        have, runs = self._have, []
-        b, stop = start >> BLOCK_SHIFT, (end + BLOCK - 1) >> BLOCK_SHIFT
+        have, runs, shift = self._have, [], self._shift
+        b, stop = start >> shift, (end + (1 << shift) - 1) >> shift
         while b < stop:
             b = have.find(0, b, stop)
             if b < 0:
                 break
             e = have.find(1, b, stop)
             e = stop if e < 0 else e
-            runs.append((b << BLOCK_SHIFT, min(e << BLOCK_SHIFT, self.size)))
+            runs.append((b << shift, min(e << shift, self.size)))
             b = e
         return runs
 
@@ -644,14 +658,14 @@ class RemoteSource:
         return LazyBuffer(self)
 
     def _fault(self, pos: int) -> None:
-        block = pos >> BLOCK_SHIFT
+        block = pos >> self._shift
         if block in (self._last_fault, self._last_fault + 1) or \
                 (0 < block - self._last_fault <= self._readahead):
             self._readahead = min(self._readahead * 2, 256)   # sequential: read further ahead
         else:
             self._readahead = 1
         self._last_fault = block
-        n = min(self._readahead << BLOCK_SHIFT, self.size - pos)
+        n = min(self._readahead << self._shift, self.size - pos)
         with self._lock:
             self._ensure([(pos, n)])
 
@@ -694,10 +708,11 @@ class RemoteSource:
 class LazyBuffer:
     """Indexing and slicing of a `RemoteSource` as if it were one bytes-like object."""
 
-    __slots__ = ("_src", "_have", "_mm", "_len")
+    __slots__ = ("_src", "_have", "_mm", "_len", "_shift")
 
     def __init__(self, src: RemoteSource):
         self._src, self._have, self._mm, self._len = src, src._have, src._view, src.size
+        self._shift = src._shift
 
     def __len__(self) -> int:
         return self._len
@@ -712,7 +727,7 @@ class LazyBuffer:
             key += self._len
         if not 0 <= key < self._len:
             raise IndexError("index out of range")
-        if not self._have[key >> BLOCK_SHIFT]:
+        if not self._have[key >> self._shift]:
             self._src._fault(key)
         return self._mm[key]
 

@@ -4,7 +4,8 @@ It serves a folder with RFC 7233 single-range support (206 + Content-Range, 416 
 an ETag and Last-Modified per file, keep-alive, and knobs that make it misbehave on purpose:
 ``ignore_range`` (200 + the whole body), ``always_416``, ``redirect`` (paths under ``/r/`` answer
 302 to the real path), ``cut_short`` (the body stops half way and the connection closes),
-``change_after`` (the ETag changes after N requests), ``delay`` (seconds before each answer, to
+``change_after`` (the ETag changes after N requests), ``claimed_size`` (a Content-Range total
+that lies), ``delay`` (seconds before each answer, to
 model a real network). Counters: requests and body bytes sent.
 """
 from __future__ import annotations
@@ -25,6 +26,7 @@ class Knobs:
         self.cut_short = False
         self.change_after: int | None = None
         self.delay = 0.0
+        self.claimed_size: int | None = None   # a lying Content-Range total
         self.requests = 0
         self.bytes_sent = 0
         self.lock = threading.Lock()
@@ -76,7 +78,8 @@ def _handler(root: str, knobs: Knobs):
                 start = int(m.group(1))
                 end = min(size - 1, int(m.group(2))) if m.group(2) else size - 1
                 self.send_response(206)
-                self.send_header("Content-Range", f"bytes {start}-{end}/{size}")
+                total = knobs.claimed_size or size
+                self.send_header("Content-Range", f"bytes {start}-{end}/{total}")
             else:
                 start, end = 0, size - 1
                 self.send_response(200)

@@ -358,3 +358,27 @@ def test_hostile_files_fail_over_http_as_they_fail_locally(tmp_path):
                                  "formats/gguf_v3.gguf"])
 def test_identify_over_http_equals_local(fixtures_server, rel):
     assert tensorscope.identify(fixtures_server.url(rel)) == tensorscope.identify(os.path.join(FIX, rel))
+
+
+def test_a_lying_size_is_a_clear_error(fixtures_server):
+    """A Content-Range total of 2**60 bytes: an error naming the URL, no cache of that size."""
+    fixtures_server.knobs.claimed_size = 1 << 60
+    try:
+        with pytest.raises(RemoteError, match=r"the server sent 'bytes 0-4990/1152921504606846976'"):
+            tensorscope.open(fixtures_server.url("torch/module.pt"))
+    finally:
+        fixtures_server.knobs.claimed_size = None
+
+
+def test_big_objects_get_bigger_blocks(big_models, monkeypatch):
+    """The block map is bounded (here forced to 16 blocks): reads still equal the local ones."""
+    d, tensors = big_models
+    monkeypatch.setattr(remote, "MAX_BLOCKS", 16)
+    with Server(d) as s:
+        with tensorscope.open(s.url("model.safetensors")) as b, \
+                tensorscope.open(d / "model.safetensors") as a:
+            src = b.sources[b.path]
+            assert src._shift > remote.BLOCK_SHIFT and len(src._have) <= 17
+            assert _listing(b) == _listing(a)
+            for t in a.tensors:
+                assert b.read(t.name).tobytes() == a.read(t.name).tobytes()
