@@ -118,7 +118,7 @@ def remote_listing(cases, delay: float, repeat: int) -> list[dict]:
 
 CPU_SCRIPT = """
 import json, os, sys, time
-from tensorscope import fleet
+from tensorscope.scan import fleet
 out = {}
 for jobs in (1, 2):
     t, c0 = time.perf_counter(), os.times()
@@ -135,7 +135,8 @@ print(json.dumps(out))
 
 REMOTE_FLEET_SCRIPT = """
 import json, os, sys, time
-from tensorscope import fleet, remote
+from tensorscope import remote
+from tensorscope.scan import fleet
 urls = sys.argv[2:]
 t, c0 = time.perf_counter(), os.times()
 recs = []

@@ -9,9 +9,9 @@ import shutil
 import pytest
 
 import make_attack_corpus
-from tensorscope import fleet, remote
+from tensorscope import remote
 from tensorscope.cli import main
-from tensorscope.scanner import scan_paths
+from tensorscope.scan import fleet, plan, scan_paths
 
 from http_server import Server
 
@@ -42,7 +42,7 @@ def test_jobs_give_the_sequential_verdicts(registry, sequential, tmp_path):
     report = fleet.scan_fleet([registry], jobs=2, jsonl=str(out))
     assert _doc(report) == sequential
     lines = [json.loads(line) for line in out.read_text().splitlines()]
-    order, _ = fleet.plan([registry])
+    order, _ = plan(registry)
     assert sorted(r["path"] for r in lines) == sorted(p for p, _ in order)
     by_file = {}
     for f in sequential["findings"]:

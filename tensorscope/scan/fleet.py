@@ -4,10 +4,10 @@ not write (a process pool, a Dask cluster), with results streamed as JSON lines.
 `scan_record` is the unit of work: it takes a path (or URL) and plain arguments, reads the file,
 and returns a JSON-ready dict; it touches no shared state, so it maps onto any engine as is
 (``client.map(scan_record, paths)`` on Dask, ``ray.remote(scan_record)``, a Spark ``map``).
-`scan_fleet` plans the files exactly as `tensorscope.scanner.scan_paths` does (same walk, same
+`scan_fleet` plans the files exactly as `scan_paths` does (`walk.plan`: same walk, same
 de-duplication, ONNX models first), runs the records on ``jobs`` processes or a Dask cluster,
-writes each record as it finishes, and folds them into the same `ScanReport`: the verdicts are
-those of a sequential scan.
+writes each record as it finishes, and folds them into the same `ScanReport` (`report.merge`):
+the verdicts are those of a sequential scan.
 
 A JSON line: ``{"path", "size", "version" (ETag or content hash for a URL, else null),
 "mtime_ns" (local files), "scanned", "error", "severity" (worst, null when none), "findings"
@@ -23,40 +23,13 @@ import sys
 import time
 from typing import Any, Callable, Iterable, Iterator
 
-from . import remote
-from .errors import FileMissing, TensorscopeError
-from .scanner import (DEFAULT_SCAN_LIMITS, Finding, ScanLimits, ScanReport, Severity, _dedupe,
-                      _nicer, _sorted, _walk, scan_file)
+from .. import remote
+from ..errors import TensorscopeError
+from .loader import DEFAULT_SCAN_LIMITS, ScanLimits, scan_file
+from .report import FileReport, Finding, ScanReport, merge, sort_findings
+from .walk import plan
 
-__all__ = ["plan", "identity", "scan_record", "scan_fleet", "load_resume", "record_findings"]
-
-
-def plan(paths: Iterable[str | os.PathLike], recursive: bool = True,
-         follow_symlinks_inside: bool = True) -> tuple[list[tuple[str, bool]], list[Finding]]:
-    """The files a scan of ``paths`` reads, in `scan_paths`' order: ``[(path, named explicitly)]``,
-    plus the findings of the walk itself (symlinks leaving the tree, unreadable folders)."""
-    todo: list[tuple[str, str, bool]] = []
-    walk_findings: list[Finding] = []
-    for p in paths:
-        p = os.fspath(p)
-        if remote.is_url(p):
-            names = remote.list_files(p)
-            todo.extend((u, u, not names) for u in ([f"{p.rstrip('/')}/{n}" for n in names] or [p]))
-            continue
-        if not os.path.lexists(p):
-            raise FileMissing(p, "no such file or directory")
-        if os.path.isdir(p):
-            todo.extend((f, real, False) for f, real in
-                        _walk(p, recursive, follow_symlinks_inside, walk_findings))
-        else:
-            todo.append((p, os.path.realpath(p), True))
-    by_real: dict[str, tuple[str, bool]] = {}
-    for path, real, explicit in todo:
-        prev = by_real.get(real)
-        if prev is None or (explicit and not prev[1]) or (not prev[1] and _nicer(path, prev[0])):
-            by_real[real] = (path, explicit or (prev[1] if prev else False))
-    order = sorted(by_real.values(), key=lambda pe: not pe[0].lower().endswith(".onnx"))
-    return order, walk_findings
+__all__ = ["identity", "scan_record", "scan_fleet", "load_resume", "file_report"]
 
 
 def identity(path: str) -> dict[str, Any]:
@@ -83,26 +56,24 @@ def scan_record(path: str, explicit: bool = True, limits: ScanLimits | None = No
     url = remote.is_url(path)
     if ident is None and not url:
         ident = identity(path)
-    findings, scanned, error = scan_file(path, limits=limits or DEFAULT_SCAN_LIMITS,
-                                         explicit=explicit)
+    r = scan_file(path, limits=limits or DEFAULT_SCAN_LIMITS, explicit=explicit)
     if ident is None:  # a URL: the version the scan itself read, no extra request
         got = remote.seen(path) or {"size": None, "version": None}
         ident = {"size": got["size"], "version": got["version"], "mtime_ns": None}
-    findings = _sorted(_dedupe(findings))
     after = remote.totals()
-    worst = max((f.severity for f in findings), default=None)
-    return {"path": path, **ident, "scanned": scanned, "error": error,
+    worst = r.severity
+    return {"path": path, **ident, "scanned": r.scanned, "error": r.error,
             "severity": str(worst) if worst is not None else None,
-            "findings": [f.to_dict() for f in findings],
+            "findings": [f.to_dict() for f in sort_findings(r.findings)],
             "fetched": {k: after[k] - before[k] for k in ("bytes", "requests", "objects")},
             "seconds": round(time.perf_counter() - start, 6),
             "cpu_seconds": round(time.process_time() - cpu, 6)}
 
 
-def record_findings(rec: dict[str, Any]) -> list[Finding]:
-    return [Finding(Severity.parse(f["severity"]), f["rule"], f["message"], f["file"],
-                    f.get("member"), f.get("offset"), f.get("trigger"),
-                    f.get("offset_base", "file")) for f in rec.get("findings", ())]
+def file_report(rec: dict[str, Any]) -> FileReport:
+    """The `FileReport` a record was made from."""
+    return FileReport(rec["path"], [Finding.from_dict(f) for f in rec.get("findings", ())],
+                      bool(rec.get("scanned")), bool(rec.get("error")))
 
 
 def load_resume(path: str) -> dict[str, dict[str, Any]]:
@@ -194,7 +165,7 @@ def scan_fleet(paths: Iterable[str | os.PathLike], *, recursive: bool = True, jo
     """Scan files and folders on ``jobs`` processes (or the Dask cluster at ``dask``, ``"local"``
     for a LocalCluster), writing a JSON line per file to ``jsonl`` (``"-"``: stdout) as each
     finishes; the `ScanReport` equals `scan_paths`' on the same input."""
-    order, walk_findings = plan(paths, recursive)
+    order, walk_findings = plan(*paths, recursive=recursive)
     previous = load_resume(resume) if resume else {}
     done: dict[str, dict[str, Any]] = {}
     items = []
@@ -226,16 +197,10 @@ def scan_fleet(paths: Iterable[str | os.PathLike], *, recursive: bool = True, jo
     finally:
         if out is not None and out is not sys.stdout:
             out.close()
-    report = ScanReport()
-    findings = list(walk_findings)
+    # as scan_paths merges: the walk's findings first, then each file in plan order
+    report = merge([FileReport(f.file, [f], False, f.rule == "file.unreadable")
+                    for f in walk_findings] + [file_report(done[path]) for path, _ in order])
     ran = {p for p, _, _ in items}
-    for path, _ in order:
-        rec = done[path]
-        if rec.get("scanned"):
-            report.files.append(path)
-        report.errors += int(bool(rec.get("error")))
-        findings.extend(record_findings(rec))
-    report.findings = _sorted(_dedupe(findings))
     if dask or (jobs > 1 and len(items) > 1):
         # the workers' counters are not this process's: fold them in for --json and -v
         remote.add_totals(*(sum((done[p].get("fetched") or {}).get(k, 0) for p in ran)
