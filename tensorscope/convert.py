@@ -85,6 +85,7 @@ from .model import ModelFile, TensorInfo
 from .parsers.safetensors import DTYPES as _ST_READ_DTYPES
 from .parsers.safetensors import HEADER_LEN
 from .reader import CHUNK_BYTES, iter_flat_chunks, strided_view
+from .remote import is_url
 
 __all__ = ["convert", "plan", "ConversionPlan", "PlannedTensor", "ConvertReport",
            "ConversionRefused", "UnsafeSource", "Unconvertible", "parse_size",
@@ -646,7 +647,7 @@ def _plain_range(model: ModelFile, info: TensorInfo) -> tuple[str, int] | None:
     if not info.is_contiguous:
         return None
     src = model.source(info.file)
-    if not isinstance(src.raw, mmap.mmap):  # an in-memory blob, not a file
+    if not isinstance(src.raw, mmap.mmap) or is_url(src.path):  # an in-memory blob or a URL, not a file
         return None
     arr = model.read(info)  # bounds checks (file, storage record); touches no tensor byte
     if arr.dtype.byteorder == ">":
@@ -808,7 +809,7 @@ def convert(src: str | os.PathLike, out: str | os.PathLike, *, max_shard_size: i
     from .scan import scan_opened, scan_paths
 
     src, out = os.fspath(src), os.fspath(out)
-    if not os.path.exists(src):
+    if not is_url(src) and not os.path.exists(src):
         raise FileMissing(src, "no such file or directory")
     report = ConvertReport(input=src, allowed_unsafe=bool(allow_unsafe_source))
     limit = parse_size(max_shard_size) if max_shard_size is not None else None

@@ -18,6 +18,7 @@ from contextlib import contextmanager
 
 from .errors import FileMissing, FormatError, TensorscopeError, UnknownFormat, file_error
 from .model import ModelFile
+from .remote import is_url
 from .source import ByteSource
 
 __all__ = ["open_model", "identify", "FILE_PARSERS", "HEAD_BYTES"]
@@ -52,6 +53,11 @@ def _available(names: list[str]):
 def identify(path: str | os.PathLike) -> list[str]:
     """Formats whose signature matches, best first (empty when none does)."""
     path = os.fspath(path)
+    if is_url(path):
+        from .remote import RemoteSource
+        with RemoteSource(path) as src:
+            head, size = src.head(HEAD_BYTES), src.size
+        return [mod.FORMAT for _, mod in _available(FILE_PARSERS) if mod.sniff(head, size)]
     if os.path.isdir(path):
         _listable(path)
         found = [mod.FORMAT for _, mod in _available(DIR_PARSERS) if mod.sniff_dir(path)]
@@ -107,7 +113,9 @@ def open_model(path: str | os.PathLike, *, format: str | None = None) -> ModelFi
 
     Args:
         path: a file (any supported format, any extension) or a folder (DCP checkpoint, sharded
-            checkpoint with ``*.index.json``, Hugging Face snapshot).
+            checkpoint with ``*.index.json``, Hugging Face snapshot), or a URL (``https://``,
+            ``hf://org/name[@revision][/file]``, ``s3://bucket/key``) read by byte ranges
+            (`tensorscope.remote`).
         format: force a parser by its ``FORMAT`` name instead of detecting.
 
     Returns:
@@ -137,6 +145,8 @@ def _listable(folder: str) -> None:
 
 
 def _open_model(path: str, format: str | None) -> ModelFile:
+    if is_url(path):
+        return _open_url(path, format)
     if not os.path.exists(path):
         raise FileMissing(path, "no such file or directory")
     if os.path.isdir(path):
@@ -149,8 +159,28 @@ def _open_model(path: str, format: str | None) -> ModelFile:
     if path.endswith(".index.json") and format in (None, "sharded"):
         # A sharded checkpoint's index (model.safetensors.index.json): the model is its shards.
         return _parser("sharded").open_index(path)
-    src = ByteSource(path)
-    src.advise(random=True)  # parsing touches headers only: no read-ahead around them
+    return _open_source(ByteSource(path), path, format)
+
+
+def _open_url(url: str, format: str | None) -> ModelFile:
+    """A model behind a URL: a file read by ranges, an index and its shards, or (``hf://``, any
+    fsspec store that lists) a model folder."""
+    from .remote import RemoteSource
+    if url.endswith(".index.json") and format in (None, "sharded"):
+        return _parser("sharded").open_index(url)
+    try:
+        src = RemoteSource(url)
+    except IsADirectoryError:
+        if format not in (None, "sharded"):
+            raise
+        return _parser("sharded").open_dir(url)
+    return _open_source(src, url, format)
+
+
+def _open_source(src, path: str, format: str | None) -> ModelFile:
+    advise = getattr(src, "advise", None)   # a local map (a remote source fetches by range)
+    if advise is not None:
+        advise(random=True)  # parsing touches headers only: no read-ahead around them
     try:
         head = src.head(HEAD_BYTES)
         if src.size == 0:
@@ -161,7 +191,8 @@ def _open_model(path: str, format: str | None) -> ModelFile:
             if format is not None or mod.sniff(head, src.size):
                 model = mod.open_source(src)
                 model.sources.setdefault(path, src)
-                src.advise(random=False)  # values are read in long runs: read-ahead helps
+                if advise is not None:
+                    advise(random=False)  # values are read in long runs: read-ahead helps
                 return model
         if format is None:   # a recognisable start cut short is a truncated download, not garbage
             for _, mod in _available(FILE_PARSERS):

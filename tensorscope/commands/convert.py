@@ -4,6 +4,7 @@ from __future__ import annotations
 import os
 import sys
 
+from ..remote import is_url, with_cost
 from ..render import emit_json, error_line, human_bytes, progress, stderr_console, stdout_console
 
 HELP = "convert a checkpoint (torch, ONNX, NumPy ...) to safetensors without executing it"
@@ -69,7 +70,7 @@ def add_arguments(p):
 def run(args) -> int:
     from ..convert import UnsafeSource, Unconvertible, convert, parse_size
 
-    if not os.path.exists(args.input):
+    if not is_url(args.input) and not os.path.exists(args.input):
         return error_line("convert", f"{args.input}: no such file or directory")
     try:
         limit = parse_size(args.max_shard_size) if args.max_shard_size is not None else None
@@ -86,14 +87,14 @@ def run(args) -> int:
                              progress=advance)
     except (UnsafeSource, Unconvertible) as e:
         if args.json:
-            emit_json(e.report.to_dict())
+            emit_json(with_cost(e.report.to_dict()))
         elif isinstance(e, Unconvertible):
             error_line("convert", str(e))
         else:
             _say(stderr_console(), f"tensorscope convert: {e}")
         return 1 if isinstance(e, UnsafeSource) else 2
     if args.json:
-        emit_json(report.to_dict())
+        emit_json(with_cost(report.to_dict()))
     else:
         _print_report(report)
     return 0
