@@ -23,7 +23,6 @@ __all__ = ["TensorInfo", "Chunk", "Anomaly", "PickleRecord", "Evidence", "ModelF
            "contiguous_stride", "FrozenDict"]
 
 
-
 class FrozenDict(dict):
     """A read-only dict: `TensorInfo.extras`. A dict subclass rather than a MappingProxyType over
     a copy: one object per record instead of two, and JSON encodes it as it is."""
