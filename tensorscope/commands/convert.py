@@ -1,10 +1,8 @@
 """`tensorscope convert IN OUT.safetensors`: untrusted checkpoints to safetensors, run nothing."""
 from __future__ import annotations
 
-import os
-import sys
-
-from ..render import emit_json, human_bytes, progress, stderr_console, stdout_console
+from ..render import deferred_progress, emit_json, human_bytes, stderr_console, stdout_console
+from ..safetext import shown
 
 HELP = "convert a checkpoint (torch, ONNX, NumPy ...) to safetensors without executing it"
 DESCRIPTION = """\
@@ -67,28 +65,29 @@ def add_arguments(p):
 
 
 def run(args) -> int:
-    from ..convert import UnsafeSource, Unconvertible, convert, parse_size
+    from ..convert import UnsafeSource, Unconvertible, check_arguments, convert
+    from ..errors import TensorscopeError
     from ..scanner import scan_paths
 
-    if not os.path.exists(args.input):
+    try:  # what is wrong with the arguments is said before the input is read
+        limit = check_arguments(args.input, args.output, force=args.force,
+                                max_shard_size=args.max_shard_size)
+    except FileNotFoundError:
         _say(stderr_console(), f"tensorscope convert: error: {args.input}: no such file or folder")
         return 2
-    try:
-        limit = parse_size(args.max_shard_size) if args.max_shard_size is not None else None
-    except ValueError as e:
-        _say(stderr_console(), f"tensorscope convert: error: --max-shard-size: {e}")
+    except TensorscopeError as e:
+        _say(stderr_console(), f"tensorscope convert: error: {e}")
         return 2
     scan = scan_paths(args.input)
     if not args.json:
         _print_scan(scan)
-    total = _planned_bytes(args) if sys.stderr.isatty() else 0  # only a progress bar needs it
     try:
-        with progress(total, "convert") as advance:
+        with deferred_progress("convert") as bar:
             report = convert(args.input, args.output, max_shard_size=limit,
                              allow_unsafe_source=args.allow_unsafe_source, refuse_at=args.refuse_on,
                              verify=args.verify, force=args.force, include_all=args.include_all,
                              skip_unsupported=args.skip_unsupported, scan_report=scan,
-                             progress=advance)
+                             progress=lambda n: bar.advance(n), planned=bar.begin)
     except (UnsafeSource, Unconvertible) as e:
         if args.json:
             emit_json(e.report.to_dict())
@@ -100,17 +99,6 @@ def run(args) -> int:
     else:
         _print_report(report)
     return 0
-
-
-def _planned_bytes(args) -> int:
-    """Bytes the conversion will write (a listing: metadata only), for the progress bar."""
-    from .. import open as open_model
-    from ..convert import plan
-    try:
-        with open_model(args.input) as model:
-            return plan(model, include_all=args.include_all, skip_unsupported=True).total_bytes
-    except Exception:  # noqa: BLE001 — convert() reports the real error just after
-        return 0
 
 
 def _print_scan(scan) -> None:
@@ -131,8 +119,9 @@ def _print_scan(scan) -> None:
 
 
 def _say(console, text: str) -> None:
-    """One line, as is: no markup, no highlighting, no wrapping (names may hold anything)."""
-    console.print(text, markup=False, highlight=False, soft_wrap=True)
+    """One line: escaped (names, globals and paths may hold anything), no markup, no
+    highlighting, no wrapping."""
+    console.print(shown(text), markup=False, highlight=False, soft_wrap=True)
 
 
 def _names(names: list[str]) -> str:
