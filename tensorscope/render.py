@@ -165,7 +165,7 @@ class TextTable:
         terminal's width by default), never below ``minimum``."""
         total = total or shutil.get_terminal_size((200, 24)).columns
         rest = sum(widths[1:]) + len(TextTable.GAP) * (len(widths) - 1)
-        return [max(minimum, min(widths[0], total - rest - 1))] + list(widths[1:])
+        return [min(widths[0], max(minimum, total - rest - 1))] + list(widths[1:])
 
     def header_line(self) -> str:
         return self.fmt.format(*self.headers).rstrip()

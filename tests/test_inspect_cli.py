@@ -268,3 +268,4 @@ def test_text_table_folds_long_names_on_a_terminal():
     assert lines[1].split() == ["a" * w, "f32", "1"]
     assert lines[1][:w] + "".join(lines[2:-1]) == "a" * 50  # the rest on continuation lines
     assert lines[-1].split() == ["short", "bf16", "22"]
+    assert TextTable.fit_first([10, 4], total=80) == [10, 4]  # never wider than the names
