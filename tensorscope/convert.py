@@ -943,8 +943,8 @@ def convert(src: str | os.PathLike, out: str | os.PathLike, *, max_shard_size: i
     report.index = index
     for group, final in zip(groups, paths):
         report.outputs.append({"path": final, "tensors": len(group), "bytes": os.path.getsize(final)})
-        report.tensors.extend({"name": t.name, "dtype": t.st_dtype, "shape": list(t.st_shape),
-                               "nbytes": t.nbytes, "file": final} for t in group)
+        report.tensors.extend([{"name": t.info.name, "dtype": t.st_dtype, "shape": list(t.st_shape),
+                                "nbytes": t.info.nbytes, "file": final} for t in group])
     return report
 
 
