@@ -254,7 +254,10 @@ def _tensor_widths(tensors, several_files, stats):
     if several_files:
         widths.append(max((len(cells.file(f)) for f in files), default=0))
     if stats:
-        widths += [10, 10, 10, 10, 3, 3]
+        values = list(stats.values())
+        widths += [max((len(_num(v.get(k))) for v in values), default=1)
+                   for k in ("min", "max", "mean", "std")]
+        widths += [max((len(str(v.get(k, ""))) for v in values), default=1) for k in ("nan", "inf")]
     return widths
 
 
