@@ -697,7 +697,7 @@ def _plain_range(model: ModelFile, info: TensorInfo,
     """``(file, offset)`` when the tensor's bytes are exactly ``nbytes`` contiguous bytes of a
     file on disk, in the order safetensors wants; None otherwise. ``layouts`` caches
     contiguity by (shape, stride) across the calls for one file."""
-    if info.chunks or info.name in model.custom_readers or info.byte_offset is None or not info.numel:
+    if info.chunks or info.byte_offset is None or not info.numel or info.name in model.custom_readers:
         return None
     if layouts is None:
         layouts = {}
@@ -710,23 +710,38 @@ def _plain_range(model: ModelFile, info: TensorInfo,
     src = model.source(info.file)
     if not isinstance(src.raw, mmap.mmap):  # an in-memory blob, not a file
         return None
-    spec = dtypes.spec(info.dtype)
-    if spec.numpy_name is None or spec.kind in ("block", "string", "object") or spec.packed \
-            or spec.name == "complex32":
+    itemsize = _plain_itemsize(info.dtype)
+    if itemsize is None:
         arr = model.read(info)  # the reader's own bounds checks; touches no tensor byte
         return None if arr.dtype.byteorder == ">" else (info.file, info.byte_offset)
     # What `reader.strided_view` checks for a contiguous tensor, without building the view
     # (this runs once per tensor): inside the file, and inside its storage record.
-    where = dict(fmt=info.source_format or "read", member=info.storage_key)
-    src.check(info.byte_offset, info.nbytes, f"tensor {info.name!r}", **where)
+    offset, n = info.byte_offset, info.nbytes
+    if offset < 0 or n > src.size - offset:
+        src.check(offset, n, f"tensor {info.name!r}", fmt=info.source_format or "read",
+                  member=info.storage_key)  # raises, with the reader's message
     if info.storage_nbytes is not None:
-        start = info.storage_offset * spec.itemsize
-        if start + info.nbytes > info.storage_nbytes:
+        start = info.storage_offset * itemsize
+        if start + n > info.storage_nbytes:
             raise FormatError(
-                f"tensor {info.name!r} needs bytes [{start}, {start + info.nbytes}) of its storage "
+                f"tensor {info.name!r} needs bytes [{start}, {start + n}) of its storage "
                 f"but the storage record holds {info.storage_nbytes} bytes",
-                format=where["fmt"], file=info.file, member=info.storage_key)
-    return info.file, info.byte_offset
+                format=info.source_format or "read", file=info.file, member=info.storage_key)
+    return info.file, offset
+
+
+_PLAIN_ITEMSIZE: dict[str, int | None] = {}
+
+
+def _plain_itemsize(dtype: str) -> int | None:
+    """Bytes per element of a dtype whose contiguous bytes are its values as numpy views them,
+    None for the others (packed, block, strings, objects, complex32: the reader decides)."""
+    if dtype not in _PLAIN_ITEMSIZE:
+        spec = dtypes.spec(dtype)
+        plain = not (spec.numpy_name is None or spec.kind in ("block", "string", "object")
+                     or spec.packed or spec.name == "complex32")
+        _PLAIN_ITEMSIZE[dtype] = spec.itemsize if plain else None
+    return _PLAIN_ITEMSIZE[dtype]
 
 
 def _write_file(path: str, model: ModelFile, ordered: list[PlannedTensor], metadata: dict[str, str],
