@@ -786,3 +786,29 @@ def test_human_report_escapes_names_from_the_file(tmp_path, capsys):
     assert is_clean(out)
     assert "x\\x1b]0;t\\x07\\x1b[2Jy\\u202ez" in out and "[bold]c[/bold] (dtype complex128" in out
     assert set(load_file(str(tmp_path / "o.safetensors"))) == {evil, evil + ".tied"}
+
+
+def test_per_tensor_bounds_check_agrees_with_the_reader(tmp_path):
+    """convert's cheap per-tensor check refuses exactly what `ModelFile.read` refuses: bytes past
+    the end of the file, bytes past the tensor's storage record."""
+    from tensorscope.errors import FormatError
+    f = tmp_path / "blob.bin"
+    f.write_bytes(bytes(64))
+    model = ModelFile("test", str(f))
+    cases = [TensorInfo("past_end", "float32", (8,), byte_offset=40, file=str(f)),
+             TensorInfo("past_record", "float32", (4,), byte_offset=0, file=str(f), storage_nbytes=8),
+             TensorInfo("inside", "float32", (4,), byte_offset=8, file=str(f), storage_nbytes=16),
+             TensorInfo("bf16", "bfloat16", (2, 3), byte_offset=52, file=str(f))]
+    refused = []
+    for info in cases:
+        try:
+            model.read(info)
+        except FormatError as e:
+            refused.append(info.name)
+            with pytest.raises(FormatError) as got:
+                convert_mod._plain_range(model, info)
+            assert str(got.value) == str(e)
+        else:
+            assert convert_mod._plain_range(model, info) == (str(f), info.byte_offset)
+    assert refused == ["past_end", "past_record"]
+    model.close()
