@@ -111,9 +111,9 @@ class GroupCollector:
         parts = (path[0] if path else name).split(".") if len(path) <= 1 else components(name, path)
         # list comprehensions, not a loop with appends: this runs once per tensor (10^5-10^6)
         digits = [c for c in parts if c.isdigit() and c.isascii()]
-        pattern = ".".join(["#" if c.isdigit() and c.isascii() else c for c in parts]) if digits \
-            else ".".join(parts)
-        key = (pattern, dtype, tuple(shape))
+        if digits:
+            parts = ["#" if c.isdigit() and c.isascii() else c for c in parts]
+        key = (".".join(parts), dtype, tuple(shape))
         g = self._groups.get(key)
         idx = [int(c) for c in digits]
         if g is None:

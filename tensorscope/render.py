@@ -7,8 +7,8 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import sys
 import shutil
+import sys
 from typing import Any, Callable, Iterable, Iterator, Sequence
 
 __all__ = ["stdout_console", "stderr_console", "emit_json", "emit_json_stream", "human_bytes",

@@ -269,3 +269,34 @@ def test_text_table_folds_long_names_on_a_terminal():
     assert lines[1][:w] + "".join(lines[2:-1]) == "a" * 50  # the rest on continuation lines
     assert lines[-1].split() == ["short", "bf16", "22"]
     assert TextTable.fit_first([10, 4], total=80) == [10, 4]  # never wider than the names
+
+
+def test_group_collector_agrees_with_the_one_name_functions():
+    """GroupCollector (streaming) and group_key / group_indices / index_ranges (one name at a
+    time) group alike: flat keys, nested paths whose keys hold dots, unicode digits (not
+    indices), a single-component path that differs from the name."""
+    from tensorscope.grouping import (GroupCollector, describe_ranges, group_indices, group_key,
+                                      index_ranges)
+    items = [("model.layers.3.mlp.experts.17.up_proj.weight", ()),
+             ("model.layers.0.mlp.experts.2.up_proj.weight",
+              ("model.layers.0.mlp.experts.2.up_proj.weight",)),
+             ("model.layers.9.mlp.experts.17.up_proj.weight", ()),
+             ("blocks.0.attn.q", ("blocks", "0", "attn.q")),
+             ("blocks.4.attn.q", ("blocks", "4", "attn.q")),
+             ("x.².w", ()), ("x.1.w", ()), ("alias", ("h.7.w",)), ("alias2", ("h.2.w",)),
+             ("0.1", ())]
+    c = GroupCollector()
+    expect: dict[str, list] = {}
+    for name, path in items:
+        c.add(name, "float32", (2,), 8, path)
+        expect.setdefault(group_key(name, path), []).append((name, group_indices(name, path)))
+    got = {g["pattern"]: g for g in c.groups()}
+    assert set(got) == set(expect)
+    for pattern, members in expect.items():
+        g = got[pattern]
+        assert (g["count"], g["bytes"], g["first"]) == (len(members), 8 * len(members), members[0][0])
+        assert g["ranges"] == index_ranges([i for _, i in members])
+    assert describe_ranges("model.layers.#.mlp.experts.#.up_proj.weight",
+                           got["model.layers.#.mlp.experts.#.up_proj.weight"]["ranges"]) == \
+        "layers 0–9 (3 seen), experts 2–17 (2 seen)"
+    assert describe_ranges("#.#", got["#.#"]["ranges"]) == "#1 0, #2 1"
