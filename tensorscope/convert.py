@@ -83,7 +83,7 @@ from typing import Any, Callable, Iterator, Sequence
 import numpy as np
 
 from . import __version__, dtypes
-from .errors import FormatError, TensorscopeError
+from .errors import FileMissing, FormatError, TensorscopeError
 from .model import ModelFile, TensorInfo
 from .parsers.safetensors import DTYPES as _ST_READ_DTYPES
 from .parsers.safetensors import HEADER_LEN
@@ -1033,11 +1033,11 @@ def check_arguments(src: str | os.PathLike, out: str | os.PathLike, *, force: bo
     """What can be known wrong before the input is read: a missing input, an output that is
     neither ``*.safetensors`` nor an existing folder, a missing output folder, an existing
     output without ``force``, an output that is the input, a bad ``max_shard_size``. Returns
-    the shard size in bytes (or None). Raises TensorscopeError (FileNotFoundError for a missing
+    the shard size in bytes (or None). Raises TensorscopeError (`FileMissing` for a missing
     input). `convert` calls it first; the CLI calls it before it scans."""
     src, out = os.fspath(src), os.fspath(out)
     if not os.path.exists(src):
-        raise FileNotFoundError(f"{src}: no such file or directory")
+        raise FileMissing(src, "no such file or directory")
     limit = None
     if max_shard_size is not None:
         try:

@@ -1,7 +1,8 @@
 """`tensorscope convert IN OUT.safetensors`: untrusted checkpoints to safetensors, run nothing."""
 from __future__ import annotations
 
-from ..render import deferred_progress, emit_json, human_bytes, stderr_console, stdout_console
+from ..render import (deferred_progress, emit_json, error_line, human_bytes, stderr_console,
+                      stdout_console)
 from ..safetext import shown
 
 HELP = "convert a checkpoint (torch, ONNX, NumPy ...) to safetensors without executing it"
@@ -72,12 +73,8 @@ def run(args) -> int:
     try:  # what is wrong with the arguments is said before the input is read
         limit = check_arguments(args.input, args.output, force=args.force,
                                 max_shard_size=args.max_shard_size)
-    except FileNotFoundError:
-        _say(stderr_console(), f"tensorscope convert: error: {args.input}: no such file or folder")
-        return 2
     except TensorscopeError as e:
-        _say(stderr_console(), f"tensorscope convert: error: {e}")
-        return 2
+        return error_line("convert", str(e))
     scan = scan_paths(args.input)
     if not args.json:
         _print_scan(scan)
@@ -91,6 +88,8 @@ def run(args) -> int:
     except (UnsafeSource, Unconvertible) as e:
         if args.json:
             emit_json(e.report.to_dict())
+        elif isinstance(e, Unconvertible):
+            error_line("convert", str(e))
         else:
             _say(stderr_console(), f"tensorscope convert: {e}")
         return 1 if isinstance(e, UnsafeSource) else 2

@@ -102,7 +102,7 @@ def summarize(model, tensors) -> dict:
     by_role: dict[str, dict[str, int]] = {}
     params = nbytes = 0
     for t in tensors:
-        n, b = t.numel, t.nbytes
+        n, b = t.numel, (t.nbytes if t.has_data else 0)  # data-less (traced inputs): no bytes
         params += n
         nbytes += b
         for table, key in ((by_dtype, t.dtype), (by_role, t.role)):
@@ -142,7 +142,7 @@ def _groups(tensors) -> list[dict]:
     c = GroupCollector()
     add = c.add
     for t in tensors:
-        add(t.name, t.dtype, t.shape, t.nbytes, t.path)
+        add(t.name, t.dtype, t.shape, t.nbytes if t.has_data else 0, t.path)
     out = []
     for g in c.groups():
         numel = 1
@@ -193,6 +193,7 @@ class _Cells:
         self.shapes: dict[tuple, tuple[str, int, str]] = {}
         self.sizes: dict[int, str] = {}
         self.files: dict[str, str] = {}
+        self.dtypes: dict[str, str] = {}
 
     def shape(self, shape):
         got = self.shapes.get(shape)
@@ -201,6 +202,12 @@ class _Cells:
             for d in shape:
                 numel *= d
             got = self.shapes[shape] = (_fmt_shape(shape), numel, f"{numel:,}")
+        return got
+
+    def dtype(self, name):  # ``unknown:<name>``: a dtype name a newer torch wrote, from the file
+        got = self.dtypes.get(name)
+        if got is None:
+            got = self.dtypes[name] = shown(name)
         return got
 
     def size(self, n):
@@ -221,7 +228,8 @@ def _tensor_rows(tensors, stats, several_files):
     for t in tensors:
         shape, _numel, params = cells.shape(t.shape)
         offset = t.byte_offset
-        row = [shown(t.name), t.dtype, shape, params, cells.size(t.nbytes),
+        # a tensor saved without data (traced inputs) shows "-" bytes, as in the totals
+        row = [shown(t.name), cells.dtype(t.dtype), shape, params, cells.size(t.nbytes if t.has_data else None),
                "-" if offset is None else str(offset)]
         if several_files:
             row.append(cells.file(t.file))
@@ -242,12 +250,12 @@ def _tensor_widths(tensors, several_files, stats):
     for t in tensors:
         dtypes.add(t.dtype)
         shapes.add(t.shape)
-        sizes.add(t.nbytes)
+        sizes.add(t.nbytes if t.has_data else None)
         if several_files:
             files.add(t.file)
         if t.byte_offset is not None and t.byte_offset > top_offset:
             top_offset = t.byte_offset
-    widths = [name_w, max(map(len, dtypes), default=0),
+    widths = [name_w, max((len(cells.dtype(d)) for d in dtypes), default=0),
               max((len(cells.shape(s)[0]) for s in shapes), default=0),
               max((len(cells.shape(s)[2]) for s in shapes), default=0),
               max((len(cells.size(n)) for n in sizes), default=0), max(1, len(str(top_offset)))]
@@ -266,7 +274,7 @@ def _group_rows(groups):
         label = f"{g['pattern']} ×{g['count']:,}" if g["count"] > 1 else g["first"]
         ranges = describe_ranges(g["pattern"], [(r["min"], r["max"], r["distinct"])
                                                 for r in g["ranges"]]) if g["count"] > 1 else ""
-        yield [shown(label), g["dtype"], _fmt_shape(g["shape"]), f"{g['params']:,}",
+        yield [shown(label), shown(g["dtype"]), _fmt_shape(g["shape"]), f"{g['params']:,}",
                human_bytes(g["bytes"]), shown(ranges)]
 
 
