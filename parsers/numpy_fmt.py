@@ -44,7 +44,6 @@ Public API: `FORMAT`, `FORMATS`, `sniff`, `open_source`, `open_zip`, `parse_head
 """
 from __future__ import annotations
 
-import importlib
 import math
 import re
 import struct
@@ -481,14 +480,7 @@ def _check_payload(h: NpyHeader, available: int, *, file: str, member: str | Non
 
 def _scan_pickle(model: ModelFile, data, *, file: str, member: str | None, offset: int) -> None:
     """Run an object array's pickle through the inert VM and keep the record for the scanner."""
-    try:
-        pickle_vm = importlib.import_module("tensorscope.parsers.pickle_vm")
-    except ModuleNotFoundError as e:
-        if e.name != "tensorscope.parsers.pickle_vm":
-            raise
-        model.evidence.add("npy.pickle_not_analysed", "object array pickle not analysed: the "
-                           "pickle VM is not available", file=file, member=member, offset=offset)
-        return
+    from . import pickle_vm  # only object arrays need it
     result = pickle_vm.run(data, file=file, member=member, base_offset=offset)
     model.evidence.pickles.append(
         PickleRecord(file, member, offset, len(data), result, role="npy.object"))

@@ -603,6 +603,8 @@ class _Walker:
             tasks.extend(reversed(found))
         domains = set(opsets) | self.node_domains
         md["domains"] = sorted(d for d in domains if d not in ("", "ai.onnx"))
+        # the domains nodes (and local functions) actually use: what makes a runtime load a library
+        md["node_domains"] = sorted(d for d in self.node_domains if d not in ("", "ai.onnx"))
         md["op_counts"] = dict(sorted(self.op_counts.items()))
         md["node_count"] = self.node_total
 

@@ -41,7 +41,8 @@ from tensorscope.errors import FormatError, LimitExceeded
 from tensorscope.model import ModelFile, PickleRecord, contiguous_stride
 from tensorscope.source import ByteSource
 
-from . import joblib_fmt, pickle_vm, torch_pickle
+from . import compression, pickle_vm, torch_pickle
+from .joblib_arrays import InlineArray, build_hooks
 from .pickle_vm import Call, Global
 from .torch_pickle import StorageRef, TensorRef
 
@@ -92,7 +93,7 @@ def sniff(head: bytes, size: int) -> bool:
         return False
     if head[0] == 0x80 and (len(head) < 2 or not 2 <= head[1] <= 5):
         return False
-    result = pickle_vm.run(head, limits=_SNIFF_LIMITS, build_hooks=joblib_fmt.build_hooks(head))
+    result = pickle_vm.run(head, limits=_SNIFF_LIMITS, build_hooks=build_hooks(head))
     if result.stopped or isinstance(result.error, LimitExceeded):
         return True
     if _truncation(result.error):
@@ -248,14 +249,14 @@ def open_source(src: ByteSource) -> ModelFile:
     model = ModelFile(FORMAT, src.path, sources={src.path: src})
     nested: list[tuple[int, StorageRef, bytes, ModelFile]] = []
     copies = _Copies()
-    joblib_arrays: list[joblib_fmt.InlineArray] = []
+    joblib_arrays: list[InlineArray] = []
 
-    def on_array(array: joblib_fmt.InlineArray):
+    def on_array(array: InlineArray):
         joblib_arrays.append(array)
         return _joblib_tensor(array, src, copies)
 
     result = pickle_vm.run(src.buffer, hooks=_hooks(src, model, nested), file=src.path,
-                           build_hooks=joblib_fmt.build_hooks(src.buffer, on_array))
+                           build_hooks=build_hooks(src.buffer, on_array))
     model.evidence.pickles.append(PickleRecord(src.path, None, 0, result.end, result, role="pickle"))
     cut = cut_short(result, src)
     if cut is not None:
@@ -368,13 +369,13 @@ def _zf_sibling(call: Call, state: dict, path: str, model: ModelFile, copies: "_
     data = copies.inflated.get(path)
     if data is None:
         # One budget for every sibling of the pickle: many wrappers cannot multiply the cap.
-        budget = joblib_fmt.INFLATE_MAX - sum(len(d) for d in copies.inflated.values())
+        budget = compression.INFLATE_MAX - sum(len(d) for d in copies.inflated.values())
         try:
             sib = model.source(path)
-            if joblib_fmt.compression(sib.head(2)) != "zf":
+            if compression.compression(sib.head(2)) != "zf":
                 return unread("which is not a ZF-compressed array file")
-            data = copies.inflated[path] = joblib_fmt.decompress(sib.buffer, "zf", path=path,
-                                                                 cap=max(budget, 0))
+            data = copies.inflated[path] = compression.decompress(sib.buffer, "zf", path=path,
+                                                                  cap=max(budget, 0))
         except (OSError, FormatError) as e:
             return unread(f"which cannot be read ({e})")
     from tensorscope.dtypes import spec
@@ -431,7 +432,7 @@ def _numpy_tensor(call: Call, src: ByteSource, locator: _Locator, model: ModelFi
     return TensorRef(storage, 0, shape, stride, dtype, pos=call.pos, extras=extras)
 
 
-def _joblib_tensor(array: joblib_fmt.InlineArray, src: ByteSource,
+def _joblib_tensor(array: InlineArray, src: ByteSource,
                    copies: _Copies) -> TensorRef | None:
     """A numeric array joblib wrote inline: a view of its bytes in the file (a copy when
     big-endian). Object, string, record and datetime arrays stay inert (None)."""

@@ -66,6 +66,7 @@ _TAR_NAME = slice(0, 100)
 _TAR_SIZE = slice(124, 136)
 _TAR_CHKSUM = slice(148, 156)
 _TAR_TYPE = 156
+_TAR_LINK = slice(157, 257)
 _TAR_MAGIC = slice(257, 263)
 _TAR_PREFIX = slice(345, 500)
 TAR_MEMBERS = ("sys_info", "pickle", "tensors", "storages")
@@ -383,9 +384,10 @@ def _pax_records(payload: bytes) -> dict[str, str]:
     return out
 
 
-def read_tar(src: ByteSource, *, max_members: int = 10_000) -> dict[str, tuple[int, int]]:
-    """Regular members of a tar: ``{name: (data offset, size)}``, each bounds-checked."""
-    members: dict[str, tuple[int, int]] = {}
+def tar_entries(src: ByteSource, *, max_members: int = 10_000):
+    """Every entry of a tar, in order, as ``(name, type, data offset, size, link target)``: the one
+    tar reader of the project (the scanner walks every entry, duplicates and links included).
+    Headers are checked (magic, checksum, sizes within the file); PAX ``path``/``size`` apply."""
     pos = 0
     pax: dict[str, str] = {}
     count = 0
@@ -415,14 +417,19 @@ def read_tar(src: ByteSource, *, max_members: int = 10_000) -> dict[str, tuple[i
                              f"has {src.size} bytes", pos)
         if kind == "x":
             pax = _pax_records(src.read(data, size, "PAX header", fmt=FORMAT))
-        elif kind == "g":
-            # global PAX header: nothing torch relies on
-            pass
-        else:
-            if kind in "07" and full not in members:
-                members[full] = (data, size)
+        elif kind != "g":  # a global PAX header holds nothing torch relies on
+            link = pax.get("linkpath", block[_TAR_LINK].split(b"\0", 1)[0].decode("utf-8", "replace"))
+            yield full, kind, data, size, link
             pax = {}
         pos = data + (size + TAR_BLOCK - 1) // TAR_BLOCK * TAR_BLOCK
+
+
+def read_tar(src: ByteSource, *, max_members: int = 10_000) -> dict[str, tuple[int, int]]:
+    """Regular members of a tar: ``{name: (data offset, size)}``, each bounds-checked."""
+    members: dict[str, tuple[int, int]] = {}
+    for full, kind, data, size, _ in tar_entries(src, max_members=max_members):
+        if kind in "07" and full not in members:
+            members[full] = (data, size)
     return members
 
 

@@ -22,12 +22,7 @@ COMMANDS = ["inspect", "diff", "scan", "convert", "tui"]
 
 def _command_modules():
     for name in COMMANDS:
-        try:
-            yield name, importlib.import_module(f"tensorscope.commands.{name}")
-        except ModuleNotFoundError as e:
-            if e.name == f"tensorscope.commands.{name}":
-                continue  # a command not built yet
-            raise
+        yield name, importlib.import_module(f"tensorscope.commands.{name}")
 
 
 class _Parser(argparse.ArgumentParser):

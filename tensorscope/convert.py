@@ -845,10 +845,16 @@ def _verify(model: ModelFile, tensors: list[PlannedTensor], path: str) -> None:
 # ------------------------------------------------------------------------------------------------
 
 def _severity(value):
-    from .scanner import Severity
+    from .scan import Severity
     if value is None or isinstance(value, Severity):
         return value
     return Severity.parse(str(value))
+
+
+def _announce_scan(report, on_scan, refuse_at, allow_unsafe_source) -> None:
+    if on_scan is not None:
+        on_scan(report.scan)
+    _refuse_if_unsafe(report, _severity(refuse_at), allow_unsafe_source)
 
 
 def convert(src: str | os.PathLike, out: str | os.PathLike, *, max_shard_size: int | str | None = None,
@@ -856,8 +862,8 @@ def convert(src: str | os.PathLike, out: str | os.PathLike, *, max_shard_size: i
             force: bool = False, include_all: bool = False, skip_unsupported: bool = False,
             metadata: dict[str, str] | None = None, record_source: bool = True,
             scan_report: Any = None, progress: Callable[[int], None] | None = None,
-            planned: Callable[[int], None] | None = None,
-            chunk_bytes: int = CHUNK_BYTES) -> ConvertReport:
+            chunk_bytes: int = CHUNK_BYTES, on_scan: Callable[[Any], None] | None = None,
+            planned: Callable[[int], None] | None = None) -> ConvertReport:
     """Convert a model file or folder to safetensors without executing anything from it.
 
     Args:
@@ -874,8 +880,9 @@ def convert(src: str | os.PathLike, out: str | os.PathLike, *, max_shard_size: i
         include_all, skip_unsupported: see `plan`.
         metadata: extra ``__metadata__`` entries (str -> str); they override the defaults.
         record_source: write ``format``, ``source_format``, ``source_sha256`` and ``converted_by``.
-        scan_report: a `ScanReport` already computed for ``src`` (the CLI prints it first);
-            None scans here.
+        scan_report: a `ScanReport` already computed for ``src``; None scans the model opened
+            here (`tensorscope.scan.scan_opened`: one parse for scanning and converting).
+        on_scan: called with the scan report before anything is written (the CLI prints it).
         progress: called with the number of tensor bytes written after each piece.
         planned: called once with the number of tensor bytes to write, before the first is
             written (a progress bar's total).
@@ -895,14 +902,22 @@ def convert(src: str | os.PathLike, out: str | os.PathLike, *, max_shard_size: i
         >>> report.tensors_written, report.outputs                                  # doctest: +SKIP
     """
     from .formats import open_model
-    from .scanner import scan_paths
+    from .scan import scan_opened, scan_paths
 
     src, out = os.fspath(src), os.fspath(out)
     limit = check_arguments(src, out, force=force, max_shard_size=max_shard_size)
     report = ConvertReport(input=src, allowed_unsafe=bool(allow_unsafe_source))
-    report.scan = scan_report if scan_report is not None else scan_paths(src)
-    _refuse_if_unsafe(report, _severity(refuse_at), allow_unsafe_source)
-    with open_model(src) as model:
+    try:
+        model = open_model(src)
+    except TensorscopeError:
+        # what cannot be opened is still judged first: a hostile file is refused as unsafe
+        report.scan = scan_report if scan_report is not None else scan_paths(src)
+        _announce_scan(report, on_scan, refuse_at, allow_unsafe_source)
+        raise
+    with model:
+        # the scan reads the model just opened: one parse for both
+        report.scan = scan_report if scan_report is not None else scan_opened(src, model)
+        _announce_scan(report, on_scan, refuse_at, allow_unsafe_source)
         report.source_format = model.format
         p = _checked_plan(model, report, include_all, skip_unsupported)
         if planned is not None:

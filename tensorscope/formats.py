@@ -22,7 +22,7 @@ __all__ = ["open_model", "identify", "FILE_PARSERS", "HEAD_BYTES"]
 HEAD_BYTES = 4096
 
 # Order matters: the first match wins, as in torch.load (zip, then legacy pickle stream).
-# Modules are imported lazily so that a missing optional piece never breaks the others.
+# Modules are imported on first use (a listing of a safetensors file never imports the VM).
 FILE_PARSERS: list[str] = [
     "zip_dispatch",   # PK.. : torch zip, TorchScript, .pt2, .npz (decided by members)
     "safetensors",    # u64 header length + '{'
@@ -43,12 +43,7 @@ def _parser(name: str):
 
 def _available(names: list[str]):
     for name in names:
-        try:
-            yield name, _parser(name)
-        except ModuleNotFoundError as e:  # a format not built yet stays out of the registry
-            if e.name and e.name.endswith(name):
-                continue
-            raise
+        yield name, _parser(name)
 
 
 def identify(path: str | os.PathLike) -> list[str]:

@@ -10,7 +10,6 @@ import os
 import random
 import re
 import struct
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -27,6 +26,7 @@ from tensorscope.convert import UnsafeSource, Unconvertible, convert, parse_size
 from tensorscope.model import Chunk, ModelFile, TensorInfo
 
 from torch_oracle import FIXTURES, flatten
+from helpers import audit
 
 # dtypes safetensors cannot hold: the oracle side of "refused, naming them"
 UNSUPPORTED_TORCH = {torch.complex128, torch.complex32, torch.qint8, torch.quint8, torch.qint32,
@@ -547,19 +547,6 @@ def _malicious(tmp_path: Path) -> tuple[Path, dict[str, torch.Tensor], Path]:
     return src, weights, marker
 
 
-_FORBIDDEN = {"exec", "compile", "os.system", "os.exec", "os.posix_spawn", "os.spawn",
-              "subprocess.Popen", "socket.connect", "pty.spawn", "ctypes.dlopen", "os.fork"}
-_armed: dict = {"on": False, "events": []}
-
-
-def _hook(event, args):
-    if _armed["on"] and (event in _FORBIDDEN or (event == "import" and args[0] not in sys.modules)):
-        _armed["events"].append((event, repr(args)[:200]))
-
-
-sys.addaudithook(_hook)
-
-
 def test_malicious_source_is_refused_by_default(tmp_path, capsys):
     src, _, marker = _malicious(tmp_path)
     out = tmp_path / "out.safetensors"
@@ -579,12 +566,8 @@ def test_malicious_source_converts_without_executing_when_allowed(tmp_path):
     src, weights, marker = _malicious(tmp_path)
     out = tmp_path / "out.safetensors"
     convert(src, tmp_path / "warm.safetensors", allow_unsafe_source=True, verify=True)  # lazy imports
-    _armed.update(on=True, events=[])
-    try:
+    with audit():
         report = convert(src, out, allow_unsafe_source=True, verify=True)
-    finally:
-        _armed["on"] = False
-    assert _armed["events"] == []
     assert not marker.exists()
     assert report.allowed_unsafe and report.scan.unsafe
     _assert_same(load_file(str(out)), weights)
@@ -750,12 +733,13 @@ def test_arguments_are_checked_before_the_input_is_read(tmp_path, monkeypatch, c
     """An existing OUT without --force, an output that is not .safetensors, a missing output
     folder: one line, exit 2, and neither the scan nor the parser ever ran."""
     import tensorscope.formats
-    import tensorscope.scanner
+    import tensorscope.scan
 
     def never(*a, **kw):
         raise AssertionError("the input was read before the arguments were checked")
 
-    monkeypatch.setattr(tensorscope.scanner, "scan_paths", never)
+    for name in ("scan_paths", "scan_opened", "scan_file"):
+        monkeypatch.setattr(tensorscope.scan, name, never, raising=False)
     monkeypatch.setattr(tensorscope.formats, "open_model", never)
     src = str(FIXTURES / "torch" / "tied.bin")
     existing = tmp_path / "out.safetensors"

@@ -68,22 +68,19 @@ def add_arguments(p):
 def run(args) -> int:
     from ..convert import UnsafeSource, Unconvertible, check_arguments, convert
     from ..errors import TensorscopeError
-    from ..scanner import scan_paths
 
     try:  # what is wrong with the arguments is said before the input is read
         limit = check_arguments(args.input, args.output, force=args.force,
                                 max_shard_size=args.max_shard_size)
     except TensorscopeError as e:
         return error_line("convert", str(e))
-    scan = scan_paths(args.input)
-    if not args.json:
-        _print_scan(scan)
     try:
         with deferred_progress("convert") as bar:
             report = convert(args.input, args.output, max_shard_size=limit,
                              allow_unsafe_source=args.allow_unsafe_source, refuse_at=args.refuse_on,
                              verify=args.verify, force=args.force, include_all=args.include_all,
-                             skip_unsupported=args.skip_unsupported, scan_report=scan,
+                             skip_unsupported=args.skip_unsupported,
+                             on_scan=None if args.json else _print_scan,
                              progress=lambda n: bar.advance(n), planned=bar.begin)
     except (UnsafeSource, Unconvertible) as e:
         if args.json:
@@ -109,7 +106,7 @@ def _print_scan(scan) -> None:
     parts = ", ".join(f"{v} {k}" for k, v in sorted(counts.items(),
                                                       key=lambda kv: -SEVERITIES.index(kv[0])))
     _say(out, f"scan: {len(scan.findings)} finding(s) ({parts}); worst: {scan.severity}")
-    from ..scanner import Severity
+    from ..scan import Severity
     serious = [f for f in scan.findings if f.severity >= Severity.MEDIUM]
     for f in serious[:_SHOWN]:
         _say(out, f"  {f}")
