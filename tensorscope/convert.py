@@ -88,6 +88,7 @@ from .model import ModelFile, TensorInfo
 from .parsers.safetensors import DTYPES as _ST_READ_DTYPES
 from .parsers.safetensors import HEADER_LEN
 from .reader import CHUNK_BYTES, iter_flat_chunks, strided_view
+from .remote import is_url
 
 __all__ = ["convert", "check_arguments", "plan", "ConversionPlan", "PlannedTensor", "ConvertReport",
            "ConversionRefused", "UnsafeSource", "Unconvertible", "parse_size",
@@ -708,7 +709,7 @@ def _plain_range(model: ModelFile, info: TensorInfo,
     if not contiguous:
         return None
     src = model.source(info.file)
-    if not isinstance(src.raw, mmap.mmap):  # an in-memory blob, not a file
+    if not isinstance(src.raw, mmap.mmap) or is_url(src.path):  # an in-memory blob or a URL, not a file
         return None
     itemsize = _plain_itemsize(info.dtype)
     if itemsize is None:
@@ -1051,7 +1052,7 @@ def check_arguments(src: str | os.PathLike, out: str | os.PathLike, *, force: bo
     the shard size in bytes (or None). Raises TensorscopeError (`FileMissing` for a missing
     input). `convert` calls it first; the CLI calls it before it scans."""
     src, out = os.fspath(src), os.fspath(out)
-    if not os.path.exists(src):
+    if not is_url(src) and not os.path.exists(src):
         raise FileMissing(src, "no such file or directory")
     limit = None
     if max_shard_size is not None:
@@ -1066,7 +1067,7 @@ def check_arguments(src: str | os.PathLike, out: str | os.PathLike, *, force: bo
     folder = os.path.dirname(os.path.abspath(base))
     if not os.path.isdir(folder):
         raise TensorscopeError(f"{base}: the output folder {folder} does not exist")
-    if os.path.exists(src) and os.path.realpath(base) == os.path.realpath(src):
+    if not is_url(src) and os.path.realpath(base) == os.path.realpath(src):
         raise TensorscopeError(f"{base}: the output would overwrite the input")
     if os.path.exists(base) and not force:
         raise TensorscopeError(f"{base}: exists; pass --force to replace it")

@@ -1,6 +1,7 @@
 """`tensorscope convert IN OUT.safetensors`: untrusted checkpoints to safetensors, run nothing."""
 from __future__ import annotations
 
+from ..remote import with_cost
 from ..render import (deferred_progress, emit_json, error_line, human_bytes, stderr_console,
                       stdout_console)
 from ..safetext import shown
@@ -84,14 +85,14 @@ def run(args) -> int:
                              progress=lambda n: bar.advance(n), planned=bar.begin)
     except (UnsafeSource, Unconvertible) as e:
         if args.json:
-            emit_json(e.report.to_dict())
+            emit_json(with_cost(e.report.to_dict()))
         elif isinstance(e, Unconvertible):
             error_line("convert", str(e))
         else:
             _say(stderr_console(), f"tensorscope convert: {e}")
         return 1 if isinstance(e, UnsafeSource) else 2
     if args.json:
-        emit_json(report.to_dict())
+        emit_json(with_cost(report.to_dict()))
     else:
         _print_report(report)
     return 0

@@ -9,6 +9,7 @@ import sys
 from .. import open as open_model
 from ..errors import TensorscopeError
 from ..grouping import GroupCollector, describe_ranges, range_labels
+from ..remote import with_cost
 from ..render import (TextTable, emit_json_stream, human_bytes, human_count, progress,
                       stdout_console)
 from ..safetext import markup, shown
@@ -165,7 +166,8 @@ def _emit_json(model, tensors, stats, groups):
            "outside_allowlist": [{"global": d, "category": c} for d, c in outside_allowlist(model)]}
     if groups is not None:
         doc["groups"] = groups
-    emit_json_stream(doc, "tensors", _json_rows(tensors, stats))
+    # ``fetched``: what reading a URL cost (the rows read nothing more)
+    emit_json_stream(with_cost(doc), "tensors", _json_rows(tensors, stats))
 
 
 def _json_rows(tensors, stats):
