@@ -7,6 +7,7 @@ the evidence (pickles seen, anomalies) that the scanner judges.
 from __future__ import annotations
 
 import gc
+import json
 import math
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping
@@ -197,6 +198,85 @@ class TensorInfo:
 
 
 _SCALAR_TYPES = frozenset(_SCALARS)
+
+
+# -- the JSON text of a record, without building its dict ---------------------------------------
+# `json_text` is what ``json.JSONEncoder(sort_keys=True).encode(t.to_dict())`` writes, made by
+# string joins: inspect --json writes 10^5-10^6 rows, and the dict + encoder walk per row was
+# most of its cost. Repeated values (dtype, file, format, role, shapes) are encoded once.
+_str_json = json.encoder.encode_basestring_ascii   # the encoder's own (C) string escaping
+_TEXT: dict[Any, str] = {}                          # repeated strings and int tuples -> JSON text
+_TEXT_MAX = 65536
+
+
+def _cached(value) -> str:
+    text = _TEXT.get(value)
+    if text is None:
+        if value is None:
+            text = "null"
+        elif type(value) is str:
+            text = _str_json(value)
+        else:   # a tuple of ints (shape, stride)
+            text = "[" + ", ".join(map(int.__repr__, value)) + "]"
+        if len(_TEXT) < _TEXT_MAX:
+            _TEXT[value] = text
+    return text
+
+
+def _scalar_json(v) -> str | None:
+    t = type(v)
+    if t is str:
+        return _str_json(v)
+    if t is int:
+        return int.__repr__(v)
+    if v is None:
+        return "null"
+    if t is bool:
+        return "true" if v else "false"
+    return None     # floats (nan/inf spelling) and the rest: the general encoder
+
+
+def json_text(t: "TensorInfo") -> str | None:
+    """``t.to_dict()`` as sorted-key JSON text, or None when the record needs the general encoder
+    (chunks, no data, extras other than scalars and flat lists of str/int)."""
+    if t.chunks or not t.has_data:
+        return None
+    bo = t.byte_offset
+    if (bo is not None and type(bo) is not int) or type(t.storage_offset) is not int \
+            or type(t.nbytes) is not int:
+        return None
+    extras = t.extras
+    ex = ""
+    if extras:
+        parts = []
+        for k in sorted(extras) if len(extras) > 1 else extras:
+            if type(k) is not str:
+                return None
+            v = extras[k]
+            if type(v) is list:
+                items = [_scalar_json(x) for x in v]
+                if None in items:
+                    return None
+                text = "[" + ", ".join(items) + "]"
+            else:
+                text = _scalar_json(v)
+                if text is None:
+                    return None
+            parts.append(_str_json(k) + ": " + text)
+        ex = '"extras": {' + ", ".join(parts) + "}, "
+    shape, path = t.shape, t.path
+    name = _str_json(t.name)
+    path_text = "[" + name + "]" if len(path) == 1 and path[0] == t.name else \
+        "[" + ", ".join(map(_str_json, path)) + "]"
+    return ('{"byte_offset": ' + ("null" if bo is None else int.__repr__(bo))
+            + ', "dtype": ' + _cached(t.dtype) + ", " + ex
+            + '"file": ' + _cached(t.file) + ', "format": ' + _cached(t.source_format)
+            + ', "name": ' + name + ', "nbytes": ' + int.__repr__(t.nbytes)
+            + ', "numel": ' + int.__repr__(math.prod(shape)) + ', "path": ' + path_text
+            + ', "role": ' + _cached(t.role) + ', "shape": ' + _cached(shape)
+            + ', "storage_key": ' + ("null" if t.storage_key is None else _str_json(t.storage_key))
+            + ', "storage_offset": ' + int.__repr__(t.storage_offset)
+            + ', "stride": ' + _cached(t.stride) + "}")
 
 
 def _plain_extras(extras: Mapping[str, Any]) -> dict:

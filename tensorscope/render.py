@@ -56,13 +56,17 @@ def emit_json(obj: Any) -> None:
     sys.stdout.write("\n")
 
 
-def emit_json_stream(doc: dict, key: str, rows: Iterable[Any], batch: int = 2048) -> None:
-    """`emit_json` of ``doc`` plus ``doc[key] = list(rows)``, written batch by batch: the rows are
-    encoded ``batch`` at a time and never all held at once. ``key`` must sort after every key of
-    ``doc`` (the output is then byte for byte what `emit_json` writes when piped). On a terminal
-    the whole document is indented by `emit_json` instead (a person reads it, not a pipe)."""
+def emit_json_stream(doc: dict, key: str, rows: Iterable[Any], batch: int = 2048,
+                     to_dict: Callable[[Any], Any] | None = None,
+                     to_text: Callable[[Any], str | None] | None = None) -> None:
+    """`emit_json` of ``doc`` plus ``doc[key] = [to_dict(r) for r in rows]``, written batch by
+    batch: the rows are encoded ``batch`` at a time and never all held at once. ``key`` must sort
+    after every key of ``doc`` (the output is then byte for byte what `emit_json` writes when
+    piped). ``to_text(row)``, when given, returns the row's encoded text (exactly what the encoder
+    would write for ``to_dict(row)``) or None to take the encoder. On a terminal the whole
+    document is indented by `emit_json` instead (a person reads it, not a pipe)."""
     if sys.stdout.isatty():
-        emit_json({**doc, key: list(rows)})
+        emit_json({**doc, key: [to_dict(r) for r in rows] if to_dict else list(rows)})
         return
     if any(k > key for k in doc):
         raise ValueError(f"{key!r} must sort after every other key")
@@ -70,16 +74,18 @@ def emit_json_stream(doc: dict, key: str, rows: Iterable[Any], batch: int = 2048
     head = encode(doc)
     write = sys.stdout.write
     write(head[:-1] + (", " if doc else "") + json.dumps(key) + ": [")
-    pending: list[Any] = []
+    pending: list[str] = []
     first = True
     for row in rows:
-        pending.append(row)
+        text = to_text(row) if to_text else None
+        pending.append(text if text is not None else
+                       encode(to_dict(row) if to_dict else row))
         if len(pending) == batch:
-            write(("" if first else ", ") + encode(pending)[1:-1])
+            write(("" if first else ", ") + ", ".join(pending))
             pending.clear()
             first = False
     if pending:
-        write(("" if first else ", ") + encode(pending)[1:-1])
+        write(("" if first else ", ") + ", ".join(pending))
     write("]}\n")
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import io
 import json
 import re
+from pathlib import Path
 
 import pytest
 import torch
@@ -255,6 +256,42 @@ def test_json_stream_is_what_json_dumps_writes(batch, capsys):
     assert capsys.readouterr().out == json.dumps({**doc, "tensors": rows}, sort_keys=True) + "\n"
     emit_json_stream(doc, "tensors", iter([]), batch=batch)
     assert json.loads(capsys.readouterr().out)["tensors"] == []
+
+
+def _fixture_models():
+    root = Path(__file__).resolve().parent.parent / "fixtures"
+    for path in sorted(root.rglob("*")):
+        if path.is_file() and path.suffix not in (".py", ".json", ".md", ".txt"):
+            try:
+                with tensorscope.open(str(path)) as m:
+                    yield path, list(m.tensors)
+            except tensorscope.TensorscopeError:
+                continue
+
+
+def test_json_text_is_what_the_encoder_writes_for_every_fixture_record():
+    """`model.json_text` (the rows' fast path) against the encoder over `to_dict`, on every
+    record the fixtures give, plus records with the extras it must hand back (None)."""
+    from tensorscope.model import TensorInfo, json_text
+    encode = json.JSONEncoder(sort_keys=True, allow_nan=True).encode
+    fast = total = 0
+    for path, tensors in _fixture_models():
+        for t in tensors:
+            total += 1
+            text = json_text(t)
+            if text is not None:
+                fast += 1
+                assert text == encode(t.to_dict()), (path, t.name)
+    assert total and fast > total // 2   # the fast path is the common case
+    odd = [TensorInfo("\x1b[31m\u202e é", "float32", (2, 3), extras={"b": [1, "x\n"], "a": True,
+                                                                    "c": None, "d": -3}),
+           TensorInfo("k", "bfloat16", (), byte_offset=None, path=("a.b", "c"), role="buffer",
+                      storage_key="7", file="/p/\u00e9.pt")]
+    for t in odd:
+        assert json_text(t) == encode(t.to_dict())
+    for extras in ({"f": 0.5}, {"n": float("nan")}, {"d": {"x": 1}}, {"l": [1.5]}, {1: "x"}):
+        assert json_text(TensorInfo("x", "float32", (1,), extras=extras)) is None
+    assert json_text(TensorInfo("x", "float32", (1,), has_data=False)) is None
 
 
 def test_text_table_folds_long_names_on_a_terminal():

@@ -8,6 +8,7 @@ import sys
 
 from .. import open as open_model
 from ..errors import TensorscopeError
+from ..model import TensorInfo, json_text
 from ..grouping import GroupCollector, describe_ranges, range_labels
 from ..remote import with_cost
 from ..render import (TextTable, emit_json_stream, human_bytes, human_count, progress,
@@ -167,19 +168,25 @@ def _emit_json(model, tensors, stats, groups):
     if groups is not None:
         doc["groups"] = groups
     # ``fetched``: what reading a URL cost (the rows read nothing more)
-    emit_json_stream(with_cost(doc), "tensors", _json_rows(tensors, stats))
+    if stats:
+        emit_json_stream(with_cost(doc), "tensors", tensors, to_dict=lambda t: _stats_row(t, stats))
+    else:
+        emit_json_stream(with_cost(doc), "tensors", tensors, to_dict=TensorInfo.to_dict,
+                         to_text=_row_text)
 
 
-def _json_rows(tensors, stats):
-    if not stats:
-        for t in tensors:
-            yield t.to_dict()
-        return
-    for t in tensors:
-        row = t.to_dict()
-        if t.name in stats:
-            row["stats"] = stats[t.name]
-        yield row
+def _row_text(t):
+    try:
+        return json_text(t)
+    except TypeError:   # a field of an unexpected type: the general encoder says what it is
+        return None
+
+
+def _stats_row(t, stats):
+    row = t.to_dict()
+    if t.name in stats:
+        row["stats"] = stats[t.name]
+    return row
 
 
 # -- the table -----------------------------------------------------------------------------------
