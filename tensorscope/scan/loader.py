@@ -10,6 +10,7 @@ polyglot) is read too. The parser's own pickle runs are reused, its anomalies an
 """
 from __future__ import annotations
 
+import gc
 import os
 import struct
 from dataclasses import dataclass
@@ -146,8 +147,15 @@ def scan_file(path, *, limits: ScanLimits | None = None, explicit: bool = True,
         ctx.fail("unreadable")
         return _finish(ctx, True)
     try:
-        return _finish(ctx, _guarded(ctx, src, explicit, None))
+        # The parse inside builds the model's records (10^5-10^6 objects for a big checkpoint):
+        # the same collector pause as `tensorscope.open`, and no frozen leftovers afterwards
+        # (the model is dropped here, as `ModelFile.close` would).
+        from ..formats import gc_paused
+        with gc_paused():
+            scanned = _guarded(ctx, src, explicit, None)
+        return _finish(ctx, scanned)
     finally:
+        gc.unfreeze()
         src.close()
 
 
