@@ -236,6 +236,42 @@ def _scalar_json(v) -> str | None:
     return None     # floats (nan/inf spelling) and the rest: the general encoder
 
 
+_EXTRAS_ORDER: dict[tuple, tuple[tuple[str, str], ...]] = {}  # key set -> sorted (key, '"key": ')
+
+
+def _extras_text(extras: Mapping[str, Any]) -> str | None:
+    """``"extras": {...}, `` for extras of str keys and str/int/bool/None values or flat lists of
+    them; None for anything else (floats, nesting)."""
+    keys = tuple(extras)
+    order = _EXTRAS_ORDER.get(keys)
+    if order is None:
+        if set(map(type, keys)) != {str}:
+            return None
+        order = tuple((k, _str_json(k) + ": ") for k in sorted(keys))
+        if len(_EXTRAS_ORDER) < 1024:   # a format writes a handful of key sets
+            _EXTRAS_ORDER[keys] = order
+    parts = []
+    for k, prefix in order:
+        v = extras[k]
+        t = type(v)
+        if t is str:
+            text = _str_json(v)
+        elif t is list:
+            if v and set(map(type, v)) == _INT_ONLY:
+                text = list.__repr__(v)   # "[32, 64]": what the encoder writes for ints
+            else:
+                items = [_scalar_json(x) for x in v]
+                if None in items:
+                    return None
+                text = "[" + ", ".join(items) + "]"
+        else:
+            text = _scalar_json(v)
+            if text is None:
+                return None
+        parts.append(prefix + text)
+    return '"extras": {' + ", ".join(parts) + "}, "
+
+
 def json_text(t: "TensorInfo") -> str | None:
     """``t.to_dict()`` as sorted-key JSON text, or None when the record needs the general encoder
     (chunks, no data, extras other than scalars and flat lists of str/int)."""
@@ -246,37 +282,21 @@ def json_text(t: "TensorInfo") -> str | None:
             or type(t.nbytes) is not int:
         return None
     extras = t.extras
-    ex = ""
-    if extras:
-        parts = []
-        for k in sorted(extras) if len(extras) > 1 else extras:
-            if type(k) is not str:
-                return None
-            v = extras[k]
-            if type(v) is list:
-                items = [_scalar_json(x) for x in v]
-                if None in items:
-                    return None
-                text = "[" + ", ".join(items) + "]"
-            else:
-                text = _scalar_json(v)
-                if text is None:
-                    return None
-            parts.append(_str_json(k) + ": " + text)
-        ex = '"extras": {' + ", ".join(parts) + "}, "
+    ex = _extras_text(extras) if extras else ""
+    if ex is None:
+        return None
     shape, path = t.shape, t.path
     name = _str_json(t.name)
     path_text = "[" + name + "]" if len(path) == 1 and path[0] == t.name else \
         "[" + ", ".join(map(_str_json, path)) + "]"
-    return ('{"byte_offset": ' + ("null" if bo is None else int.__repr__(bo))
-            + ', "dtype": ' + _cached(t.dtype) + ", " + ex
-            + '"file": ' + _cached(t.file) + ', "format": ' + _cached(t.source_format)
-            + ', "name": ' + name + ', "nbytes": ' + int.__repr__(t.nbytes)
-            + ', "numel": ' + int.__repr__(math.prod(shape)) + ', "path": ' + path_text
-            + ', "role": ' + _cached(t.role) + ', "shape": ' + _cached(shape)
-            + ', "storage_key": ' + ("null" if t.storage_key is None else _str_json(t.storage_key))
-            + ', "storage_offset": ' + int.__repr__(t.storage_offset)
-            + ', "stride": ' + _cached(t.stride) + "}")
+    key = t.storage_key
+    return (f'{{"byte_offset": {"null" if bo is None else int.__repr__(bo)}, '
+            f'"dtype": {_cached(t.dtype)}, {ex}"file": {_cached(t.file)}, '
+            f'"format": {_cached(t.source_format)}, "name": {name}, '
+            f'"nbytes": {int.__repr__(t.nbytes)}, "numel": {int.__repr__(math.prod(shape))}, '
+            f'"path": {path_text}, "role": {_cached(t.role)}, "shape": {_cached(shape)}, '
+            f'"storage_key": {"null" if key is None else _str_json(key)}, '
+            f'"storage_offset": {int.__repr__(t.storage_offset)}, "stride": {_cached(t.stride)}}}')
 
 
 def _plain_extras(extras: Mapping[str, Any]) -> dict:
