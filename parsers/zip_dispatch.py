@@ -9,7 +9,9 @@ its name, so this is the first entry of the registry. Within a zip:
 """
 from __future__ import annotations
 
+import contextvars
 import importlib
+from contextlib import contextmanager
 
 from tensorscope.errors import FormatError
 from tensorscope.model import ModelFile
@@ -61,4 +63,22 @@ def open_archive(src: ByteSource, archive: zipfmt.ZipArchive) -> ModelFile:
                           f"members: {', '.join(archive.names()[:5]) or 'none'})",
                           format="zip", file=src.path)
     module = importlib.import_module(f"tensorscope.parsers.{module_name}")
-    return module.open_zip(src, archive)
+    model = module.open_zip(src, archive)
+    if _KEEP_ARCHIVE.get():
+        model.evidence.archive = archive
+    return model
+
+
+_KEEP_ARCHIVE = contextvars.ContextVar("tensorscope_keep_archive", default=False)
+
+
+@contextmanager
+def keeping_archive():
+    """Within it, a zip model keeps its `ZipArchive` as ``model.evidence.archive``, so that a
+    scan of the opened model (`tensorscope.scan.scan_model`: convert opens, then scans) reads the
+    central directory once. Off by default: a listing has no use for 100,000 members (~45 MB)."""
+    token = _KEEP_ARCHIVE.set(True)
+    try:
+        yield
+    finally:
+        _KEEP_ARCHIVE.reset(token)

@@ -903,13 +903,15 @@ def convert(src: str | os.PathLike, out: str | os.PathLike, *, max_shard_size: i
         >>> report.tensors_written, report.outputs                                  # doctest: +SKIP
     """
     from .formats import open_model
+    from .parsers.zip_dispatch import keeping_archive
     from .scan import scan_opened, scan_paths
 
     src, out = os.fspath(src), os.fspath(out)
     limit = check_arguments(src, out, force=force, max_shard_size=max_shard_size)
     report = ConvertReport(input=src, allowed_unsafe=bool(allow_unsafe_source))
     try:
-        model = open_model(src)
+        with keeping_archive():  # the scan below reuses the zip's central directory
+            model = open_model(src)
     except TensorscopeError:
         # what cannot be opened is still judged first: a hostile file is refused as unsafe
         report.scan = scan_report if scan_report is not None else scan_paths(src)
@@ -918,6 +920,7 @@ def convert(src: str | os.PathLike, out: str | os.PathLike, *, max_shard_size: i
     with model:
         # the scan reads the model just opened: one parse for both
         report.scan = scan_report if scan_report is not None else scan_opened(src, model)
+        model.evidence.archive = None  # read by the scan; the writing has no use for it
         _announce_scan(report, on_scan, refuse_at, allow_unsafe_source)
         report.source_format = model.format
         p = _checked_plan(model, report, include_all, skip_unsupported)

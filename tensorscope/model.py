@@ -370,6 +370,9 @@ class Evidence:
     pickles: list[PickleRecord] = field(default_factory=list)
     anomalies: list[Anomaly] = field(default_factory=list)
     code: dict[str, str] = field(default_factory=dict)  # TorchScript code/ files: member -> text
+    # the zip's central directory as read, when the opener asked to keep it
+    # (`parsers.zip_dispatch.keeping_archive`): the scanner's loader view reuses it
+    archive: Any = field(default=None, repr=False, compare=False)
 
     def add(self, kind: str, message: str, **where) -> None:
         self.anomalies.append(Anomaly(kind, message, **where))

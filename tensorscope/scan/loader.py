@@ -210,7 +210,10 @@ def _scan_file(ctx: _Ctx, src: ByteSource, explicit: bool, model=None) -> bool:
 
     kind = _content_kind(head)
     # A zip's central directory is read once: the parser and the byte-level pass share it.
-    archive = _read_archive(src) if kind in ("zip", "empty-zip") else None
+    archive = None
+    if kind in ("zip", "empty-zip"):
+        kept = model.evidence.archive if model is not None else None
+        archive = kept if kept is not None and kept.source is src else _read_archive(src)
 
     # -- the format parser's view (its pickle runs are reused below) --------------------------
     if model is None:
