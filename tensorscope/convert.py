@@ -977,11 +977,15 @@ def convert(src: str | os.PathLike, out: str | os.PathLike, *, max_shard_size: i
                 hasher.cancel()
             raise
 
-    report.index = index
-    for group, final in zip(groups, paths):
-        report.outputs.append({"path": final, "tensors": len(group), "bytes": os.path.getsize(final)})
-        report.tensors.extend([{"name": t.info.name, "dtype": t.st_dtype, "shape": list(t.st_shape),
-                                "nbytes": t.info.nbytes, "file": final} for t in group])
+        # Still inside ``with model``: its records stay frozen out of the collector's walks
+        # (`formats.gc_paused`) while these 10^5-10^6 rows are made.
+        report.index = index
+        for group, final in zip(groups, paths):
+            report.outputs.append({"path": final, "tensors": len(group),
+                                   "bytes": os.path.getsize(final)})
+            report.tensors.extend([{"name": t.info.name, "dtype": t.st_dtype,
+                                    "shape": list(t.st_shape), "nbytes": t.info.nbytes,
+                                    "file": final} for t in group])
     return report
 
 
