@@ -236,6 +236,8 @@ class _Merger:
     def add(self, name: str, sub: ModelFile) -> None:
         self.opened[name] = sub
         m = self.model
+        if not is_url(sub.path):
+            m.parts[sub.path] = sub
         m.files.extend(f for f in sub.files if f not in m.files)
         m.sources.update(sub.sources)
         m.custom_readers.update(sub.custom_readers)

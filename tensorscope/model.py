@@ -409,6 +409,9 @@ class ModelFile:
         # Readers for tensors whose values are not a plain strided view (set by parsers).
         self.custom_readers: dict[str, Callable[[], np.ndarray]] = {}
         self._index: dict[str, TensorInfo] | None = None
+        # The files a multi-file model was merged from (sharded checkpoints), by path: a scan
+        # of the model's folder reads them from here instead of parsing them again.
+        self.parts: dict[str, ModelFile] = {}
 
     # -- lookup -------------------------------------------------------------------------------
     def _by_name(self) -> dict[str, TensorInfo]:

@@ -159,10 +159,14 @@ def scan_file(path, *, limits: ScanLimits | None = None, explicit: bool = True,
         src.close()
 
 
-def scan_model(model, *, limits: ScanLimits | None = None) -> FileReport:
+def scan_model(model, *, limits: ScanLimits | None = None, path=None, explicit: bool = True,
+               known_data: bool = False) -> FileReport:
     """Scan a `ModelFile` already opened (convert, the TUI): its evidence is judged and its bytes
-    read as the loader reads them, without parsing the file a second time."""
-    ctx = _Ctx(model.path, limits or DEFAULT_SCAN_LIMITS)
+    read as the loader reads them, without parsing the file a second time. ``path``,
+    ``explicit`` and ``known_data`` are `scan_file`'s (``path``: the file as the walk named it;
+    default ``model.path``)."""
+    ctx = _Ctx(os.fspath(path) if path is not None else model.path, limits or DEFAULT_SCAN_LIMITS)
+    ctx.known_data = known_data
     src = model.sources.get(model.path)
     if src is None:
         try:
@@ -172,10 +176,10 @@ def scan_model(model, *, limits: ScanLimits | None = None) -> FileReport:
             ctx.fail("unreadable")
             return _finish(ctx, True)
         try:
-            return _finish(ctx, _guarded(ctx, src, True, model))
+            return _finish(ctx, _guarded(ctx, src, explicit, model))
         finally:
             src.close()
-    return _finish(ctx, _guarded(ctx, src, True, model))
+    return _finish(ctx, _guarded(ctx, src, explicit, model))
 
 
 def _guarded(ctx: _Ctx, src: ByteSource, explicit: bool, model) -> bool:

@@ -34,14 +34,25 @@ def scan_paths(*paths: str | os.PathLike, recursive: bool = True,
         >>> report = scan_paths("model.pt")            # doctest: +SKIP
         >>> report.unsafe, [str(f) for f in report.findings][:1]   # doctest: +SKIP
     """
+    return _scan_planned(paths, recursive, follow_symlinks_inside, limits, {})
+
+
+def _scan_planned(paths, recursive: bool, follow_symlinks_inside: bool,
+                  limits: ScanLimits | None, opened: dict) -> ScanReport:
+    """`scan_paths`; a file whose real path is in ``opened`` is scanned from that `ModelFile`
+    (already parsed) instead of being parsed again."""
     todo, walk_findings = plan(*paths, recursive=recursive,
                                follow_symlinks_inside=follow_symlinks_inside)
     reports: list[FileReport] = [FileReport(f.file, [f], False, f.rule == "file.unreadable")
                                  for f in walk_findings]
     data_files: set[str] = set()
     for path, explicit in todo:
-        r = scan_file(path, limits=limits, explicit=explicit,
-                      known_data=os.path.realpath(path) in data_files)
+        known = os.path.realpath(path) in data_files
+        part = opened.get(os.path.realpath(path)) if opened and not is_url(path) else None
+        if part is not None:
+            r = scan_model(part, limits=limits, path=path, explicit=explicit, known_data=known)
+        else:
+            r = scan_file(path, limits=limits, explicit=explicit, known_data=known)
         data_files.update(r.data_files)
         reports.append(r)
     return merge(reports)
@@ -55,7 +66,9 @@ def scan_opened(path, model, *, limits: ScanLimits | None = None) -> ScanReport:
     if os.path.isfile(path) and os.path.realpath(model.path) == os.path.realpath(path) and \
             len(model.files) <= 1:
         return merge([scan_model(model, limits=limits)])
-    return scan_paths(path, limits=limits)
+    # a folder: its shards that were opened with the model are not parsed again
+    opened = {} if is_url(path) else {os.path.realpath(p): m for p, m in model.parts.items()}
+    return _scan_planned((path,), True, True, limits, opened)
 
 
 def plan(*paths, recursive: bool = True,
