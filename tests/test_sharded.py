@@ -262,3 +262,21 @@ def test_model_file_beside_training_args(tmp_path):
     (folder / "other.bin").write_bytes((folder / "training_args.bin").read_bytes())
     (folder / "pytorch_model.bin").rename(folder / "weights.bin")
     assert formats.identify(folder) == []   # three .bin files, none named as a model: ambiguous
+
+
+@pytest.mark.parametrize("name", sorted(p.name for p in SHARDED.iterdir() if p.is_dir()))
+def test_scan_of_an_opened_folder_reuses_its_shards(name, tmp_path, monkeypatch):
+    """`scan_opened` (convert, the TUI) on a folder: the same report as `scan_paths`, without
+    parsing the shards (or the index, which opens as the whole model) a second time."""
+    from tensorscope.scan import scan_paths
+    from tensorscope.scan.walk import scan_opened
+    folder = _copy(tmp_path, name)
+    expected = scan_paths(str(folder)).to_dict()
+    with tensorscope.open(str(folder)) as model:
+        opens = []
+        real_open = formats.open_model
+        monkeypatch.setattr(formats, "open_model", lambda *a, **k: opens.append(a) or real_open(*a, **k))
+        got = scan_opened(str(folder), model).to_dict()
+    assert got == expected
+    if model.format == "sharded":
+        assert model.parts and not opens

@@ -147,15 +147,19 @@ def scan_file(path, *, limits: ScanLimits | None = None, explicit: bool = True,
         ctx.fail("unreadable")
         return _finish(ctx, True)
     try:
-        # The parse inside builds the model's records (10^5-10^6 objects for a big checkpoint):
-        # the same collector pause as `tensorscope.open`, and no frozen leftovers afterwards
-        # (the model is dropped here, as `ModelFile.close` would).
-        from ..formats import gc_paused
-        with gc_paused():
+        # The parse inside builds the model's records (10^5-10^6 objects for a big checkpoint),
+        # all dropped when this returns: the cyclic collector need not walk them meanwhile.
+        # (Not `formats.gc_paused`: its freeze outlives the call, and an unfreeze here would
+        # thaw a model the caller holds open.)
+        enabled = gc.isenabled()
+        gc.disable()
+        try:
             scanned = _guarded(ctx, src, explicit, None)
+        finally:
+            if enabled:
+                gc.enable()
         return _finish(ctx, scanned)
     finally:
-        gc.unfreeze()
         src.close()
 
 
@@ -167,10 +171,10 @@ def scan_model(model, *, limits: ScanLimits | None = None, path=None, explicit: 
     default ``model.path``)."""
     ctx = _Ctx(os.fspath(path) if path is not None else model.path, limits or DEFAULT_SCAN_LIMITS)
     ctx.known_data = known_data
-    src = model.sources.get(model.path)
+    src = model.sources.get(ctx.path)
     if src is None:
         try:
-            src = open_source(model.path)
+            src = open_source(ctx.path)
         except (OSError, TensorscopeError) as e:
             ctx.add("file.unreadable", f"cannot open the file: {getattr(e, 'strerror', None) or e}")
             ctx.fail("unreadable")

@@ -66,8 +66,13 @@ def scan_opened(path, model, *, limits: ScanLimits | None = None) -> ScanReport:
     if os.path.isfile(path) and os.path.realpath(model.path) == os.path.realpath(path) and \
             len(model.files) <= 1:
         return merge([scan_model(model, limits=limits)])
-    # a folder: its shards that were opened with the model are not parsed again
+    # a folder: its shards that were opened with the model, and the index file that opens as
+    # the model itself, are not parsed again
     opened = {} if is_url(path) else {os.path.realpath(p): m for p, m in model.parts.items()}
+    index = model.metadata.get("index") if opened and model.format == "sharded" else None
+    for f in model.files if index else ():
+        if os.path.basename(f) == index:
+            opened[os.path.realpath(f)] = model
     return _scan_planned((path,), True, True, limits, opened)
 
 
