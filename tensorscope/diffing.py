@@ -108,10 +108,14 @@ from __future__ import annotations
 
 import hashlib
 import math
+import mmap
 import os
+import threading
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator, Sequence
 
+import ml_dtypes
 import numpy as np
 
 from . import dequant, dtypes
@@ -123,11 +127,14 @@ __all__ = ["ValueDiff", "TensorDiff", "DiffResult", "diff_models", "compare_valu
            "STATUSES", "SCHEMA"]
 
 STATUSES = ("same", "changed", "added", "removed", "renamed")
-SCHEMA = "tensorscope.diff/1"
+SCHEMA = "tensorscope.diff/2"
 
 # Kinds whose elements numpy can convert to float64 one by one.
 _NUMERIC_KINDS = ("float", "int", "uint", "bool", "complex")
-FLOAT_ELEMS = 1 << 16  # elements per float64 step: 512 KiB buffers that stay in cache
+FLOAT_ELEMS = 8192       # elements per float64 step: 64 KiB buffers that stay in L2, and below
+                         # OpenBLAS's threshold (10,000) for threading a dot product
+PARALLEL_ELEMS = 1 << 20  # pairs this large are split across the thread pool
+RELEASE_BYTES = 4 << 20   # read ahead / release behind in steps of this many stored bytes
 
 
 # ------------------------------------------------------------------------------------------------
@@ -152,9 +159,14 @@ class ValueDiff:
     Attributes:
         numel: elements compared.
         identical_bytes: the stored bytes of both sides are equal (same dtype and shape only).
-        max_abs, max_rel, mean_abs, rms: over positions where both sides are finite; 0.0 when the
-            bytes are identical; None for bytes-only dtypes or when no position is finite.
-        cosine: None when undefined (a zero side, nothing finite) or not computed (identical bytes).
+        max_abs, mean_abs, rms: over positions where both sides are finite; 0.0 when the bytes are
+            identical; None for bytes-only dtypes or when no position is finite.
+        max_rel: max |a-b|/|b| over finite positions where b != 0 (None when there is none).
+        zero_ref: positions where b is exactly 0 and a is not (left out of ``max_rel``).
+        cosine: None when undefined (a zero side, nothing finite) or not computed (identical bytes
+            whose norms were not asked for).
+        norm_a, norm_b, norm_diff: the 2-norms of A, B and B - A over the finite positions (None
+            when not computed).
         mismatched: positions outside ``atol + rtol*|b|`` as ``torch.isclose`` counts them (NaN and
             Inf mismatches included); None for bytes-only dtypes whose bytes differ.
         nan_mismatch: positions where either side is NaN.
@@ -173,6 +185,10 @@ class ValueDiff:
     nan_mismatch: int = 0
     inf_mismatch: int = 0
     compared_as: str = "bytes"
+    norm_a: float | None = None
+    norm_b: float | None = None
+    norm_diff: float | None = None
+    zero_ref: int = 0
 
     @property
     def differs(self) -> bool:
@@ -181,10 +197,22 @@ class ValueDiff:
             return False
         return self.mismatched is None or self.mismatched > 0
 
+    @property
+    def rel_change(self) -> float | None:
+        """‖B − A‖₂ / ‖A‖₂: 0.0 when nothing changed, None when unknown or when A is all zero."""
+        if self.norm_diff == 0.0:
+            return 0.0
+        if self.norm_diff is None or not self.norm_a:
+            return None
+        return self.norm_diff / self.norm_a
+
     def to_dict(self) -> dict[str, Any]:
         return {"numel": self.numel, "identical_bytes": self.identical_bytes,
                 "max_abs": _num(self.max_abs), "max_rel": _num(self.max_rel),
+                "zero_ref": self.zero_ref,
                 "mean_abs": _num(self.mean_abs), "rms": _num(self.rms), "cosine": _num(self.cosine),
+                "norm_a": _num(self.norm_a), "norm_b": _num(self.norm_b),
+                "norm_diff": _num(self.norm_diff), "rel_change": _num(self.rel_change),
                 "mismatched": self.mismatched, "nan_mismatch": self.nan_mismatch,
                 "inf_mismatch": self.inf_mismatch, "compared_as": self.compared_as}
 
@@ -351,6 +379,37 @@ def _equal_bytes(pa: np.ndarray, pb: np.ndarray) -> bool:
     return bool(np.array_equal(ua, ub))
 
 
+class _Pages(PageReleaser):
+    """`PageReleaser` that also reads ahead: ``MADV_WILLNEED`` on the next piece while this one is
+    computed, so a cold file is read by the kernel in parallel with the arithmetic."""
+
+    def prefetch_range(self, file: str, offset: int, length: int) -> None:
+        got = self._map(file)
+        if got is None or length <= 0:
+            return
+        raw, _, size = got
+        lo = max(0, offset) // mmap.PAGESIZE * mmap.PAGESIZE
+        hi = min(size, offset + length)
+        if hi > lo:
+            try:
+                raw.madvise(mmap.MADV_WILLNEED, lo, hi - lo)
+            except (OSError, ValueError):
+                pass  # advice only
+
+    def prefetch_piece(self, file: str, piece: np.ndarray) -> None:
+        got = self._map(file)
+        if got is None or piece.size == 0:
+            return
+        _, base, size = got
+        addr = piece.__array_interface__["data"][0]
+        if base <= addr < base + size:
+            self.prefetch_range(file, addr - base, piece.nbytes)
+
+    def prefetch_tensor(self, info: TensorInfo) -> None:
+        if info.byte_offset is not None and info.file:
+            self.prefetch_range(info.file, info.byte_offset, min(info.span_bytes, RELEASE_BYTES))
+
+
 class _Walker:
     """Streams the values of one pair of views, releasing map pages and reporting progress."""
 
@@ -360,6 +419,7 @@ class _Walker:
         self.progress = progress
         self.chunk_bytes = max(64, int(chunk_bytes))
         self.seen = 0
+        self.want_norms = False  # also read identical tensors for their norms (grouped views)
 
     def pieces(self, va, vb, ia: TensorInfo, ib: TensorInfo, chunk_bytes: int, skip: int = 0):
         """Aligned pieces of both views. Progress is reported as pieces are handed out, except for
@@ -383,13 +443,87 @@ class _Walker:
 
     def floats(self, va, vb, ia, ib, atol: float, rtol: float, skip: int = 0) -> ValueDiff:
         cplx = va.dtype.kind == "c" or vb.dtype.kind == "c"
-        # Pieces of at most FLOAT_ELEMS elements converted into reused float64 buffers: they stay
-        # in cache and no temporary is allocated per piece (fresh pages cost more than the math).
+        compared_as = "complex128" if cplx else "float64"
         elems = max(1, min(FLOAT_ELEMS, self.chunk_bytes // 32))
+        if (va.size >= PARALLEL_ELEMS and va.flags.c_contiguous and vb.flags.c_contiguous
+                and elems == FLOAT_ELEMS):
+            return self._parallel(va, vb, ia, ib, atol, rtol, skip, cplx).result(va.size,
+                                                                                  compared_as)
         acc = _Accumulator(atol, rtol, elems, cplx)
         for pa, pb in self.pieces(va, vb, ia, ib, elems * max(va.itemsize, vb.itemsize, 1), skip):
             acc.add(pa, pb)
-        return acc.result(va.size, "complex128" if cplx else "float64")
+        return acc.result(va.size, compared_as)
+
+    def _parallel(self, va, vb, ia, ib, atol, rtol, skip, cplx) -> _Accumulator:
+        """One large contiguous pair over the thread pool: numpy and BLAS release the GIL, so the
+        slices run on every core. Each slice reads ahead of itself and hands its pages back behind
+        itself; the partial sums are folded in slice order (the figures do not depend on timing)."""
+        fa, fb = va.reshape(-1), vb.reshape(-1)
+        n = fa.size
+        per = max(FLOAT_ELEMS, -(-n // (4 * _workers())))
+        per = -(-per // FLOAT_ELEMS) * FLOAT_ELEMS
+        bounds = [(lo, min(n, lo + per)) for lo in range(0, n, per)]
+        lock = threading.Lock()
+        reported = [0]
+        item = fa.itemsize + fb.itemsize
+
+        def advance(nbytes: int) -> None:
+            if self.progress is None:
+                return
+            with lock:  # bytes before ``skip`` were reported by the byte pass
+                before = reported[0]
+                reported[0] += nbytes
+                new = reported[0] - max(before, skip)
+                if new > 0:
+                    self.progress(min(new, nbytes))
+
+        def run(lo: int, hi: int) -> _Accumulator:
+            acc = _Accumulator(atol, rtol, FLOAT_ELEMS, cplx)
+            step = max(FLOAT_ELEMS, (RELEASE_BYTES // item) // FLOAT_ELEMS * FLOAT_ELEMS)
+            for s in range(lo, hi, step):
+                e = min(hi, s + step)
+                sa, sb = fa[s:e], fb[s:e]
+                nxt = slice(e, min(hi, e + step))
+                self.rel_a.prefetch_piece(ia.file, fa[nxt])
+                self.rel_b.prefetch_piece(ib.file, fb[nxt])
+                for i in range(0, e - s, FLOAT_ELEMS):
+                    acc.add(sa[i:i + FLOAT_ELEMS], sb[i:i + FLOAT_ELEMS])
+                self.rel_a.release_piece(ia.file, sa)
+                self.rel_b.release_piece(ib.file, sb)
+                advance((e - s) * item)
+            return acc
+
+        futures = [_pool().submit(run, lo, hi) for lo, hi in bounds]
+        total = None
+        for f in futures:
+            acc = f.result()
+            if total is None:
+                total = acc
+            else:
+                total.merge(acc)
+        self.seen = n * item
+        return total
+
+    def norms(self, va, ia, side: str) -> float:
+        """‖va‖₂ (for identical tensors, whose norms the grouped view needs)."""
+        rel = self.rel_a if side == "a" else self.rel_b
+        elems = max(1, min(FLOAT_ELEMS, self.chunk_bytes // 32))
+        x = np.empty(elems, np.complex128 if va.dtype.kind == "c" else np.float64)
+        u = np.empty(elems, np.uint32)
+        total = 0.0
+        for piece in iter_flat_chunks(va, elems * max(va.itemsize, 1)):
+            xs = x[:piece.size]
+            _to_float(piece, xs, u)
+            with np.errstate(invalid="ignore", over="ignore"):
+                if xs.dtype.kind == "c":
+                    total += float(np.vdot(xs, xs).real)
+                elif np.isfinite(v := float(xs @ xs)):
+                    total += v
+                else:
+                    fin = xs[np.isfinite(xs)]
+                    total += float((fin * fin).sum())
+            rel.release_piece(ia.file, piece)
+        return math.sqrt(total)
 
     def decoded(self, ma, ta, mb, tb, atol: float, rtol: float, skip: int = 0) -> ValueDiff:
         """Like `floats`, with either side decoded (`dequant.iter_decoded`) piece by piece.
@@ -426,8 +560,64 @@ def _released(pieces: Iterator[np.ndarray], rel: PageReleaser, file: str) -> Ite
         rel.release_piece(file, piece)
 
 
+_POOL: ThreadPoolExecutor | None = None
+_POOL_LOCK = threading.Lock()
+
+
+def _workers() -> int:
+    return max(1, min(8, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
+                      else (os.cpu_count() or 1)))
+
+
+def _pool() -> ThreadPoolExecutor:
+    """One pool per process, one thread per core (numpy and BLAS release the GIL in the loops)."""
+    global _POOL
+    with _POOL_LOCK:
+        if _POOL is None:
+            _POOL = ThreadPoolExecutor(_workers(), thread_name_prefix="tensorscope-diff")
+        return _POOL
+
+
+# fp8 and other one-byte float dtypes convert through a 256-entry table (ml_dtypes' own casts go
+# element by element); filled on first use.
+_TABLES: dict[str, np.ndarray] = {}
+_BF16 = np.dtype(ml_dtypes.bfloat16)
+
+
+def _table(piece: np.ndarray) -> np.ndarray:
+    key = str(piece.dtype)
+    t = _TABLES.get(key)
+    if t is None:
+        t = _TABLES[key] = np.arange(256, dtype=np.uint8).view(piece.dtype).astype(np.float64)
+    return t
+
+
+def _to_float(piece: np.ndarray, out: np.ndarray, scratch: np.ndarray) -> None:
+    """Convert ``piece`` into ``out`` (float64/complex128), exactly, by the fastest route numpy has:
+    bfloat16 is float32's upper half (a shift), one-byte floats go through a table, the rest through
+    numpy's own cast (float16 is converted in hardware where numpy can)."""
+    dt = piece.dtype
+    if dt == _BF16:
+        u = scratch[: piece.size]
+        np.left_shift(piece.view(np.uint16), 16, out=u, dtype=np.uint32)
+        np.copyto(out, u.view(np.float32))
+    elif dt.itemsize == 1 and dt.kind not in "iub":
+        np.take(_table(piece), piece.view(np.uint8), out=out)
+    else:
+        np.copyto(out, piece, casting="unsafe")
+
+
 class _Accumulator:
-    """Running sums for the float statistics, one piece at a time, in reused buffers."""
+    """Running sums for the float statistics, one piece at a time, in reused buffers.
+
+    The common case (every value finite, real) is one fused pass per piece: both sides converted
+    once into float64 (exact for every input dtype up to float64, so ``max_abs`` and the counts equal
+    torch's float64 figures exactly), then the four sums of products as BLAS dot products
+    (a·a, b·b, a·b, d·d), and |d| reused for the max, the sum, the relative difference and the
+    tolerance test. Pieces are at most `FLOAT_ELEMS` elements: the buffers stay in L2, and OpenBLAS
+    does not start its own threads for dot products of that size (it would fight ours).
+    Anything non-finite or complex takes the careful path (`_general`).
+    """
 
     def __init__(self, atol: float, rtol: float, elems: int, cplx: bool):
         self.atol, self.rtol = float(atol), float(rtol)
@@ -436,75 +626,107 @@ class _Accumulator:
         self.sum_abs = self.sum_sq = 0.0
         self.dot = self.xx = self.yy = 0.0
         self.count = 0
-        self.mismatched = self.nan = self.inf = 0
+        self.mismatched = self.nan = self.inf = self.zero_ref = 0
         work = np.complex128 if cplx else np.float64
         self.x, self.y = np.empty(elems, work), np.empty(elems, work)
-        self.ad, self.t, self.r = (np.empty(elems, np.float64) for _ in range(3))
+        self.d, self.t = np.empty(elems, np.float64), np.empty(elems, np.float64)
+        self.u = np.empty(elems, np.uint32)
         self.flag = np.empty(elems, np.bool_)
+
+    def merge(self, o: "_Accumulator") -> None:
+        """Fold in the sums of another accumulator (a slice of the same tensor, another thread)."""
+        self.max_abs = max(self.max_abs, o.max_abs)
+        self.max_rel = max(self.max_rel, o.max_rel)
+        self.sum_abs += o.sum_abs
+        self.sum_sq += o.sum_sq
+        self.dot += o.dot
+        self.xx += o.xx
+        self.yy += o.yy
+        self.count += o.count
+        self.mismatched += o.mismatched
+        self.nan += o.nan
+        self.inf += o.inf
+        self.zero_ref += o.zero_ref
 
     def add(self, pa: np.ndarray, pb: np.ndarray) -> None:
         n = pa.size
         x, y = self.x[:n], self.y[:n]
-        np.copyto(x, pa, casting="unsafe")
-        np.copyto(y, pb, casting="unsafe")
+        _to_float(pa, x, self.u)
+        _to_float(pb, y, self.u)
+        if x.dtype.kind == "c":
+            self._general(x, y)
+            return
+        d, t = self.d[:n], self.t[:n]
         with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
-            if x.dtype.kind == "c":
+            np.subtract(x, y, out=d)
+            sq = float(d @ d)
+            xx, yy = float(x @ x), float(y @ y)
+            if not (math.isfinite(sq) and math.isfinite(xx) and math.isfinite(yy)):
+                # A NaN or Inf somewhere (or a square that overflows): the careful path.
                 self._general(x, y)
                 return
-            ad, t, r = self.ad[:n], self.t[:n], self.r[:n]
-            np.subtract(x, y, out=ad)
-            np.abs(ad, out=ad)
-            worst = float(ad.max())
-            if not math.isfinite(worst):
-                # A NaN or Inf somewhere (or an overflowing difference): the careful path.
-                self._general(x, y)
-                return
-            # Every |a-b| is finite, so both sides are finite at every position.
-            np.abs(y, out=t)
-            np.divide(ad, t, out=r)                     # 0/0 -> NaN (ignored), x/0 -> inf
-            rel = float(np.fmax.reduce(r))
-            # torch.isclose on finite values: |a-b| <= atol + rtol*|b| (a == b implies it).
-            t *= self.rtol
-            t += self.atol
-            self.mismatched += int(np.count_nonzero(np.greater(ad, t, out=self.flag[:n])))
+            self.dot += float(x @ y)
+            self.sum_sq += sq
+            self.xx += xx
+            self.yy += yy
             self.count += n
+            np.abs(d, out=d)
+            worst = float(d.max())
             self.max_abs = max(self.max_abs, worst)
-            self.max_rel = max(self.max_rel, 0.0 if math.isnan(rel) else rel)
-            self.sum_abs += float(ad.sum())
-            self.sum_sq += float(np.multiply(ad, ad, out=r).sum())
-            self.dot += float(np.multiply(x, y, out=r).sum())
-            self.xx += float(np.multiply(x, x, out=r).sum())
-            self.yy += float(np.multiply(y, y, out=r).sum())
+            self.sum_abs += float(d.sum())
+            if worst == 0.0:
+                self.max_rel = max(self.max_rel, 0.0)
+                return
+            np.abs(y, out=t)
+            # |a-b| / |b| over the positions where b is not exactly 0 (0/0 is NaN, which fmax
+            # skips; x/0 is inf and means a zero of the reference: counted apart, then excluded).
+            rel = float(np.fmax.reduce(np.divide(d, t, out=x)))
+            if rel == math.inf:
+                zero = np.equal(t, 0.0, out=self.flag[:n])
+                self.zero_ref += int(np.count_nonzero(d[zero]))
+                rel = float(np.fmax.reduce(x[~zero])) if not zero.all() else math.nan
+            if not math.isnan(rel):
+                self.max_rel = max(self.max_rel, rel)
+            # torch.isclose on finite values: |a-b| <= atol + rtol*|b| (a == b implies it).
+            if worst > self.atol:
+                t *= self.rtol
+                t += self.atol
+                self.mismatched += int(np.count_nonzero(np.greater(d, t, out=self.flag[:n])))
 
     def _general(self, x: np.ndarray, y: np.ndarray) -> None:
         """Any values, NaN and Inf included (allocates temporaries; also the complex path)."""
-        ad = np.abs(x - y)
-        ay = np.abs(y)
-        # torch.isclose: a == b, or a finite error within atol + rtol*|b| (NaN never matches).
-        close = (x == y) | (np.isfinite(ad) & (ad <= self.atol + self.rtol * ay))
-        self.mismatched += int(close.size - np.count_nonzero(close))
-        both = np.isfinite(x) & np.isfinite(y)
-        if not both.all():
-            nan = np.isnan(x) | np.isnan(y)
-            self.nan += int(np.count_nonzero(nan))
-            self.inf += int(np.count_nonzero(~both & ~nan & (x != y)))
-            x, y, ad, ay = x[both], y[both], ad[both], ay[both]
-        if ad.size == 0:
-            return
-        self.count += ad.size
-        self.max_abs = max(self.max_abs, float(ad.max()))
-        rel = np.where(ad == 0, 0.0, ad / ay)
-        self.max_rel = max(self.max_rel, float(rel.max()))
-        self.sum_abs += float(ad.sum())
-        self.sum_sq += float((ad * ad).sum())
-        if x.dtype.kind == "c":
-            self.dot += float((x.conj() * y).real.sum())
-            self.xx += float((x.conj() * x).real.sum())
-            self.yy += float((y.conj() * y).real.sum())
-        else:
-            self.dot += float((x * y).sum())
-            self.xx += float((x * x).sum())
-            self.yy += float((y * y).sum())
+        with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
+            ad = np.abs(x - y)
+            ay = np.abs(y)
+            # torch.isclose: a == b, or a finite error within atol + rtol*|b| (NaN never matches).
+            close = (x == y) | (np.isfinite(ad) & (ad <= self.atol + self.rtol * ay))
+            self.mismatched += int(close.size - np.count_nonzero(close))
+            both = np.isfinite(x) & np.isfinite(y)
+            if not both.all():
+                nan = np.isnan(x) | np.isnan(y)
+                self.nan += int(np.count_nonzero(nan))
+                self.inf += int(np.count_nonzero(~both & ~nan & (x != y)))
+                x, y, ad, ay = x[both], y[both], ad[both], ay[both]
+            if ad.size == 0:
+                return
+            self.count += ad.size
+            self.max_abs = max(self.max_abs, float(ad.max()))
+            ref = ay != 0
+            self.zero_ref += int(np.count_nonzero(ad[~ref]))
+            if ref.any():
+                self.max_rel = max(self.max_rel, float((ad[ref] / ay[ref]).max()))
+            elif not ad.any():
+                self.max_rel = max(self.max_rel, 0.0)  # nothing differs: 0, whatever b is
+            self.sum_abs += float(ad.sum())
+            self.sum_sq += float((ad * ad).sum())
+            if x.dtype.kind == "c":
+                self.dot += float((x.conj() * y).real.sum())
+                self.xx += float((x.conj() * x).real.sum())
+                self.yy += float((y.conj() * y).real.sum())
+            else:
+                self.dot += float((x * y).sum())
+                self.xx += float((x * x).sum())
+                self.yy += float((y * y).sum())
 
     def result(self, numel: int, compared_as: str) -> ValueDiff:
         if self.count == 0:
@@ -513,11 +735,21 @@ class _Accumulator:
         cosine = None
         if self.xx > 0 and self.yy > 0 and math.isfinite(self.xx) and math.isfinite(self.yy):
             cosine = self.dot / (math.sqrt(self.xx) * math.sqrt(self.yy))
-        return ValueDiff(numel, False, max_abs=self.max_abs, max_rel=self.max_rel,
+        return ValueDiff(numel, False, max_abs=self.max_abs,
+                         max_rel=self.max_rel if self.max_rel >= 0 else None,
                          mean_abs=self.sum_abs / self.count,
                          rms=math.sqrt(self.sum_sq / self.count), cosine=cosine,
                          mismatched=self.mismatched, nan_mismatch=self.nan, inf_mismatch=self.inf,
-                         compared_as=compared_as)
+                         compared_as=compared_as, norm_a=math.sqrt(self.xx),
+                         norm_b=math.sqrt(self.yy), norm_diff=math.sqrt(self.sum_sq),
+                         zero_ref=self.zero_ref)
+
+
+def _identical(numel: int, norm: float | None = None) -> ValueDiff:
+    """Identical values: every difference 0; the norms and cosine when ``norm`` was computed."""
+    cos = (1.0 if norm > 0 else None) if norm is not None and math.isfinite(norm) else None
+    return ValueDiff(numel, True, 0.0, 0.0, 0.0, 0.0, cos, 0, 0, 0, "bytes",
+                     norm_a=norm, norm_b=norm, norm_diff=0.0)
 
 
 def _readable(model: ModelFile, t: TensorInfo) -> bool:
@@ -536,7 +768,7 @@ def compare_values(ma: ModelFile, ta: TensorInfo, mb: ModelFile, tb: TensorInfo,
         raise ValueError(f"compare_values: shapes differ ({ta.shape} vs {tb.shape})")
     if not (_readable(ma, ta) and _readable(mb, tb)):
         return None
-    rel_a, rel_b = PageReleaser(ma), PageReleaser(mb)
+    rel_a, rel_b = _Pages(ma), _Pages(mb)
     walker = _Walker(rel_a, rel_b, progress, chunk_bytes)
     try:
         return _compare(walker, ma, ta, mb, tb, atol, rtol)
@@ -554,7 +786,8 @@ def _compare(walker: _Walker, ma, ta, mb, tb, atol, rtol) -> ValueDiff | None:
         if va.shape != vb.shape or va.dtype != vb.dtype:  # bytes-only views of different sizes
             return ValueDiff(ta.numel, False, mismatched=None)
         if walker.same_bytes(va, vb, ta, tb) and _same_qparams(ta, tb):
-            return ValueDiff(ta.numel, True, 0.0, 0.0, 0.0, 0.0, None, 0, 0, 0, "bytes")
+            return _identical(ta.numel, walker.norms(va, ta, "a")
+                              if walker.want_norms and numeric else None)
         if decoded:
             return walker.decoded(ma, ta, mb, tb, atol, rtol, skip=walker.seen)
         if not numeric:
@@ -751,7 +984,7 @@ def diff_models(a, b, *, atol: float = 1e-8, rtol: float = 1e-5, values: bool = 
                 strip_prefix: Sequence[str] = (), maps: Sequence[tuple[str, str]] = (),
                 detect_prefix: bool = True, detect_renames: bool = True,
                 progress: Callable[[int], None] | None = None,
-                chunk_bytes: int = 16 << 20) -> DiffResult:
+                chunk_bytes: int = 16 << 20, norms: bool = False) -> DiffResult:
     """Compare two models tensor by tensor.
 
     Args:
@@ -766,6 +999,8 @@ def diff_models(a, b, *, atol: float = 1e-8, rtol: float = 1e-5, values: bool = 
         detect_renames: pair removed and added tensors whose bytes are equal.
         progress: called with the number of bytes read after each chunk.
         chunk_bytes: stored bytes compared per step (peak memory is a small multiple of it).
+        norms: also read tensors whose bytes are identical for their 2-norms, so that grouped
+            relative changes (`group_changes`) have every tensor in their denominators.
 
     Returns:
         The `DiffResult`.
@@ -787,7 +1022,8 @@ def diff_models(a, b, *, atol: float = 1e-8, rtol: float = 1e-5, values: bool = 
         mb = _as_model(b, opened)
         return _diff(ma, mb, atol=atol, rtol=rtol, values=values, strip=tuple(strip_prefix),
                      maps=tuple((str(o), str(n)) for o, n in maps), detect_prefix=detect_prefix,
-                     detect_renames=detect_renames, progress=progress, chunk_bytes=chunk_bytes)
+                     detect_renames=detect_renames, progress=progress, chunk_bytes=chunk_bytes,
+                     norms=norms)
     finally:
         for m in opened:
             m.close()
@@ -827,7 +1063,7 @@ def _tied_pair(ma, ta, mb, tb, walker, values, atol, rtol, side: str) -> TensorD
 
 
 def _diff(ma: ModelFile, mb: ModelFile, *, atol, rtol, values, strip, maps, detect_prefix,
-          detect_renames, progress, chunk_bytes) -> DiffResult:
+          detect_renames, progress, chunk_bytes, norms=False) -> DiffResult:
     names_a = [_strip_user(t.name, strip) for t in ma.tensors]
     names_b = [_strip_user(t.name, strip) for t in mb.tensors]
     pa, pb = ("", "")
@@ -836,8 +1072,9 @@ def _diff(ma: ModelFile, mb: ModelFile, *, atol, rtol, values, strip, maps, dete
     ka = _keyed(ma.tensors, strip, maps, pa)
     kb = _keyed(mb.tensors, strip, maps, pb)
 
-    rel_a, rel_b = PageReleaser(ma), PageReleaser(mb)
+    rel_a, rel_b = _Pages(ma), _Pages(mb)
     walker = _Walker(rel_a, rel_b, progress, chunk_bytes)
+    walker.want_norms = norms
     entries: list[TensorDiff] = []
     tied_a = _tied(ka, kb)     # A name -> B tensor it is stored as (tied weights)
     tied_b = _tied(kb, ka)     # B name -> A tensor
@@ -849,8 +1086,15 @@ def _diff(ma: ModelFile, mb: ModelFile, *, atol, rtol, values, strip, maps, dete
             renamed[ta.name] = tb
     renamed_b = {t.name for t in renamed.values()}
 
-    for key, ta in ka.items():
+    pending = list(ka.items())
+    for i, (key, ta) in enumerate(pending):
         tb = kb.get(key)
+        if values and i + 1 < len(pending) and pending[i + 1][1].nbytes >= RELEASE_BYTES:
+            # read ahead: the kernel fetches the next pair's first pages while this one is compared
+            nxt = pending[i + 1]
+            rel_a.prefetch_tensor(nxt[1])
+            if nxt[0] in kb:
+                rel_b.prefetch_tensor(kb[nxt[0]])
         if tb is not None:
             entries.append(_pair(ma, ta, mb, tb, walker, values, atol, rtol))
         elif ta.name in tied_a:
@@ -860,8 +1104,7 @@ def _diff(ma: ModelFile, mb: ModelFile, *, atol, rtol, values, strip, maps, dete
             tb = renamed[ta.name]
             entries.append(TensorDiff("renamed", ta.name, tb.name, ta, tb,
                                       [f"name {ta.name} -> {tb.name}"],
-                                      ValueDiff(ta.numel, True, 0.0, 0.0, 0.0, 0.0, None, 0, 0, 0,
-                                                "bytes")))
+                                      _identical(ta.numel)))
         else:
             entries.append(TensorDiff("removed", ta.name, None, ta, None))
     for key, tb in kb.items():
