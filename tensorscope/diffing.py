@@ -106,6 +106,8 @@ JSON schema (``DiffResult.to_dict()``; keys sorted by the CLI; non-finite floats
 """
 from __future__ import annotations
 
+import functools
+import gc
 import hashlib
 import math
 import mmap
@@ -120,11 +122,12 @@ import numpy as np
 
 from . import dequant, dtypes
 from .errors import TensorscopeError
-from .model import ModelFile, TensorInfo
+from .model import ModelFile, TensorInfo, contiguous_stride
 from .reader import PageReleaser, iter_flat_chunks
 
-__all__ = ["ValueDiff", "TensorDiff", "DiffResult", "diff_models", "compare_values", "detect_prefixes",
-           "STATUSES", "SCHEMA"]
+__all__ = ["ValueDiff", "TensorDiff", "DiffResult", "GroupChange", "diff_models", "compare_values",
+           "detect_prefixes", "group_changes", "reason", "STATUSES", "SCHEMA", "GROUP_BY",
+           "PER_SAVE_KEYS"]
 
 STATUSES = ("same", "changed", "added", "removed", "renamed")
 SCHEMA = "tensorscope.diff/2"
@@ -135,6 +138,7 @@ FLOAT_ELEMS = 8192       # elements per float64 step: 64 KiB buffers that stay i
                          # OpenBLAS's threshold (10,000) for threading a dot product
 PARALLEL_ELEMS = 1 << 20  # pairs this large are split across the thread pool
 RELEASE_BYTES = 4 << 20   # read ahead / release behind in steps of this many stored bytes
+SMALL_BYTES = 64 << 10    # pairs below this compare as byte strings and release in batches
 
 
 # ------------------------------------------------------------------------------------------------
@@ -293,16 +297,19 @@ class DiffResult:
     def exit_code(self) -> int:
         return 0 if self.identical else 1
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self, entries: bool = True) -> dict[str, Any]:
+        """The JSON document (module docstring); ``entries=False`` leaves the entries out, for a
+        writer that streams them."""
         return {"schema": SCHEMA, "a_path": self.a_path, "b_path": self.b_path,
                 "a_format": self.a_format,
                 "b_format": self.b_format, "prefix_a": self.prefix_a, "prefix_b": self.prefix_b,
                 "strip_prefix": list(self.strip_prefix), "maps": [list(m) for m in self.maps],
                 "atol": self.atol, "rtol": self.rtol, "values_compared": self.values_compared,
                 "identical": self.identical, "exit_code": self.exit_code, "counts": self.counts,
-                "metadata": [{"key": k, "a": _jsonable(va), "b": _jsonable(vb)}
+                "metadata": [{"key": k, "a": _jsonable(va), "b": _jsonable(vb),
+                              "per_save": k in PER_SAVE_KEYS}
                              for k, va, vb in self.metadata],
-                "entries": [e.to_dict() for e in self.entries]}
+                "entries": [e.to_dict() for e in self.entries] if entries else None}
 
 
 def _jsonable(v):
@@ -315,6 +322,111 @@ def _jsonable(v):
     if isinstance(v, (str, int, bool)) or v is None:
         return v
     return str(v)
+
+
+# ------------------------------------------------------------------------------------------------
+# Where the model changed: relative change per layer / module kind
+# ------------------------------------------------------------------------------------------------
+
+@dataclass
+class GroupChange:
+    """The tensors of one layer (``model.layers.3``) or one module kind (``self_attn.q_proj``).
+
+    Norms add as sums of squares over the group's compared pairs (never a mean of per-tensor
+    ratios): ``rel_change`` = sqrt(Σ‖B−A‖²) / sqrt(Σ‖A‖²). ``unknown`` counts pairs whose norms
+    were not computed (identical bytes without ``norms=True``, bytes-only dtypes, shape changes);
+    ``added``/``removed`` tensors count in ``tensors`` and ``changed`` only.
+    """
+
+    key: str
+    tensors: int = 0
+    changed: int = 0
+    unknown: int = 0
+    sq_a: float = 0.0
+    sq_diff: float = 0.0
+
+    @property
+    def norm_a(self) -> float:
+        return math.sqrt(self.sq_a)
+
+    @property
+    def norm_diff(self) -> float:
+        return math.sqrt(self.sq_diff)
+
+    @property
+    def rel_change(self) -> float | None:
+        if self.sq_diff == 0.0:
+            return 0.0
+        return self.norm_diff / self.norm_a if self.sq_a > 0 else None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"key": self.key, "tensors": self.tensors, "changed": self.changed,
+                "unknown": self.unknown, "norm_a": _num(self.norm_a),
+                "norm_diff": _num(self.norm_diff), "rel_change": _num(self.rel_change)}
+
+
+GROUP_BY = ("layer", "module")
+
+
+def group_changes(entries: Sequence["TensorDiff"], by: str) -> list[GroupChange]:
+    """Aggregate entries per layer (``by="layer"``, `grouping.layer_key`) or per module kind
+    (``"module"``, `grouping.module_key`), ranked by relative change (largest first; groups whose
+    change is unknown last), ties in first-seen order."""
+    from . import grouping
+    keyf = {"layer": grouping.layer_key, "module": grouping.module_key}.get(by)
+    if keyf is None:
+        raise ValueError(f"group by one of {GROUP_BY}, not {by!r}")
+    groups: dict[str, GroupChange] = {}
+    for e in entries:
+        info = e.a if e.a is not None else e.b
+        key = keyf(e.name, info.path if info is not None and len(info.path) > 1 else ())
+        g = groups.get(key)
+        if g is None:
+            g = groups[key] = GroupChange(key)
+        g.tensors += 1
+        if e.status != "same":
+            g.changed += 1
+        v = e.values
+        if e.status in ("added", "removed"):
+            continue
+        if v is None or v.norm_a is None or v.norm_diff is None:
+            g.unknown += 1
+            continue
+        g.sq_a += v.norm_a * v.norm_a
+        g.sq_diff += v.norm_diff * v.norm_diff
+    order = sorted(enumerate(groups.values()),
+                   key=lambda ig: (ig[1].rel_change is None, -(ig[1].rel_change or 0.0), ig[0]))
+    return [g for _, g in order]
+
+
+def reason(e: "TensorDiff") -> str:
+    """Why a pair is listed as it is, in words, for every surface (CLI table, TUI):
+    ``"values: 12 of 4,096 outside tolerance; NaN 1"``, ``"dtype float32 -> bfloat16"``,
+    ``"identical"``, ``"within tolerance"``."""
+    if e.status == "added":
+        return f"only in B: {e.b.dtype} {list(e.b.shape)}"
+    if e.status == "removed":
+        return f"only in A: {e.a.dtype} {list(e.a.shape)}"
+    if e.status == "renamed":
+        return f"renamed to {e.name_b}"
+    parts = [c for c in e.changes if c != "values"]
+    v = e.values
+    if v is not None and "values" in e.changes:
+        if v.mismatched is None:
+            parts.append("stored bytes differ")
+        else:
+            parts.append(f"values: {v.mismatched:,} of {v.numel:,} outside tolerance")
+        if v.nan_mismatch:
+            parts.append(f"NaN on a side at {v.nan_mismatch:,}")
+        if v.inf_mismatch:
+            parts.append(f"Inf differs at {v.inf_mismatch:,}")
+    elif v is not None and v.identical_bytes:
+        parts.append("identical")
+    elif v is not None:
+        parts.append("within tolerance")
+    elif e.status == "same" and not parts:
+        parts.append("values not compared")
+    return "; ".join(parts)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -379,9 +491,20 @@ def _equal_bytes(pa: np.ndarray, pb: np.ndarray) -> bool:
     return bool(np.array_equal(ua, ub))
 
 
+@functools.lru_cache(maxsize=4096)
+def _plain(shape: tuple[int, ...], stride: tuple[int, ...]) -> bool:
+    """C-contiguous strides (cached: a checkpoint has few distinct shapes)."""
+    return all(d <= 1 or s == c for d, s, c in zip(shape, stride, contiguous_stride(shape)))
+
+
 class _Pages(PageReleaser):
-    """`PageReleaser` that also reads ahead: ``MADV_WILLNEED`` on the next piece while this one is
-    computed, so a cold file is read by the kernel in parallel with the arithmetic."""
+    """`PageReleaser` that also reads ahead (``MADV_WILLNEED`` on the next piece while this one is
+    computed, so a cold file is read by the kernel in parallel with the arithmetic), releases
+    small tensors in batches, and hands out a small tensor's stored bytes directly."""
+
+    def __init__(self, model: ModelFile):
+        super().__init__(model)
+        self.pending: dict[str, tuple[int, int, int]] = {}  # file -> (lo, hi, bytes) to release
 
     def prefetch_range(self, file: str, offset: int, length: int) -> None:
         got = self._map(file)
@@ -404,6 +527,38 @@ class _Pages(PageReleaser):
         addr = piece.__array_interface__["data"][0]
         if base <= addr < base + size:
             self.prefetch_range(file, addr - base, piece.nbytes)
+
+    def stored_bytes(self, info: TensorInfo) -> bytes | None:
+        """The bytes of a small tensor stored plainly (C order, one piece) in a local map, or
+        None when it is stored any other way (then the general path reads it)."""
+        if info.byte_offset is None or info.chunks or info.name in self.model.custom_readers:
+            return None
+        got = self._map(info.file)
+        if got is None:
+            return None
+        raw, _, size = got
+        end = info.byte_offset + info.nbytes
+        if end > size or not _plain(info.shape, info.stride):
+            return None
+        return raw[info.byte_offset:end]
+
+    def defer(self, info: TensorInfo) -> None:
+        """Release a small tensor's pages later, with its neighbours: one ``madvise`` per
+        `RELEASE_BYTES` of small tensors instead of one per tensor."""
+        if info.byte_offset is None or not info.file:
+            return
+        lo, hi, n = self.pending.get(info.file, (info.byte_offset, 0, 0))
+        lo, hi = min(lo, info.byte_offset), max(hi, info.byte_offset + info.nbytes)
+        if n + info.nbytes >= RELEASE_BYTES:
+            self.release_range(info.file, lo, hi - lo)
+            self.pending.pop(info.file, None)
+        else:
+            self.pending[info.file] = (lo, hi, n + info.nbytes)
+
+    def flush(self) -> None:
+        for file, (lo, hi, _) in self.pending.items():
+            self.release_range(file, lo, hi - lo)
+        self.pending.clear()
 
     def prefetch_tensor(self, info: TensorInfo) -> None:
         if info.byte_offset is not None and info.file:
@@ -777,6 +932,23 @@ def compare_values(ma: ModelFile, ta: TensorInfo, mb: ModelFile, tb: TensorInfo,
         rel_b.release_tensor(tb)
 
 
+def _same_small(walker: _Walker, ta: TensorInfo, tb: TensorInfo) -> ValueDiff | None:
+    """A small pair whose stored bytes are equal, compared as two byte strings: the per-pair cost
+    that dominates a checkpoint of 100,000 small tensors (no views, no chunk walk, no madvise).
+    None when the bytes differ or are not stored plainly (the general path decides)."""
+    if ta.dtype != tb.dtype or walker.want_norms or not _same_qparams(ta, tb):
+        return None
+    sa = walker.rel_a.stored_bytes(ta)
+    if sa is None:
+        return None
+    sb = walker.rel_b.stored_bytes(tb)
+    if sb is None or sa != sb:
+        return None
+    if walker.progress is not None:
+        walker.progress(len(sa) + len(sb))
+    return _identical(ta.numel)
+
+
 def _compare(walker: _Walker, ma, ta, mb, tb, atol, rtol) -> ValueDiff | None:
     numeric = _numeric(ta) and _numeric(tb)
     decoded = (_decodable(ta) or _decodable(tb)) and all(_decodable(t) or _numeric(t)
@@ -824,13 +996,11 @@ def _common_prefixes(names: Sequence[str]) -> list[str]:
     """Every dotted prefix shared by all ``names`` that leaves each name non-empty, shortest first."""
     if not names:
         return [""]
-    parts = [n.split(".")[:-1] for n in names]
-    common: list[str] = []
-    for level in zip(*parts):
-        if any(p != level[0] for p in level):
-            break
-        common.append(level[0])
-    return ["".join(c + "." for c in common[:i]) for i in range(len(common) + 1)]
+    # The string prefix common to all names is the one common to the smallest and the largest.
+    common = os.path.commonprefix([min(names), max(names)])
+    dotted = common[: common.rfind(".") + 1]      # whole components only, the leaf excluded
+    parts = dotted.split(".")[:-1]
+    return ["".join(c + "." for c in parts[:i]) for i in range(len(parts) + 1)]
 
 
 def _strip(names: Sequence[str], prefix: str) -> set[str]:
@@ -852,6 +1022,8 @@ def detect_prefixes(names_a: Sequence[str], names_b: Sequence[str],
         return {rw(x) for x in _strip(names, prefix)}
 
     best = (len(keys(names_a, "") & keys(names_b, "")), 0, "", "")
+    if best[0] == min(len(set(names_a)), len(set(names_b))):
+        return "", ""  # every name already matches: no prefix can match more
     kb_by_prefix = {pb: keys(names_b, pb) for pb in _common_prefixes(names_b)}
     for pa in _common_prefixes(names_a):
         ka = keys(names_a, pa)
@@ -892,6 +1064,11 @@ def _flatten(d: Any, prefix: str = "") -> dict[str, Any]:
             else:
                 out[key] = v
     return out
+
+
+# Metadata that differs between any two saves of one model (torch writes a fresh serialization id
+# and names the archive folder after the file): shown only on request (``-v``).
+PER_SAVE_KEYS = frozenset({"serialization_id", "archive_prefix"})
 
 
 def _metadata_diff(ma: ModelFile, mb: ModelFile) -> list[tuple[str, Any, Any]]:
@@ -969,11 +1146,18 @@ def _pair(ma, ta, mb, tb, walker: _Walker, values: bool, atol, rtol) -> TensorDi
         changes.append(f"stride {_fmt_shape(ta.stride)} -> {_fmt_shape(tb.stride)}")
     vd = None
     if values and ta.shape == tb.shape and _readable(ma, ta) and _readable(mb, tb):
+        small = ta.nbytes < SMALL_BYTES and tb.nbytes < SMALL_BYTES
         try:
-            vd = _compare(walker, ma, ta, mb, tb, atol, rtol)
+            vd = _same_small(walker, ta, tb) if small else None
+            if vd is None:
+                vd = _compare(walker, ma, ta, mb, tb, atol, rtol)
         finally:
-            walker.rel_a.release_tensor(ta)
-            walker.rel_b.release_tensor(tb)
+            if small:
+                walker.rel_a.defer(ta)
+                walker.rel_b.defer(tb)
+            else:
+                walker.rel_a.release_tensor(ta)
+                walker.rel_b.release_tensor(tb)
         if vd is not None and vd.differs:
             changes.append("values")
     structural = any(not c.startswith("stride ") for c in changes)
@@ -1017,6 +1201,8 @@ def diff_models(a, b, *, atol: float = 1e-8, rtol: float = 1e-5, values: bool = 
         if not tol >= 0:  # also rejects NaN; torch.isclose refuses negative tolerances too
             raise TensorscopeError(f"{label} must be a number >= 0, got {tol}")
     opened: list[ModelFile] = []
+    gc_was = gc.isenabled()
+    gc.disable()  # records without cycles, by the 100,000: collections would cost half the time
     try:
         ma = _as_model(a, opened)
         mb = _as_model(b, opened)
@@ -1025,6 +1211,8 @@ def diff_models(a, b, *, atol: float = 1e-8, rtol: float = 1e-5, values: bool = 
                      detect_renames=detect_renames, progress=progress, chunk_bytes=chunk_bytes,
                      norms=norms)
     finally:
+        if gc_was:
+            gc.enable()
         for m in opened:
             m.close()
 
@@ -1076,8 +1264,9 @@ def _diff(ma: ModelFile, mb: ModelFile, *, atol, rtol, values, strip, maps, dete
     walker = _Walker(rel_a, rel_b, progress, chunk_bytes)
     walker.want_norms = norms
     entries: list[TensorDiff] = []
-    tied_a = _tied(ka, kb)     # A name -> B tensor it is stored as (tied weights)
-    tied_b = _tied(kb, ka)     # B name -> A tensor
+    # tied weights matter only for names one side lacks
+    tied_a = _tied(ka, kb) if ka.keys() - kb.keys() else {}  # A name -> B tensor stored as
+    tied_b = _tied(kb, ka) if kb.keys() - ka.keys() else {}  # B name -> A tensor
     removed = [t for k, t in ka.items() if k not in kb and t.name not in tied_a]
     added = [t for k, t in kb.items() if k not in ka and t.name not in tied_b]
     renamed: dict[str, TensorInfo] = {}  # A name -> B tensor
@@ -1115,6 +1304,8 @@ def _diff(ma: ModelFile, mb: ModelFile, *, atol, rtol, values, strip, maps, dete
         elif key not in ka and tb.name not in renamed_b:
             entries.append(TensorDiff("added", None, tb.name, None, tb))
 
+    rel_a.flush()
+    rel_b.flush()
     return DiffResult(a_path=ma.path, b_path=mb.path, a_format=ma.format, b_format=mb.format,
                       entries=entries, prefix_a=pa, prefix_b=pb, metadata=_metadata_diff(ma, mb),
                       atol=float(atol), rtol=float(rtol), values_compared=bool(values),

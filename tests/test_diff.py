@@ -351,7 +351,7 @@ def test_metadata_differences_flattened_and_not_counted(tmp_path):
     assert res.metadata == [("only_a", [1, 2], None), ("only_b", None, 1.5),
                             ("producer.version", 1, 2)]
     assert res.exit_code == 0
-    assert res.to_dict()["metadata"][0] == {"key": "only_a", "a": [1, 2], "b": None}
+    assert res.to_dict()["metadata"][0] == {"key": "only_a", "a": [1, 2], "b": None, "per_save": False}
     # Across formats only the keys both sides have are compared.
     mb.format = "other"
     res = diff_models(ma, mb)
