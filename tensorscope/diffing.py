@@ -126,7 +126,7 @@ from .model import ModelFile, TensorInfo, contiguous_stride
 from .reader import PageReleaser, iter_flat_chunks
 
 __all__ = ["ValueDiff", "TensorDiff", "DiffResult", "GroupChange", "diff_models", "compare_values",
-           "detect_prefixes", "group_changes", "reason", "STATUSES", "SCHEMA", "GROUP_BY",
+           "detect_prefixes", "group_changes", "ranked", "reason", "STATUSES", "SCHEMA", "GROUP_BY",
            "PER_SAVE_KEYS"]
 
 STATUSES = ("same", "changed", "added", "removed", "renamed")
@@ -342,6 +342,7 @@ class GroupChange:
     tensors: int = 0
     changed: int = 0
     unknown: int = 0
+    compared: int = 0
     sq_a: float = 0.0
     sq_diff: float = 0.0
 
@@ -355,13 +356,16 @@ class GroupChange:
 
     @property
     def rel_change(self) -> float | None:
+        """None when no pair of the group has known norms, or when ‖A‖ is 0 and B differs."""
+        if not self.compared:
+            return None
         if self.sq_diff == 0.0:
             return 0.0
         return self.norm_diff / self.norm_a if self.sq_a > 0 else None
 
     def to_dict(self) -> dict[str, Any]:
         return {"key": self.key, "tensors": self.tensors, "changed": self.changed,
-                "unknown": self.unknown, "norm_a": _num(self.norm_a),
+                "unknown": self.unknown, "compared": self.compared, "norm_a": _num(self.norm_a),
                 "norm_diff": _num(self.norm_diff), "rel_change": _num(self.rel_change)}
 
 
@@ -392,11 +396,33 @@ def group_changes(entries: Sequence["TensorDiff"], by: str) -> list[GroupChange]
         if v is None or v.norm_a is None or v.norm_diff is None:
             g.unknown += 1
             continue
+        g.compared += 1
         g.sq_a += v.norm_a * v.norm_a
         g.sq_diff += v.norm_diff * v.norm_diff
     order = sorted(enumerate(groups.values()),
                    key=lambda ig: (ig[1].rel_change is None, -(ig[1].rel_change or 0.0), ig[0]))
     return [g for _, g in order]
+
+
+def ranked(entries: Sequence["TensorDiff"]) -> list["TensorDiff"]:
+    """Largest change first: structural changes (added, removed, renamed, dtype, shape), then value
+    changes, then layout-only changes, then the rest; within each, by relative change
+    ‖B−A‖/‖A‖, then max_abs, both descending (NaN first); ties keep the model's order."""
+    def key(item):
+        i, e = item
+        if e.structural:
+            rank = 0
+        elif e.status == "changed":
+            rank = 1
+        elif e.changes:
+            rank = 2
+        else:
+            rank = 3
+        v = e.values
+        rel = v.rel_change if v is not None and v.rel_change is not None else -1.0
+        m = v.max_abs if v is not None and v.max_abs is not None else -1.0
+        return (rank, -(math.inf if rel != rel else rel), -(math.inf if m != m else m), i)
+    return [e for _, e in sorted(enumerate(entries), key=key)]
 
 
 def reason(e: "TensorDiff") -> str:

@@ -166,28 +166,9 @@ def _emit_json(result: DiffResult, shown: list[TensorDiff], groups, by) -> None:
 
 
 def ordered(entries: list[TensorDiff]) -> list[TensorDiff]:
-    """Largest change first: structural changes (added, removed, renamed, dtype, shape), then value
-    changes, then the rest; within each, by relative change ||B-A||/||A||, then max_abs, both
-    descending; ties keep the model's order."""
-    def key(item):
-        i, e = item
-        if e.structural:
-            rank = 0
-        elif e.status == "changed":
-            rank = 1
-        elif e.changes:
-            rank = 2  # layout only
-        else:
-            rank = 3
-        v = e.values
-        rel = v.rel_change if v is not None and v.rel_change is not None else -1.0
-        m = v.max_abs if v is not None and v.max_abs is not None else -1.0
-        if m != m:  # NaN sorts first among its rank
-            m = float("inf")
-        if rel != rel:
-            rel = float("inf")
-        return (rank, -rel, -m, i)
-    return [e for _, e in sorted(enumerate(entries), key=key)]
+    """Largest change first (`tensorscope.diffing.ranked`)."""
+    from ..diffing import ranked
+    return ranked(entries)
 
 
 def _g(v, digits: int = 4) -> str:
