@@ -49,9 +49,14 @@ Per aligned pair:
 Statistics (over positions where both values are finite; NaN and Inf are counted apart):
 
 - ``max_abs`` = max |a-b| (equals torch's ``(a.double()-b.double()).abs().max()`` without NaN/Inf);
-- ``max_rel`` = max |a-b|/|b|, where a position with a == b counts 0 and b == 0 != a counts inf
-  (torch.testing.assert_close's "relative difference", taken over all positions);
+- ``max_rel`` = max |a-b|/|b| over the positions where b != 0. Exact zeros of the reference B are
+  left out (|a-b|/0 is inf on every pruned or zero-initialised tensor and says nothing) and
+  counted apart: ``zero_ref`` = positions where b == 0 and a != 0 (torch.testing likewise
+  documents its own choice for zeros). 0.0 when nothing differs; None when B is 0 wherever they
+  differ;
 - ``mean_abs`` = mean |a-b|; ``rms`` = sqrt(mean |a-b|^2);
+- ``norm_a``, ``norm_b``, ``norm_diff`` = ‖A‖₂, ‖B‖₂, ‖B−A‖₂; ``rel_change`` = ‖B−A‖₂ / ‖A‖₂ (0.0
+  when nothing differs, None when A is all zero): "how much did this tensor change";
 - ``cosine`` = sum(a*b) / (|a| |b|) (complex: the real part of sum(conj(a)*b)); None when a side is
   all zero or nothing is finite;
 - ``mismatched`` = positions where ``torch.isclose(a, b, rtol, atol, equal_nan=False)`` is false in
@@ -61,33 +66,60 @@ Statistics (over positions where both values are finite; NaN and Inf are counted
 - the status is "changed" with "values" in ``changes`` when ``mismatched > 0`` (or, for bytes-only
   dtypes, when the bytes differ). Bytes that differ within tolerance (-0.0 against 0.0, a tiny
   perturbation) keep the status "same", with ``identical_bytes=False`` and the statistics shown.
+  `reason` says why a pair is listed as it is, in words, for the CLI and the TUI alike.
+
+Identical bytes are not converted: their differences are 0 and their norms and cosine are None,
+unless ``norms=True`` (then they are read once more for ‖A‖, and cosine is 1.0).
+
+How it runs. Every numeric pair whose bytes differ goes through one fused pass per piece of
+`FLOAT_ELEMS` elements: both sides converted once into float64 (exact from every stored dtype, so
+max_abs and the counts equal torch's float64 figures exactly, the sums to ~1e-12), then four BLAS
+dot products (a·a, b·b, a·b, d·d) and |d| reused for the max, the sum, the relative difference and
+the tolerance test. float32 would halve the arithmetic's memory traffic, but the conversion from
+float16/bfloat16 dominates the pass, and float64 keeps max_abs and the counts exact, so the pass
+stays float64. Pairs of `PARALLEL_ELEMS` elements or more are split into slices over a thread
+pool of one thread per core (numpy and BLAS release the GIL); each slice asks the kernel for its
+next `RELEASE_BYTES` (``MADV_WILLNEED``) while it computes the current ones and releases the pages
+behind it (``MADV_DONTNEED`` on the read-only map); the slices' sums are folded in slice order, so
+the figures do not depend on timing. Small pairs (under `SMALL_BYTES`) whose stored bytes are
+plain are compared as two byte strings with their pages released in batches: the per-pair cost
+that dominates checkpoints of 100,000 small expert tensors.
+
+Where it changed (`group_changes`): entries grouped by `tensorscope.grouping.layer_key`
+(``model.layers.3``) or `module_key` (``self_attn.q_proj``), norms added as sums of squares over
+the group's pairs (never a mean of ratios): ``rel_change`` = sqrt(Σ‖B−A‖²) / sqrt(Σ‖A‖²), ranked.
+Run the diff with ``norms=True`` so that identical tensors count in the denominators.
 
 Exit code: 0 when every tensor is "same" (after prefix stripping), 1 otherwise. Metadata
 differences (format names, versions, safetensors ``__metadata__``) are reported, never counted:
 ``model.metadata`` is flattened to dotted keys (``producer.version``); between two files of one
 format every key present on either side is compared, between two formats only the keys both have
-(plus a ``format`` row).
+(plus a ``format`` row). `PER_SAVE_KEYS` (torch's ``serialization_id`` and ``archive_prefix``)
+differ between any two saves: they are flagged ``per_save`` and the CLI shows them only with -v.
 
-Memory stays flat: values are read through zero-copy views chunk by chunk (``chunk_bytes`` of
-stored bytes for the byte compare; the float64 pass converts at most `FLOAT_ELEMS` elements at a
-time into buffers it reuses), and pages of the memory maps that were compared are handed back to
-the kernel as the walk goes (``MADV_DONTNEED``), so the resident set does not grow with the files:
-two 2 GB checkpoints diff in ~110 MB peak RSS (``benchmarks/bench_diff.py``).
+Memory stays flat: values are read through zero-copy views piece by piece into reused buffers,
+and pages of the memory maps that were compared are handed back to the kernel as the walk goes,
+so the resident set does not grow with the files (``benchmarks/bench_diff.py``).
 
 JSON schema (``DiffResult.to_dict()``; keys sorted by the CLI; non-finite floats as the strings
-``"inf"``, ``"-inf"``, ``"nan"``)::
+``"inf"``, ``"-inf"``, ``"nan"``). ``tensorscope.diff/2`` (from /1: ``max_rel`` leaves out zeros of
+B, counted in ``zero_ref``; norms and ``rel_change``; ``per_save``; ``by``/``groups``)::
 
     {
-      "schema": "tensorscope.diff/1",
+      "schema": "tensorscope.diff/2",
       "a_path": str, "b_path": str, "a_format": str, "b_format": str,
       "prefix_a": str, "prefix_b": str,          # detected wrapper prefixes ("" when none)
       "strip_prefix": [str], "maps": [[OLD, NEW]],
       "atol": float, "rtol": float, "values_compared": bool,
       "identical": bool, "exit_code": 0 | 1,
       "counts": {"same": int, "changed": int, "added": int, "removed": int, "renamed": int},
-      "metadata": [{"key": str, "a": any | null, "b": any | null}],   # null: key absent on that side
-      "entries": [{                                # the CLI's --only-changed/--limit filter these;
-                                                   # "counts" always covers every tensor
+      "metadata": [{"key": str, "a": any | null, "b": any | null,   # null: key absent on that side
+                    "per_save": bool}],          # differs between any two saves (-v shows it)
+      "by": "layer" | "module",                  # CLI --by only
+      "groups": [{"key": str, "tensors": int, "changed": int, "compared": int, "unknown": int,
+                  "norm_a": float, "norm_diff": float, "rel_change": float | null}],  # ranked
+      "entries": [{                                # the CLI's --only-changed/--limit/--top filter
+                                                   # these (ranked); "counts" covers every tensor
         "status": "same" | "changed" | "added" | "removed" | "renamed",
         "name": str,                               # name_a, or name_b for added tensors
         "name_a": str | null, "name_b": str | null,
@@ -97,8 +129,10 @@ JSON schema (``DiffResult.to_dict()``; keys sorted by the CLI; non-finite floats
                                                    # "stride [3, 1] -> [1, 2]", "values", "name x -> y"
         "values": null | {
           "numel": int, "identical_bytes": bool, "compared_as": "bytes" | "float64" | "complex128",
-          "max_abs": float | null, "max_rel": float | null, "mean_abs": float | null,
-          "rms": float | null, "cosine": float | null,
+          "max_abs": float | null, "max_rel": float | null, "zero_ref": int,
+          "mean_abs": float | null, "rms": float | null, "cosine": float | null,
+          "norm_a": float | null, "norm_b": float | null, "norm_diff": float | null,
+          "rel_change": float | null,
           "mismatched": int | null, "nan_mismatch": int, "inf_mismatch": int
         }
       }]
