@@ -190,7 +190,7 @@ def _num(x: float | None):
     return x
 
 
-@dataclass
+@dataclass(slots=True)
 class ValueDiff:
     """How the values of one aligned pair differ (see the module docstring for each definition).
 
@@ -261,7 +261,7 @@ def _brief(t: TensorInfo | None) -> dict[str, Any] | None:
     return {"dtype": t.dtype, "shape": list(t.shape), "stride": list(t.stride), "nbytes": t.nbytes}
 
 
-@dataclass
+@dataclass(slots=True)
 class TensorDiff:
     """One tensor of A, of B, or of both, and how they differ.
 

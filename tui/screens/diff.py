@@ -36,6 +36,7 @@ __all__ = ["DiffScreen", "STATUS_STYLES"]
 STATUS_STYLES = {"same": "dim", "changed": "yellow", "added": "green", "removed": "red",
                  "renamed": "cyan"}
 BAR = 16  # cells of the widest bar in the layers view
+LARGE = 5000  # above this many pairs the screen opens on the changed ones (c shows all)
 
 
 def _side(info) -> str:
@@ -144,6 +145,8 @@ class DiffScreen(Screen):
 
     def on_diff_ready(self, message: DiffReady) -> None:
         self.result = message.result
+        if len(self.result.entries) > LARGE:  # 100,000 "same" rows tell nothing: what differs first
+            self.changed_only = True
         self.fill()
 
     # -- table ------------------------------------------------------------------------------------
