@@ -6,7 +6,7 @@ import gc
 from typing import TYPE_CHECKING
 
 from .. import open as open_model
-from ..render import progress, stdout_console
+from ..render import emit_json, progress, stdout_console
 from ..safetext import markup
 from ..safetext import shown as shown_text
 
@@ -148,6 +148,10 @@ def _emit_json(result: DiffResult, shown: list[TensorDiff], groups, by) -> None:
     if groups is not None:
         doc["by"] = by
         doc["groups"] = [g.to_dict() for g in groups]
+    if sys.stdout.isatty():  # a person reading: indented, as every --json on a terminal
+        doc["entries"] = [e.to_dict() for e in shown]
+        emit_json(doc)
+        return
     doc["entries"] = None
     out = sys.stdout
     keys = sorted(doc)
@@ -158,10 +162,11 @@ def _emit_json(result: DiffResult, shown: list[TensorDiff], groups, by) -> None:
         if k == "entries":
             out.write("[")
             for j, e in enumerate(shown):
-                out.write((", " if j else "") + json.dumps(e.to_dict(), sort_keys=True))
+                out.write((", " if j else "") + json.dumps(e.to_dict(), sort_keys=True,
+                                                           default=str))
             out.write("]")
         else:
-            out.write(json.dumps(doc[k], sort_keys=True))
+            out.write(json.dumps(doc[k], sort_keys=True, default=str))
     out.write("}\n")
 
 
