@@ -44,7 +44,6 @@ Public API: `FORMAT`, `FORMATS`, `sniff`, `open_source`, `open_zip`, `parse_head
 """
 from __future__ import annotations
 
-import importlib
 import math
 import re
 import struct
@@ -248,8 +247,8 @@ def parse_header(buf: memoryview | bytes, *, file: str = "", member: str | None 
     if hlen > max_header_size * (4 if encoding == "utf8" else 1):
         raise LimitExceeded("header length", max_header_size, hlen, offset=base + MAGIC_LEN, **where)
     if hlen > len(buf) - start:
-        raise bad(f"header length {hlen} runs past the end of the data "
-                  f"({len(buf) - start} bytes remain)", MAGIC_LEN)
+        raise bad(f"truncated: the header (length {hlen}) needs {start + hlen} bytes, the data "
+                  f"ends at {len(buf)}", MAGIC_LEN)
     try:
         text = bytes(buf[start:start + hlen]).decode(encoding)
     except UnicodeDecodeError as e:
@@ -465,10 +464,14 @@ def _check_payload(h: NpyHeader, available: int, *, file: str, member: str | Non
                                    member=member, offset=base + h.data_start, format=fmt)
         return
     if need > available:
-        raise NumpyFormatError(
-            f"array data needs {need} bytes (shape {h.shape} x {h.np_dtype.itemsize}-byte "
-            f"{_descr_str(h.descr)}), {available} remain", file=file, member=member,
-            offset=base + h.data_start, format=fmt)
+        layout = f"shape {h.shape} x {h.np_dtype.itemsize}-byte {_descr_str(h.descr)}"
+        if member is None:   # a .npy file cut short (a member's size is the zip's business)
+            start = base + h.data_start
+            raise NumpyFormatError(f"truncated: the array data ({layout}) needs {start + need} "
+                                   f"bytes, the file ends at {start + available}", file=file,
+                                   offset=start, format=fmt)
+        raise NumpyFormatError(f"array data needs {need} bytes ({layout}), {available} remain",
+                               file=file, member=member, offset=base + h.data_start, format=fmt)
     if available > need:
         ev.add("npy.trailing_bytes", f"{available - need} bytes after the array data are not "
                "part of the array (numpy ignores them)", file=file, member=member,
@@ -477,14 +480,7 @@ def _check_payload(h: NpyHeader, available: int, *, file: str, member: str | Non
 
 def _scan_pickle(model: ModelFile, data, *, file: str, member: str | None, offset: int) -> None:
     """Run an object array's pickle through the inert VM and keep the record for the scanner."""
-    try:
-        pickle_vm = importlib.import_module("tensorscope.parsers.pickle_vm")
-    except ModuleNotFoundError as e:
-        if e.name != "tensorscope.parsers.pickle_vm":
-            raise
-        model.evidence.add("npy.pickle_not_analysed", "object array pickle not analysed: the "
-                           "pickle VM is not available", file=file, member=member, offset=offset)
-        return
+    from . import pickle_vm  # only object arrays need it
     result = pickle_vm.run(data, file=file, member=member, base_offset=offset)
     model.evidence.pickles.append(
         PickleRecord(file, member, offset, len(data), result, role="npy.object"))

@@ -66,6 +66,7 @@ _TAR_NAME = slice(0, 100)
 _TAR_SIZE = slice(124, 136)
 _TAR_CHKSUM = slice(148, 156)
 _TAR_TYPE = 156
+_TAR_LINK = slice(157, 257)
 _TAR_MAGIC = slice(257, 263)
 _TAR_PREFIX = slice(345, 500)
 TAR_MEMBERS = ("sys_info", "pickle", "tensors", "storages")
@@ -110,6 +111,11 @@ def _run(src: ByteSource, start: int, *, end: int | None = None, persistent_load
     result = pickle_vm.run(data, start=start, persistent_load=persistent_load, hooks=hooks,
                            limits=limits or pickle_vm.DEFAULT_LIMITS, file=src.path,
                            member=member, base_offset=base)
+    if end is None and member is None:   # the pickle runs to the end of the file: a cut one says so
+        from .plain_pickle import cut_short
+        cut = cut_short(result, src)
+        if cut is not None:
+            raise cut from None
     result.raise_for_error()
     return result
 
@@ -258,8 +264,10 @@ def _place_storages(src, model, pending, keys, data_start, little, member, base)
             raise _fail(src, f"{where} is listed after the pickles but the main pickle never "
                              "names it: its element size is unknown", base + pos, member)
         if pos + COUNT.size > src.size:
-            raise _fail(src, f"{where}: truncated before its element count "
-                             f"({src.size - pos} bytes remain)", base + pos, member)
+            ends = "its record ends" if member else "the file ends"
+            raise _fail(src, f"truncated: {where}: its element count needs "
+                             f"{base + pos + COUNT.size} bytes, {ends} at {base + src.size}",
+                        base + pos, member)
         itemsize = _itemsize(entry.ref.dtype) if entry.class_name not in ("UntypedStorage",) else 1
         count = COUNT.unpack_from(src.buffer, pos)[0]
         if not 0 <= count <= (src.size - pos - COUNT.size) // itemsize:
@@ -269,10 +277,10 @@ def _place_storages(src, model, pending, keys, data_start, little, member, base)
             elif count < 0:
                 raise _fail(src, f"{where}: negative element count {count}", base + pos, member)
             else:
-                remain = src.size - pos - COUNT.size
-                raise _fail(src, f"{where}: {count} elements of {itemsize} bytes need "
-                                 f"{count * itemsize} bytes, {remain} remain (truncated file?)",
-                            base + pos + COUNT.size, member)
+                ends = "its record ends" if member else "the file ends"
+                raise _fail(src, f"truncated: {where} ({count} elements of {itemsize} bytes) "
+                                 f"needs {base + pos + COUNT.size + count * itemsize} bytes, "
+                                 f"{ends} at {base + src.size}", base + pos + COUNT.size, member)
         if count != entry.ref.numel:
             model.evidence.add(
                 "legacy.storage_size_mismatch",
@@ -376,9 +384,10 @@ def _pax_records(payload: bytes) -> dict[str, str]:
     return out
 
 
-def read_tar(src: ByteSource, *, max_members: int = 10_000) -> dict[str, tuple[int, int]]:
-    """Regular members of a tar: ``{name: (data offset, size)}``, each bounds-checked."""
-    members: dict[str, tuple[int, int]] = {}
+def tar_entries(src: ByteSource, *, max_members: int = 10_000):
+    """Every entry of a tar, in order, as ``(name, type, data offset, size, link target)``: the one
+    tar reader of the project (the scanner walks every entry, duplicates and links included).
+    Headers are checked (magic, checksum, sizes within the file); PAX ``path``/``size`` apply."""
     pos = 0
     pax: dict[str, str] = {}
     count = 0
@@ -408,14 +417,19 @@ def read_tar(src: ByteSource, *, max_members: int = 10_000) -> dict[str, tuple[i
                              f"has {src.size} bytes", pos)
         if kind == "x":
             pax = _pax_records(src.read(data, size, "PAX header", fmt=FORMAT))
-        elif kind == "g":
-            # global PAX header: nothing torch relies on
-            pass
-        else:
-            if kind in "07" and full not in members:
-                members[full] = (data, size)
+        elif kind != "g":  # a global PAX header holds nothing torch relies on
+            link = pax.get("linkpath", block[_TAR_LINK].split(b"\0", 1)[0].decode("utf-8", "replace"))
+            yield full, kind, data, size, link
             pax = {}
         pos = data + (size + TAR_BLOCK - 1) // TAR_BLOCK * TAR_BLOCK
+
+
+def read_tar(src: ByteSource, *, max_members: int = 10_000) -> dict[str, tuple[int, int]]:
+    """Regular members of a tar: ``{name: (data offset, size)}``, each bounds-checked."""
+    members: dict[str, tuple[int, int]] = {}
+    for full, kind, data, size, _ in tar_entries(src, max_members=max_members):
+        if kind in "07" and full not in members:
+            members[full] = (data, size)
     return members
 
 

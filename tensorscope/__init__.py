@@ -8,7 +8,8 @@ Public API:
 """
 from __future__ import annotations
 
-from .errors import FormatError, LimitExceeded, TensorNotFound, TensorscopeError, UnknownFormat
+from .errors import (AccessDenied, FileAccessError, FileMissing, FormatError, LimitExceeded,
+                     TensorNotFound, TensorscopeError, UnknownFormat)
 from .formats import identify
 from .formats import open_model as open
 from .model import Anomaly, Evidence, ModelFile, TensorInfo
@@ -16,13 +17,17 @@ from .model import Anomaly, Evidence, ModelFile, TensorInfo
 __version__ = "0.1.0"
 
 __all__ = ["open", "identify", "scan", "diff", "TensorInfo", "ModelFile", "Evidence", "Anomaly",
-           "TensorscopeError", "FormatError", "LimitExceeded", "UnknownFormat", "TensorNotFound"]
+           "TensorscopeError", "FormatError", "LimitExceeded", "UnknownFormat", "TensorNotFound",
+           "FileAccessError", "FileMissing", "AccessDenied"]
 
 
-def scan(*paths, **kwargs):
-    """Static safety scan; see `tensorscope.scan.scan_paths`."""
-    from .scanner import scan_paths
-    return scan_paths(*paths, **kwargs)
+def __getattr__(name):
+    # ``tensorscope.scan`` is the scan package, imported on first use; calling it is
+    # `tensorscope.scan.scan_paths` (``tensorscope.scan("model.pt")``).
+    if name == "scan":
+        import importlib
+        return importlib.import_module(".scan", __name__)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def diff(a, b, **kwargs):

@@ -4,7 +4,6 @@
 """
 from __future__ import annotations
 
-import importlib.util
 import io
 import mmap
 import struct
@@ -23,7 +22,6 @@ from tensorscope.source import ByteSource
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "formats"
 NPY_FILES = sorted(p.name for p in FIXTURES.glob("*.npy"))
-HAVE_VM = importlib.util.find_spec("tensorscope.parsers.pickle_vm") is not None
 
 
 def _open(path, **kw) -> tensorscope.ModelFile:
@@ -88,12 +86,9 @@ def test_zero_copy_and_read_only():
 def test_object_array_pickle_goes_to_evidence():
     model = _open(FIXTURES / "object.npy")
     t = model.tensors[0]
-    if HAVE_VM:
-        [rec] = model.evidence.pickles
-        assert (rec.role, rec.offset, rec.length) == ("npy.object", t.byte_offset, t.nbytes)
-        assert rec.member is None and rec.file == str(FIXTURES / "object.npy")
-    else:
-        assert [a.kind for a in model.evidence.anomalies] == ["npy.pickle_not_analysed"]
+    [rec] = model.evidence.pickles
+    assert (rec.role, rec.offset, rec.length) == ("npy.object", t.byte_offset, t.nbytes)
+    assert rec.member is None and rec.file == str(FIXTURES / "object.npy")
 
 
 @pytest.mark.parametrize("name", ["plain.npz", "compressed.npz"])
@@ -143,7 +138,7 @@ BAD = [
      "unsupported .npy format version 4.0 (numpy reads 1.0, 2.0 and 3.0)"),
     ("length_truncated", b"\x93NUMPY\x02\x00\x10", 8, "truncated: the header length needs 4 bytes, 1 remain"),
     ("length_past_end", b"\x93NUMPY\x01\x00\xff\x00{}", 8,
-     "header length 255 runs past the end of the data (2 bytes remain)"),
+     "truncated: the header (length 255) needs 265 bytes, the data ends at 12"),
     ("call_in_header", _npy("{'descr': __import__('os').system('x'), 'fortran_order': False, 'shape': ()}"),
      20, "cannot parse header: a name ('__import__') is not a literal"),
     ("syntax", _npy("{'descr': "), 20, "cannot parse header: unexpected 'end of header'"),
@@ -163,9 +158,9 @@ BAD = [
     ("bad_descr", _npy("{'descr': '<q9', 'fortran_order': False, 'shape': ()}"), 10,
      "descr is not a valid dtype descriptor: '<q9' (data type '<q9' not understood)"),
     ("data_short", _npy(GOOD, b"\0" * 4), 67,
-     "array data needs 8 bytes (shape (2,) x 4-byte <f4), 4 remain"),
+     "truncated: the array data (shape (2,) x 4-byte <f4) needs 75 bytes, the file ends at 71"),
     ("lying_shape", _npy("{'descr': '<f8', 'fortran_order': False, 'shape': (4294967296, 4294967296)}"), 85,
-     "array data needs 147573952589676412928 bytes (shape (4294967296, 4294967296) x 8-byte <f8), 0 remain"),
+     "truncated: the array data (shape (4294967296, 4294967296) x 8-byte <f8) needs 147573952589676413013 bytes, the file ends at 85"),
     ("bad_utf8_v3", _npy(b"{'descr': '\xff'}", version=(3, 0)), 23, "header is not valid UTF-8 (invalid start byte)"),
 ]
 
@@ -247,11 +242,8 @@ def test_npz_object_member(tmp_path):
         o = model.tensor("o")
         assert o.dtype == "object" and o.shape == (2,)
         assert model.read("f").tolist() == [1.0, 1.0]
-        if HAVE_VM:
-            [rec] = model.evidence.pickles
-            assert (rec.role, rec.member) == ("npy.object", "o.npy")
-        else:
-            assert "npy.pickle_not_analysed" in [a.kind for a in model.evidence.anomalies]
+        [rec] = model.evidence.pickles
+        assert (rec.role, rec.member) == ("npy.object", "o.npy")
 
 
 def test_malicious_object_array_is_recorded_not_run(tmp_path):
@@ -263,8 +255,6 @@ def test_malicious_object_array_is_recorded_not_run(tmp_path):
     model = _open(path)
     t = model.tensors[0]
     assert (t.dtype, t.byte_offset, t.nbytes) == ("object", 10 + len(header), len(payload) + 6)
-    if not HAVE_VM:
-        pytest.skip("pickle VM not available")
     [rec] = model.evidence.pickles
     assert rec.role == "npy.object" and rec.offset == t.byte_offset
     assert [g.dotted for g in rec.result.globals] == ["os.system"]

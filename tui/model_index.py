@@ -84,7 +84,7 @@ def _build_tree(tensors: Sequence, root_name: str) -> ModuleNode:
                 node = child
         node.direct.append(i)
         node.params += t.numel
-        node.nbytes += max(t.nbytes, 0)
+        node.nbytes += max(t.nbytes, 0) if t.has_data else 0
         node.count += 1
     # Post-order accumulation: children were created after their parents, so reversed creation
     # order visits every child before its parent.

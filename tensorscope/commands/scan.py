@@ -1,7 +1,8 @@
 """`tensorscope scan PATH...`: static safety scan of untrusted model files."""
 from __future__ import annotations
 
-from ..render import emit_json, stderr_console, stdout_console
+from ..render import emit_json, error_line, stdout_console
+from ..safetext import shown
 
 HELP = "statically scan model files for code that loading would run (nothing is executed)"
 DESCRIPTION = """\
@@ -12,7 +13,11 @@ zip tricks that make readers disagree; misleading extensions; TorchScript code c
 torch; ONNX external data leaving the model's folder and custom-op domains. Nothing from the
 files is executed or imported. A file that cannot be parsed is never reported clean.
 
-Exit status: 0 no finding at or above --fail-on, 1 findings, 2 usage error (bad path).
+Every rule (id, severity, why) is listed by --list-rules; the JSON schema is in
+tensorscope/scan/report.py.
+
+Exit status: 0 no finding at or above --fail-on, 1 findings, 2 error (a path that does not
+exist, or nothing to scan: an empty folder, a folder without model files).
 
 Example:
   tensorscope scan model.pt
@@ -20,6 +25,7 @@ Example:
   tensorscope scan checkpoints/ --fail-on high
   tensorscope scan model.bin --json > report.json
   tensorscope scan . --sarif > scan.sarif
+  tensorscope scan --list-rules
 """
 
 SEVERITY_STYLES = {"info": "dim", "low": "cyan", "medium": "yellow", "high": "bold red",
@@ -27,7 +33,10 @@ SEVERITY_STYLES = {"info": "dim", "low": "cyan", "medium": "yellow", "high": "bo
 
 
 def add_arguments(p):
-    p.add_argument("paths", nargs="+", metavar="PATH", help="files or folders to scan")
+    p.add_argument("paths", nargs="*", metavar="PATH", help="files or folders to scan")
+    p.add_argument("--list-rules", action="store_true",
+                   help="print every rule (id, default severity, title) and exit; with --json, "
+                        "with the rationale and references")
     out = p.add_mutually_exclusive_group()
     out.add_argument("--json", action="store_true",
                      help="machine-readable report (schema: tensorscope.scan/1)")
@@ -45,13 +54,22 @@ def add_arguments(p):
 def run(args) -> int:
     import os
 
-    from ..scanner import Severity, scan_paths
+    from ..scan import Severity, scan_paths
+    if args.list_rules:
+        return _list_rules(args.json)
+    if not args.paths:
+        return error_line("scan", "no PATH given (or use --list-rules)")
     for p in args.paths:
         if not os.path.lexists(p):
-            stderr_console().print(f"tensorscope scan: error: {p}: no such file or directory",
-                                   markup=False, highlight=False)
-            return 2
+            return error_line("scan", f"{p}: no such file or directory")
     report = scan_paths(*args.paths, recursive=not args.no_recursive)
+    if not report.files:
+        # Nothing was scanned (an empty or mistyped folder): that must not pass a CI gate.
+        skipped = "" if not report.findings else \
+            f" ({len(report.findings)} walk finding{'s' if len(report.findings) != 1 else ''}: " \
+            + "; ".join(str(f) for f in report.findings[:3]) + ")"
+        return error_line("scan", f"nothing to scan in {', '.join(args.paths)}: no model file "
+                                  f"found{skipped}")
     fail_on = Severity.parse(args.fail_on)
     if args.json:
         emit_json(report.to_dict())
@@ -62,25 +80,46 @@ def run(args) -> int:
     return report.exit_code(fail_on)
 
 
+def _list_rules(as_json: bool) -> int:
+    from rich.table import Table
+    from rich.text import Text
+
+    from ..scan.rules import RULES, listing
+    if as_json:
+        emit_json({"schema": "tensorscope.scan-rules/1", "rules": [
+            {"id": r.id, "severity": str(r.severity), "title": r.title, "rationale": r.rationale,
+             "references": list(r.references), "variants": {k: str(v) for k, v in r.variants.items()}}
+            for r in sorted(RULES.values(), key=lambda r: r.id)]})
+        return 0
+    table = Table(show_header=True, header_style="bold", box=None, pad_edge=False)
+    for col in ("rule", "severity", "title", "context"):
+        table.add_column(col, overflow="fold")
+    for rid, sev, title, var in listing():
+        table.add_row(Text(rid), Text(sev, style=SEVERITY_STYLES.get(sev, "")), Text(title), Text(var))
+    stdout_console().print(table)
+    return 0
+
+
 def _print_table(report, min_severity) -> None:
     from rich.table import Table
     from rich.text import Text
 
     console = stdout_console()
-    shown = [f for f in report.findings if f.severity >= min_severity]
-    if shown:
+    rows = [f for f in report.findings if f.severity >= min_severity]
+    if rows:
         table = Table(show_header=True, header_style="bold", expand=False, show_lines=False,
                       box=None, pad_edge=False)
         for col in ("severity", "rule", "where", "trigger", "reason"):
             table.add_column(col, overflow="fold")
-        for f in shown:
+        for f in rows:
             sev = str(f.severity)
-            where = f.file + (f":{f.member}" if f.member else "")
+            where = shown(f.file + (f":{f.member}" if f.member else ""))
             if f.offset is not None:
                 where += f" @{f.offset}" + ("" if f.offset_base == "file" else " (in member)")
             # Text objects: names and messages come from the file and are never read as markup.
+            # and control characters in them are shown escaped (safetext), never sent raw.
             table.add_row(Text(sev, style=SEVERITY_STYLES.get(sev, "")), Text(f.rule),
-                          Text(where), Text(f.trigger or ""), Text(f.message))
+                          Text(where), Text(shown(f.trigger or "")), Text(shown(f.message)))
         console.print(table)
     n = len(report.files)
     summary = Text()
@@ -96,7 +135,7 @@ def _print_table(report, min_severity) -> None:
         summary.append(" — review before loading", style="yellow")
     else:
         summary.append(" — nothing found that loading would run", style="green")
-    hidden = len(report.findings) - len(shown)
+    hidden = len(report.findings) - len(rows)
     if hidden:
         summary.append(f" ({hidden} below {min_severity} hidden)", style="dim")
     console.print(summary)

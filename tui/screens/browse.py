@@ -163,7 +163,7 @@ class BrowseScreen(Screen):
             t = tensors[i]
             table.add_row(Text(self._rel_name(t)), t.dtype, fmt_shape(t.shape),
                           Text(human_count(t.numel), justify="right"),
-                          Text(human_bytes(t.nbytes), justify="right"),
+                          Text(human_bytes(t.nbytes) if t.has_data else "-", justify="right"),
                           Text(fmt_offset(t.byte_offset), justify="right"), key=str(i))
         self.loaded += len(batch)
 
