@@ -82,7 +82,7 @@ def open_source(src: ByteSource) -> ModelFile:
     kind = compression(head)
     if kind is None:
         raise FormatError("not a compressed joblib stream", format=FORMAT, file=src.path, offset=0)
-    payload = decompress(src.buffer, kind, path=src.path)
+    payload = decompress(src.view(0, src.size), kind, path=src.path)
     # The scanner's name for a decompressed stream, so that it reuses this run (zf holds zlib).
     member = "<zlib>" if kind == "zf" else f"<{kind}>"
     inner_src = ByteSource.from_bytes(payload, name=src.path)

@@ -1,7 +1,8 @@
 """tensorscope: open, diff and scan model files without executing them.
 
 Public API:
-    open(path) -> ModelFile        list tensors, read values zero-copy (``model.read(name)``)
+    open(path) -> ModelFile        list tensors, read values zero-copy (``model.read(name)``);
+                                   a URL (https://, hf://, s3://) is read by ranges (`remote`)
     scan(*paths) -> ScanReport     static safety scan of pickles and archives
     diff(a, b) -> DiffResult       compare two models of any formats down to the values
     TensorInfo, ModelFile          the common model

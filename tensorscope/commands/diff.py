@@ -6,6 +6,7 @@ import gc
 from typing import TYPE_CHECKING
 
 from .. import open as open_model
+from ..remote import with_cost
 from ..render import emit_json, progress, stdout_console
 from ..safetext import markup
 from ..safetext import shown as shown_text
@@ -144,7 +145,7 @@ def _emit_json(result: DiffResult, shown: list[TensorDiff], groups, by) -> None:
     is never one string in memory). Keys sorted, as `emit_json` writes them."""
     import json
     import sys
-    doc = result.to_dict(entries=False)
+    doc = with_cost(result.to_dict(entries=False))  # "fetched" when remote objects were read
     if groups is not None:
         doc["by"] = by
         doc["groups"] = [g.to_dict() for g in groups]

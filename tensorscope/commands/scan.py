@@ -1,6 +1,7 @@
 """`tensorscope scan PATH...`: static safety scan of untrusted model files."""
 from __future__ import annotations
 
+from ..remote import is_url, with_cost
 from ..render import emit_json, error_line, stdout_console
 from ..safetext import shown
 
@@ -26,6 +27,10 @@ Example:
   tensorscope scan model.bin --json > report.json
   tensorscope scan . --sarif > scan.sarif
   tensorscope scan --list-rules
+  tensorscope scan https://example.org/model.safetensors hf://org/name s3://bucket/model.pt
+  tensorscope scan registry/ --jobs 8 --jsonl report.jsonl
+  tensorscope scan registry/ --jobs 8 --jsonl report.jsonl --resume report.jsonl
+  tensorscope scan s3://bucket/models --dask tcp://scheduler:8786 --jsonl report.jsonl
 """
 
 SEVERITY_STYLES = {"info": "dim", "low": "cyan", "medium": "yellow", "high": "bold red",
@@ -49,6 +54,18 @@ def add_arguments(p):
                    help="hide findings below this severity in the table (default: low; "
                         "info lists every framework global seen)")
     p.add_argument("--no-recursive", action="store_true", help="do not descend into sub-folders")
+    fleet = p.add_argument_group("many files (tensorscope.scan.fleet)")
+    fleet.add_argument("--jobs", type=int, default=1, metavar="N",
+                       help="scan on N processes (default 1); verdicts as a sequential scan")
+    fleet.add_argument("--dask", metavar="ADDRESS",
+                       help="scan on the Dask cluster at ADDRESS ('local': start a LocalCluster; "
+                            "needs tensorscope[distributed])")
+    fleet.add_argument("--jsonl", metavar="FILE",
+                       help="write one JSON object per file as it finishes ('-': stdout, "
+                            "instead of the table)")
+    fleet.add_argument("--resume", metavar="REPORT.jsonl",
+                       help="skip files whose size and ETag/mtime equal their line in this "
+                            "report (give the same FILE to --jsonl to append to it)")
 
 
 def run(args) -> int:
@@ -60,9 +77,16 @@ def run(args) -> int:
     if not args.paths:
         return error_line("scan", "no PATH given (or use --list-rules)")
     for p in args.paths:
-        if not os.path.lexists(p):
+        if not is_url(p) and not os.path.lexists(p):
             return error_line("scan", f"{p}: no such file or directory")
-    report = scan_paths(*args.paths, recursive=not args.no_recursive)
+    if args.jobs < 1:
+        return error_line("scan", "--jobs must be at least 1")
+    if args.jobs > 1 or args.dask or args.jsonl or args.resume:
+        from ..scan.fleet import scan_fleet
+        report = scan_fleet(args.paths, recursive=not args.no_recursive, jobs=args.jobs,
+                            dask=args.dask, jsonl=args.jsonl, resume=args.resume)
+    else:
+        report = scan_paths(*args.paths, recursive=not args.no_recursive)
     if not report.files:
         # Nothing was scanned (an empty or mistyped folder): that must not pass a CI gate.
         skipped = "" if not report.findings else \
@@ -71,8 +95,10 @@ def run(args) -> int:
         return error_line("scan", f"nothing to scan in {', '.join(args.paths)}: no model file "
                                   f"found{skipped}")
     fail_on = Severity.parse(args.fail_on)
-    if args.json:
-        emit_json(report.to_dict())
+    if args.jsonl == "-":
+        pass  # the JSON lines are the output
+    elif args.json:
+        emit_json(with_cost(report.to_dict()))
     elif args.sarif:
         emit_json(report.to_sarif())
     else:

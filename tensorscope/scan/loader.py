@@ -17,6 +17,7 @@ from typing import Any
 
 from .. import policy
 from ..errors import FormatError, LimitExceeded, TensorscopeError, UnknownFormat
+from ..remote import open_source
 from ..source import ByteSource
 from . import pickles, torchscript
 from .report import FileReport, Finding, Severity
@@ -139,9 +140,9 @@ def scan_file(path, *, limits: ScanLimits | None = None, explicit: bool = True,
     ctx = _Ctx(path, limits or DEFAULT_SCAN_LIMITS)
     ctx.known_data = known_data
     try:
-        src = ByteSource(path)
-    except OSError as e:
-        ctx.add("file.unreadable", f"cannot open the file: {e.strerror or e}")
+        src = open_source(path)   # a URL is read by ranges (tensorscope.remote)
+    except (OSError, TensorscopeError) as e:
+        ctx.add("file.unreadable", f"cannot open the file: {getattr(e, 'strerror', None) or e}")
         ctx.fail("unreadable")
         return _finish(ctx, True)
     try:
@@ -157,9 +158,9 @@ def scan_model(model, *, limits: ScanLimits | None = None) -> FileReport:
     src = model.sources.get(model.path)
     if src is None:
         try:
-            src = ByteSource(model.path)
-        except OSError as e:
-            ctx.add("file.unreadable", f"cannot open the file: {e.strerror or e}")
+            src = open_source(model.path)
+        except (OSError, TensorscopeError) as e:
+            ctx.add("file.unreadable", f"cannot open the file: {getattr(e, 'strerror', None) or e}")
             ctx.fail("unreadable")
             return _finish(ctx, True)
         try:
@@ -213,7 +214,9 @@ def _scan_file(ctx: _Ctx, src: ByteSource, explicit: bool, model=None) -> bool:
             ctx.reused.setdefault((rec.member, rec.offset), rec.result)
 
     # -- the loader's view, byte level -----------------------------------------------------------
-    buf = src.buffer
+    def whole():  # the kinds read whole by their loaders (a remote file is fetched in full)
+        return src.view(0, src.size, "file")
+
     blobs = _dcp_blobs(ctx.path) if kind in ("zip", "empty-zip") else None
     if blobs:
         ctx.blob_mode = True
@@ -221,21 +224,21 @@ def _scan_file(ctx: _Ctx, src: ByteSource, explicit: bool, model=None) -> bool:
     elif kind in ("zip", "empty-zip"):
         understood = _scan_zip(ctx, src, prefix=None, absolute=True, depth=0, archive=archive)
     elif kind == "npy":
-        understood = _scan_npy(ctx, buf, None, 0, True, 0)
+        understood = _scan_npy(ctx, whole(), None, 0, True, 0)
     elif kind in ("gzip", "bz2", "xz", "zlib", "lzma", "zf"):
-        understood = _scan_compressed(ctx, buf, kind, None, 0)
+        understood = _scan_compressed(ctx, whole(), kind, None, 0)
     elif kind in ("7z", "rar", "zstd"):
         ctx.add("file.unsupported-archive",
                 f"{kind} archive: the standard library cannot open it, so its content (possibly a "
                 "pickle, as in the nullifAI models) is not scanned")
         understood = True  # reported under its own rule
     elif kind == "tar":
-        understood = _scan_tar(ctx, buf, None, 0, 0, True)
+        understood = _scan_tar(ctx, whole(), None, 0, 0, True)
     elif parser_format in ("safetensors", "gguf", "onnx") or _sniffs_as_safe_format(head, src.size):
         kind = model.format if model is not None else (parser_format or "safe-format")
         understood = model is not None
     else:
-        is_pickle, understood = pickles.scan_stream(ctx, buf, None, 0, True, 0,
+        is_pickle, understood = pickles.scan_stream(ctx, whole(), None, 0, True, 0,
                                                   lenient=expected_model,
                                                   require_stop=not expected_model)
         kind = "pickle" if is_pickle else "unknown"
@@ -531,7 +534,7 @@ def _scan_zip(ctx: _Ctx, src: ByteSource, prefix: str | None, absolute: bool, de
                 0 <= m.data_offset <= m.data_offset + m.compressed_size <= src.size:
             # flagged encrypted but STORED: the bytes are plain; a reader ignoring the flag
             # unpickles them (picklescan GHSA-w8jq-xcqf-f792), so they are scanned.
-            data = src.buffer[m.data_offset:m.data_offset + m.compressed_size]
+            data = src.view(m.data_offset, m.compressed_size, member=m.name)
             scan_blob(ctx, data, name, m.data_offset, absolute, depth,
                        strict=not m.name.lower().endswith(_PICKLE_MEMBER_SUFFIXES))
             continue
@@ -591,7 +594,7 @@ def _dcp_blobs(path: str) -> list[tuple[int, int]] | None:
     try:
         with ByteSource(meta) as src:
             from ..parsers import pickle_vm
-            r = pickle_vm.run(src.buffer, hooks=pickle_vm.CONTAINER_HOOKS)
+            r = pickle_vm.run(src.view(0, src.size), hooks=pickle_vm.CONTAINER_HOOKS)
             value = r.value
     except (OSError, FormatError):
         return None
@@ -624,7 +627,7 @@ def _scan_dcp_blobs(ctx: _Ctx, src: ByteSource, blobs: list[tuple[int, int]]) ->
                     f"{off - covered} bytes at {covered}..{off} belong to no checkpoint item",
                     None, covered)
         covered = max(covered, off + length)
-        view = src.buffer[off:off + length]
+        view = src.view(off, length)
         if bytes(view[:4]) == MAGIC_ZIP:
             ok &= _scan_zip(ctx, ByteSource.from_bytes(view, name=ctx.path), name, False, 1)
         else:
@@ -817,7 +820,7 @@ def _scan_legacy_records(ctx: _Ctx, data, member: str, base: int, absolute: bool
 
 def _scan_polyglot_zip(ctx: _Ctx, src: ByteSource, kind: str) -> None:
     """A zip that Python's zipfile (and scanners built on it) would find behind another head."""
-    tail = bytes(src.buffer[max(0, src.size - 65557):])
+    tail = src.read(max(0, src.size - 65557), min(src.size, 65557))
     if MAGIC_EMPTY_ZIP not in tail:
         return
     from ..parsers import zipfmt

@@ -6,6 +6,7 @@ import os
 from typing import Iterator
 
 from ..errors import FileMissing
+from ..remote import is_url, list_files
 from .loader import ScanLimits, scan_file, scan_model
 from .report import FileReport, Finding, ScanReport, merge
 from .rules import severity_of
@@ -66,6 +67,10 @@ def plan(*paths, recursive: bool = True,
     walk_findings: list[Finding] = []
     for p in paths:
         p = os.fspath(p)
+        if is_url(p):  # read by ranges; a remote folder (hf://org/name) is its files
+            names = list_files(p)
+            todo.extend((u, u, not names) for u in ([f"{p.rstrip('/')}/{n}" for n in names] or [p]))
+            continue
         if not os.path.lexists(p):
             raise FileMissing(p, "no such file or directory")
         if os.path.isdir(p):
