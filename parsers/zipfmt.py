@@ -427,6 +427,11 @@ def _decompress(method: int, raw: memoryview, cap: int, member: ZipMember, archi
 _span_key = operator.itemgetter(0, 1)
 
 
+def _what(span: tuple) -> str:
+    """A layout span's description in messages (members' are made only when needed)."""
+    return span[2] if span[2] is not None else f"member {span[4].name!r}"
+
+
 def _torch_compresses(raw_name: bytes, method: int) -> bool:
     """torch.jit.save DEFLATEs the TorchScript sources and debug pickles under ``<prefix>/code/``
     (``writeRecord(..., compress=true)``): that is normal and not reported."""
@@ -1014,15 +1019,15 @@ class _Reader:
         trailer: report what overlaps and what is left over."""
         # (start, end, what, role, member); role: "member", "bad" (an unreadable member, already
         # reported: its bytes count as accounted for, its overlaps would repeat the report) or
-        # "struct" (directory and trailer records).
-        spans: list[tuple[int, int, str, str, ZipMember | None]] = []
+        # "struct" (directory and trailer records). A member's description (``what``) is None
+        # here and made by `_what` only for a message: 10^5 members, a handful of messages.
+        spans: list[tuple[int, int, str | None, str, ZipMember | None]] = []
         for m in members:
             if m.error is None:
-                spans.append((m.header_offset, m.data_end + self.descriptor_length(m),
-                              f"member {m.name!r}", "member", m))
+                spans.append((m.header_offset, m.data_end + self.descriptor_length(m), None,
+                              "member", m))
             elif m.local_name is not None:
-                spans.append((m.header_offset, min(m.data_end, self.size), f"member {m.name!r}",
-                              "bad", m))
+                spans.append((m.header_offset, min(m.data_end, self.size), None, "bad", m))
         spans.append((cd_start, cd_start + cd_size, "central directory", "struct", None))
         if z64_pos is not None:
             spans.append((z64_pos, z64_end, "zip64 end-of-central-directory record", "struct",
@@ -1035,9 +1040,10 @@ class _Reader:
         # Overlaps, against the span reaching furthest so far.
         reach = spans[0]
         for span in spans[1:]:
-            start, end, what, role, m = span
-            r_end, r_what, r_role, r_m = reach[1], reach[2], reach[3], reach[4]
+            start, end, _, role, m = span
+            r_end, r_role, r_m = reach[1], reach[3], reach[4]
             if start < r_end and "bad" not in (role, r_role):
+                what, r_what = _what(span), _what(reach)
                 if role == r_role == "member":
                     same = " (both entries point at the same local header)" if (
                         start == r_m.header_offset) else ""
@@ -1058,9 +1064,10 @@ class _Reader:
                 self.add("zip.prepended_bytes", f"{first} bytes before the first local header "
                          f"(starting {self.bytes_at(0, min(first, 16))!r})", offset=0)
         cursor = first
-        for start, end, what, _, _ in spans:
+        for span in spans:
+            start, end = span[0], span[1]
             if start > cursor:
-                self.report_gap(cursor, start, what)
+                self.report_gap(cursor, start, _what(span))
             cursor = max(cursor, end)
         if eocd_end < self.size:
             self.add("zip.trailing_bytes", f"{self.size - eocd_end} bytes after the end-of-central-"
