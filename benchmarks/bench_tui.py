@@ -95,6 +95,38 @@ def generate(n: int, fmt: str) -> Path:
     return path
 
 
+def generate_moe(n: int, shards: int | None = None) -> Path:
+    """A mixture-of-experts checkpoint of ``n`` tensors as safetensors shards + index.json.
+
+    Names ``model.layers.L.mlp.experts.E.{gate,up,down}_proj.weight`` (64 experts per layer,
+    float16 [4, 4]), in shards of at most 100,000 tensors, written by ``safetensors.numpy``; the
+    folder ``moe_<n>/`` is what the TUI opens."""
+    import numpy as np
+    from safetensors.numpy import save_file
+
+    folder = CACHE / f"moe_{n}"
+    index = folder / "model.safetensors.index.json"
+    if index.exists():
+        return folder
+    folder.mkdir(parents=True, exist_ok=True)
+    experts, projs = 64, ("gate_proj", "up_proj", "down_proj")
+    per_layer = experts * len(projs)
+    names = [f"model.layers.{k // per_layer}.mlp.experts.{k % per_layer // 3}.{projs[k % 3]}.weight"
+             for k in range(n)]
+    shards = shards or max(1, -(-n // 100_000))
+    per = -(-n // shards)
+    value = np.arange(16, dtype=np.float16).reshape(4, 4)
+    weight_map, total = {}, 0
+    for s in range(shards):
+        fname = f"model-{s + 1:05d}-of-{shards:05d}.safetensors"
+        chunk = names[s * per:(s + 1) * per]
+        save_file({name: value for name in chunk}, str(folder / fname))
+        weight_map.update(dict.fromkeys(chunk, fname))
+        total += value.nbytes * len(chunk)
+    index.write_text(json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map}))
+    return folder
+
+
 def measure(path: Path) -> dict:
     out = subprocess.run([sys.executable, "-c", CHILD, str(path)], capture_output=True, text=True,
                          env={**os.environ, "TEXTUAL_ANIMATIONS": "none"})

@@ -17,7 +17,7 @@ from tensorscope.reader import tensor_stats
 from tensorscope.tui import compute
 from tensorscope.tui.app import make_app
 from tensorscope.tui.model_index import build_tree, select_rows, tensor_path
-from tensorscope.tui.screens.browse import MAX_CHILDREN, PAGE_ROWS, BrowseScreen
+from tensorscope.tui.screens.browse import GROUP_ABOVE, MAX_CHILDREN, BrowseScreen
 from tensorscope.tui.screens.diff import DiffScreen
 from tensorscope.tui.screens.misc import ErrorScreen, HelpScreen
 from tensorscope.tui.screens.scan import ScanScreen
@@ -223,7 +223,7 @@ async def test_filter_with_slash_substring_and_glob():
 @run_async
 async def test_sort_by_key_and_header_click():
     app = make_app(A)
-    async with app.run_test(size=SIZE) as pilot:
+    async with app.run_test(size=(120, 40)) as pilot:
         await settle(pilot)
         screen = app.screen
         await pilot.press("o")  # first sort column: name
@@ -231,10 +231,11 @@ async def test_sort_by_key_and_header_click():
         assert names == sorted(names)
         await pilot.press("r")
         assert table_names(screen) == sorted(names, reverse=True)
-        # a header click sorts by that column
+        # a click on a header sorts by that column
         table = screen.query_one("#tensors")
-        table.post_message(table.HeaderSelected(table, table.columns["params"].key, 3,
-                                                label=table.columns["params"].label))
+        x = 1 + sum(w + 1 for c, w in table._fit()[:3])  # the 4th column: params
+        assert table._fit()[3][0].key == "params"
+        await pilot.click("#tensors", offset=(x + 1, 0))
         await pilot.pause()
         model = screen.model
         params = [model.tensor(n).numel for n in table_names(screen)]
@@ -267,7 +268,7 @@ async def test_values_preview_window_moves():
 
 
 @run_async
-async def test_large_model_builds_rows_lazily(tmp_path):
+async def test_large_model_table_is_virtual_and_tree_capped(tmp_path):
     from safetensors.numpy import save_file
 
     n = 2500
@@ -279,11 +280,16 @@ async def test_large_model_builds_rows_lazily(tmp_path):
         await settle(pilot)
         screen = app.screen
         table = screen.query_one("#tensors")
-        assert table.row_count == PAGE_ROWS and len(screen.rows) == n
-        assert f"showing {PAGE_ROWS}" in static_text(screen, "#table-status")
-        table.move_cursor(row=PAGE_ROWS - 5)
-        await pilot.pause()
-        assert table.row_count == 2 * PAGE_ROWS
+        assert table.row_count == n and len(screen.rows) == n
+        # End and Home move the cursor to the last and first row; the last row is drawn
+        await pilot.press("end")
+        await settle(pilot)
+        last = screen.model.tensors[-1].name
+        assert table.cursor_row == n - 1 and screen.selected_info().name == last
+        assert last in app.export_screenshot()
+        await pilot.press("home")
+        await settle(pilot)
+        assert table.cursor_row == 0 and screen.selected_info() is screen.model.tensors[0]
         # the tree caps children per node and says how many it left out
         tree = screen.query_one("#modules")
         blocks = tree.root.children[0]
@@ -291,6 +297,83 @@ async def test_large_model_builds_rows_lazily(tmp_path):
         await pilot.pause()
         assert len(blocks.children) == MAX_CHILDREN + 1
         assert f"{1250 - MAX_CHILDREN:,} more" in str(blocks.children[-1].label)
+
+
+def _moe(tmp_path, layers: int, experts: int):
+    from safetensors.numpy import save_file
+
+    names = [f"model.layers.{i}.mlp.experts.{e}.{p}_proj.weight"
+             for i in range(layers) for e in range(experts) for p in ("gate", "up", "down")]
+    path = tmp_path / "moe.safetensors"
+    save_file({k: np.zeros((2, 2), dtype=np.float16) for k in names}
+              | {"model.embed_tokens.weight": np.zeros((4, 2), dtype=np.float16)}, str(path))
+    return path, names
+
+
+@run_async
+async def test_big_model_opens_in_grouped_tree(tmp_path):
+    path, names = _moe(tmp_path, layers=30, experts=60)  # 5,400 + 1 tensors
+    assert len(names) + 1 > GROUP_ABOVE
+    app = make_app(path)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await settle(pilot)
+        screen = app.screen
+        assert screen.grouped
+        tree = screen.query_one("#modules")
+        model_node = tree.root.children[0]
+        model_node.expand()
+        await pilot.pause()
+        labels = {str(c.label).split(" ")[0]: c for c in model_node.children}
+        assert set(labels) == {"layers.#", "embed_tokens"}
+        layers = labels["layers.#"]
+        assert "×30 (0–29)" in str(layers.label)
+        assert layers.data.count == len(names)
+        layers.expand()
+        await pilot.pause()
+        mlp = layers.children[0]
+        mlp.expand()
+        await pilot.pause()
+        experts = mlp.children[0]
+        assert str(experts.label).startswith("experts.# ×60 (0–59)")
+        experts.expand()
+        await pilot.pause()
+        up = next(c for c in experts.children if str(c.label).startswith("up_proj"))
+        tree.move_cursor(up)
+        await settle(pilot)
+        shown = [screen.model.tensors[i].name for i in screen.rows]
+        assert shown == [t.name for t in screen.model.tensors if ".up_proj." in t.name]
+        assert len(shown) == 30 * 60
+        # g: back to the module tree, one node per layer
+        await pilot.press("g")
+        await settle(pilot)
+        assert not screen.grouped and len(screen.rows) == len(names) + 1
+        layers_plain = screen.root.children["model"].children["layers"]
+        assert len(layers_plain.children) == 30
+
+
+def test_index_select_matches_a_plain_filter():
+    """TensorIndex (lowercase index, incremental filtering, cached sort orders) against the
+    straightforward select_rows over the same tensors, for every sort and growing queries."""
+    from tensorscope.tui.model_index import TensorIndex
+
+    model = tensorscope.open(A)
+    tensors = model.tensors
+    index = TensorIndex(tensors)
+    root = build_tree(tensors, "m")
+    node = root.children["layers"].children["1"]
+    for sort in ("#", "name", "params", "shape", "offset"):
+        for reverse in (False, True):
+            for where, indices in ((None, range(len(tensors))), (node, node.tensor_indices())):
+                for pattern in ("", "L", "la", "lay", "laYers.1", "s.1", "*.weight", "*proj*", "zz"):
+                    want = select_rows(tensors, indices, pattern, sort, reverse)
+                    got = index.select(where, pattern, sort, reverse)
+                    if sort != "#":  # ties may order differently: compare the sort keys
+                        from tensorscope.tui.model_index import SORT_KEYS
+                        key = SORT_KEYS[sort]
+                        assert [key(tensors[i]) for i in got] == [key(tensors[i]) for i in want]
+                        assert sorted(got) == sorted(want)
+                    else:
+                        assert got == want, (sort, reverse, pattern)
 
 
 @run_async

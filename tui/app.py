@@ -42,7 +42,7 @@ class TensorscopeApp(App):
     ]
 
     def __init__(self, path: str | os.PathLike, other: str | os.PathLike | None = None,
-                 *, scan: bool = True):
+                 *, scan: bool = True, models: list | None = None):
         super().__init__()
         self.path = os.fspath(path)
         self.other = os.fspath(other) if other is not None else None
@@ -55,23 +55,29 @@ class TensorscopeApp(App):
         self.scan_updated: Signal = Signal(self, "scan-updated")
         # Parsing starts now, in a plain thread, so it overlaps Textual's own startup (driver,
         # CSS, first compose); the load worker only waits for it.
-        self._opened: list = []
+        self._opened: list = list(models or [])  # already opened by the CLI (input checked first)
         self._open_error: tuple[str, BaseException] | None = None
         self._tree = None
+        self._index = None
         self._opener = threading.Thread(target=self._open_all, name="tensorscope-open", daemon=True)
         self._opener.start()
 
     def _open_all(self) -> None:
         import tensorscope
 
-        from .model_index import build_tree
+        from .model_index import TensorIndex, build_group_tree, build_tree
+        from .screens.browse import GROUP_ABOVE
 
-        for p in self.paths:
+        given = list(self._opened)
+        self._opened.clear()
+        for k, p in enumerate(self.paths):
             try:
-                model = tensorscope.open(p)
+                model = given[k] if k < len(given) else tensorscope.open(p)
                 self._opened.append(model)
-                if self.other is None:  # the browse screen's module tree, built off the UI thread
-                    self._tree = build_tree(model.tensors, root_name=basename(p))
+                if self.other is None:  # the browse screen's tree and index, built off the UI thread
+                    build = build_group_tree if len(model.tensors) > GROUP_ABOVE else build_tree
+                    self._tree = build(model.tensors, root_name=basename(p))
+                    self._index = TensorIndex(model.tensors)
                 if len(model.tensors) > FREEZE_ABOVE:
                     # The model lives as long as the app: move its objects out of the cyclic GC's
                     # reach, or every full collection walks them again (seconds at 100k tensors).
@@ -135,7 +141,7 @@ class TensorscopeApp(App):
         if message.b is not None:
             self.switch_screen(DiffScreen(message.a, message.b))
         else:
-            self.switch_screen(BrowseScreen(message.a, root=self._tree))
+            self.switch_screen(BrowseScreen(message.a, root=self._tree, index=self._index))
         # after the new screen has painted
         self.set_timer(0.05, lambda: self.call_after_refresh(self._start_scan))
 
@@ -201,6 +207,7 @@ class TensorscopeApp(App):
 
 
 def make_app(path: str | os.PathLike, other: str | os.PathLike | None = None, *,
-             scan: bool = True) -> TensorscopeApp:
-    """The app for one file (browse) or two (diff); used by ``tensorscope tui`` and the tests."""
-    return TensorscopeApp(path, other, scan=scan)
+             scan: bool = True, models: list | None = None) -> TensorscopeApp:
+    """The app for one file (browse) or two (diff); used by ``tensorscope tui`` and the tests.
+    ``models``: the `ModelFile`s of the paths when the caller opened them already."""
+    return TensorscopeApp(path, other, scan=scan, models=models)
