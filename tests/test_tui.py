@@ -538,3 +538,41 @@ def test_cli_command_is_lazy_and_documented():
     tui.add_arguments(p)
     args = p.parse_args(["a.pt", "b.pt"])
     assert (args.path, args.other, args.no_scan) == ("a.pt", "b.pt", False)
+
+
+@pytest.mark.parametrize("names", [
+    [f"model.layers.{i}.mlp.experts.{e}.{p}.weight" for i in (0, 1, 12, 130) for e in (0, 7, 63)
+     for p in ("gate_proj", "up_proj")] + ["model.embed_tokens.weight", "lm_head.weight"],
+    ["features.0.conv2.weight", "features.10.conv2.weight", "layer1.0.conv1.weight",
+     "layer1.1.conv1.weight", "layer2.0.downsample.0.weight", "0.bias", "fc.weight", "w"],
+])
+def test_group_tree_agrees_with_grouping(names):
+    """Every tensor sits under the grouped node whose dotted prefix is its parent's
+    `grouping.group_key` (`layers.#` merged into one node), with the index values seen."""
+    from tensorscope.grouping import group_indices, group_key
+    from tensorscope.tui.model_index import build_group_tree
+
+    tensors = [tensorscope.TensorInfo(n, "float32", (2,)) for n in names]
+    root = build_group_tree(tensors, "r")
+    where = {}
+    stack = [root]
+    while stack:
+        node = stack.pop()
+        for i in node.direct:
+            where[i] = node
+        stack.extend(node.children.values())
+    assert sorted(where) == list(range(len(names))) and root.count == len(names)
+    for i, name in enumerate(names):
+        node = where[i]
+        assert ".".join(node.prefix) == group_key(name).rpartition(".")[0], name
+        # each `#` node on the way knows the index it stands for
+        hashes = [n for n in _ancestors(root, node) if n.name.endswith("#")]
+        assert [idx in n.seen for n, idx in zip(hashes, group_indices(name))] == [True] * len(hashes)
+
+
+def _ancestors(root, node):
+    out, cur = [], root
+    for comp in node.prefix:
+        cur = cur.children[comp]
+        out.append(cur)
+    return out

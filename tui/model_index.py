@@ -57,14 +57,89 @@ class ModuleNode:
 
 def build_tree(tensors: Sequence, root_name: str = "model") -> ModuleNode:
     """Group tensors into modules and total params/bytes per subtree in O(tensors + modules)."""
-    return _with_gc_paused(_build, tensors, root_name, False)
+    return _with_gc_paused(_build, tensors, root_name)
 
 
 def build_group_tree(tensors: Sequence, root_name: str = "model") -> ModuleNode:
     """The same tree with every index collapsed (`tensorscope.grouping`): ``layers.#`` is one node
-    for all layers, with the range of indices it stands for, so a 1,000,000-tensor mixture of
+    for all layers, with the index values it stands for, so a 1,000,000-tensor mixture of
     experts reads as a handful of nodes (``model / layers.# ×60 / mlp / experts.# ×256 / ...``)."""
-    return _with_gc_paused(_build, tensors, root_name, True)
+    return _with_gc_paused(_build_grouped, tensors, root_name)
+
+
+# An all-digit dotted component: what `grouping.group_key` writes as ``#``.
+_INDEX = re.compile(r"(?:(?<=\.)|^)[0-9]+(?=\.|$)")
+_HASHED = str.maketrans("0123456789", "#" * 10)
+
+
+def _new_group(fast: str) -> list:
+    """``[members, per-# sets of index strings, positions of the index components, exact]``
+    for a parent whose digits were all turned into ``#`` (``fast``). When a ``#`` sits inside a
+    word (``conv2``), the digits are not an index: such parents are grouped exactly (``exact``
+    maps their `_INDEX` pattern to its own group)."""
+    comps = fast.split(".") if fast else []
+    positions = [k for k, c in enumerate(comps) if c and c.strip("#") == ""]
+    mixed = any("#" in c and c.strip("#") for c in comps)
+    return [[], [set() for _ in positions], positions, {} if mixed else None]
+
+
+def _build_grouped(tensors: Sequence, root_name: str) -> ModuleNode:
+    # Per tensor: one str.translate of its parent's name (digits -> #) and a dict lookup; the
+    # index values come from a split only when the parent has indices. The tree itself is built
+    # once per distinct pattern, of which there are a handful.
+    groups: dict[str, list] = {}
+    for i, t in enumerate(tensors):
+        path = t.path
+        name = (path[0] if path else t.name) if len(path) <= 1 else ".".join(path)
+        parent = name.rpartition(".")[0]
+        fast = parent.translate(_HASHED)
+        g = groups.get(fast)
+        if g is None:
+            g = groups[fast] = _new_group(fast)
+        if g[3] is not None:  # digits inside words: group by the exact pattern (rare, slower)
+            pattern = _INDEX.sub("#", parent)
+            g = g[3].get(pattern)
+            if g is None:
+                g = groups[fast][3][pattern] = _new_group(pattern)
+        g[0].append(i)
+        if g[2]:
+            parts = parent.split(".")
+            for seen, k in zip(g[1], g[2]):
+                seen.add(parts[k])
+    flat: list[tuple[str, list, list]] = []
+    for fast, g in groups.items():
+        for key, h in ([(fast, g)] if g[3] is None else g[3].items()):
+            pattern = re.sub("#+", "#", key) if g[3] is None else key
+            flat.append((pattern, h[0], h[1]))
+    root = ModuleNode(root_name, ())
+    nodes: dict[tuple[str, ...], ModuleNode] = {(): root}
+    for pattern, members, seen in flat:
+        comps, _ = _group_components(tuple(pattern.split(".")) if pattern else ())
+        node = root
+        k = 0
+        for depth in range(len(comps)):
+            prefix = comps[:depth + 1]
+            child = nodes.get(prefix)
+            if child is None:
+                child = nodes[prefix] = node.children[comps[depth]] = ModuleNode(comps[depth], prefix)
+            for _ in range(comps[depth].count("#")):
+                child.seen.update(int(v) for v in seen[k])
+                k += 1
+            node = child
+        node.direct.extend(members)
+        node.params += sum(tensors[i].numel for i in members)
+        node.nbytes += sum(max(tensors[i].nbytes, 0) for i in members)
+        node.count += len(members)
+    for prefix in reversed(list(nodes)):
+        node = nodes[prefix]
+        if prefix:
+            parent = nodes[prefix[:-1]]
+            parent.params += node.params
+            parent.nbytes += node.nbytes
+            parent.count += node.count
+        if len(node.direct) > 1:
+            node.direct.sort()
+    return root
 
 
 def _with_gc_paused(fn, *args):
@@ -95,30 +170,27 @@ def _by_parent(tensors: Sequence) -> dict:
 
 
 def _group_components(comps: tuple[str, ...]) -> tuple[tuple[str, ...], list[int]]:
-    """``(model, layers, 3, mlp)`` -> ``((model, layers.#, mlp), [3])``: an index joins the name
-    before it, as `grouping.group_key` writes it."""
+    """``(model, layers, #, mlp)`` -> ``(model, layers.#, mlp)``: an index joins the name before
+    it, as `grouping.group_key` writes it (digits are collected too: ``(model, layers, 3)`` ->
+    ``((model, layers.#), [3])``)."""
     out: list[str] = []
     idx: list[int] = []
     for c in comps:
-        if c.isdigit() and c.isascii():
-            idx.append(int(c))
+        digit = c.isdigit() and c.isascii()
+        if digit or c == "#":
+            if digit:
+                idx.append(int(c))
             out[-1:] = [f"{out[-1]}.#" if out else "#"]
         else:
             out.append(c)
     return tuple(out), idx
 
 
-def _build(tensors: Sequence, root_name: str, grouped: bool) -> ModuleNode:
+def _build(tensors: Sequence, root_name: str) -> ModuleNode:
     root = ModuleNode(root_name, ())
     nodes: dict[tuple[str, ...], ModuleNode] = {(): root}
     for key, members in _by_parent(tensors).items():
-        if isinstance(key, str):
-            parent = tuple(key.split(".")) if key else ()
-        else:
-            parent = tuple(c for p in key for c in (p.split(".") if grouped else (p,)))
-        idx: list[int] = []
-        if grouped:
-            parent, idx = _group_components(parent)
+        parent = (tuple(key.split(".")) if key else ()) if isinstance(key, str) else key
         node = nodes.get(parent)
         if node is None:
             # Create the missing chain of ancestors once.
@@ -131,12 +203,6 @@ def _build(tensors: Sequence, root_name: str, grouped: bool) -> ModuleNode:
                 node.children[parent[k]] = child
                 nodes[parent[:k + 1]] = child
                 node = child
-        if idx:  # the index values each `#` node stands for
-            k = 0
-            for depth, comp in enumerate(parent):
-                if comp.endswith("#"):
-                    nodes[parent[:depth + 1]].seen.add(idx[k])
-                    k += 1
         node.direct.extend(members)
         node.params += sum(tensors[i].numel for i in members)
         node.nbytes += sum(max(tensors[i].nbytes, 0) for i in members)
@@ -150,8 +216,6 @@ def _build(tensors: Sequence, root_name: str, grouped: bool) -> ModuleNode:
             parent.params += node.params
             parent.nbytes += node.nbytes
             parent.count += node.count
-        if len(node.direct) > 1 and grouped:
-            node.direct.sort()
     return root
 
 

@@ -69,11 +69,11 @@ class BrowseScreen(Screen):
     BINDINGS = [
         Binding("slash", "filter", "Filter"),
         Binding("o", "cycle_sort", "Sort"),
-        Binding("r", "reverse_sort", "Reverse sort"),
-        Binding("g", "toggle_grouped", "Grouped tree"),
+        Binding("r", "reverse_sort", "Reverse sort", show=False),
+        Binding("g", "toggle_grouped", "Grouped / module tree", show=False),
         Binding("v", "values", "Values"),
         Binding("m", "file_info", "File info"),
-        Binding("escape", "back", "Back / clear filter"),
+        Binding("escape", "back", "Back / clear filter", show=False),
     ]
 
     def __init__(self, model, *, closable: bool = False, label: str = "", root: ModuleNode | None = None,
@@ -161,9 +161,22 @@ class BrowseScreen(Screen):
 
     def action_toggle_grouped(self) -> None:
         """Switch between the module tree and the grouped tree (``layers.#``)."""
-        self.grouped = not self.grouped
-        self.root = self._tree(self.grouped)
-        self.node = self.root
+        grouped = not self.grouped
+        if grouped in self._trees:
+            self._use_tree(grouped, self._trees[grouped])
+        else:  # built off the UI thread: a module tree of a million tensors takes seconds
+            self.notify("building the " + ("grouped" if grouped else "module") + " tree …", timeout=2)
+            self._build_tree(grouped)
+
+    @work(thread=True, exclusive=True, group="tree")
+    def _build_tree(self, grouped: bool) -> None:
+        build = build_group_tree if grouped else build_tree
+        root = build(self.model.tensors, root_name=self.label)
+        self.app.call_from_thread(self._use_tree, grouped, root)
+
+    def _use_tree(self, grouped: bool, root: ModuleNode) -> None:
+        self._trees[grouped] = root
+        self.grouped, self.root, self.node = grouped, root, root
         self._expanded.clear()
         tree = self.query_one("#modules", Tree)
         tree.reset(node_label(self.root, root=True), self.root)

@@ -84,6 +84,7 @@ class VirtualTable(ScrollView, can_focus=True):
 
     DEFAULT_CSS = """
     VirtualTable {
+        overflow-x: hidden;
         background: $surface;
         color: $foreground;
         & > .vtable--header { text-style: bold; background: $panel; color: $foreground; }
@@ -111,8 +112,8 @@ class VirtualTable(ScrollView, can_focus=True):
         Binding("down", "cursor(1)", "Down", show=False),
         Binding("pageup", "page(-1)", "Page up", show=False),
         Binding("pagedown", "page(1)", "Page down", show=False),
-        Binding("home", "first", "First row"),
-        Binding("end", "last", "Last row"),
+        Binding("home", "first", "First row", show=False),
+        Binding("end", "last", "Last row", show=False),
         Binding("enter", "select", "Open", show=False),
     ]
 
@@ -163,6 +164,7 @@ class VirtualTable(ScrollView, can_focus=True):
         self.cells: Callable[[object], Sequence[str]] = lambda key: ()
         self.zebra_stripes = zebra_stripes
         self._layout: list[tuple[Column, int]] = []
+        self._layout_width = 0
 
     # -- data -------------------------------------------------------------------------------------
     def set_columns(self, columns: Sequence[Column], yield_order: Sequence[str] = ()) -> None:
@@ -176,7 +178,7 @@ class VirtualTable(ScrollView, can_focus=True):
         self.keys = keys
         if cells is not None:
             self.cells = cells
-        self.virtual_size = Size(self.size.width, len(keys) + 1)
+        self.virtual_size = Size(self._width(), len(keys) + 1)
         self.scroll_to(y=0, animate=False, immediate=True)
         self.cursor_row = 0
         self.refresh()
@@ -247,11 +249,15 @@ class VirtualTable(ScrollView, can_focus=True):
     # -- drawing ----------------------------------------------------------------------------------
     def on_resize(self, event: events.Resize) -> None:
         self._layout = []
-        self.virtual_size = Size(event.size.width, len(self.keys) + 1)
+        self.virtual_size = Size(self._width(), len(self.keys) + 1)
+
+    def _width(self) -> int:
+        return self.scrollable_content_region.width  # without the scrollbar
 
     def _fit(self) -> list[tuple[Column, int]]:
-        if not self._layout:
-            self._layout = fit_columns(self.columns, self.size.width, self.yield_order)
+        if not self._layout or self._layout_width != self._width():
+            self._layout_width = self._width()
+            self._layout = fit_columns(self.columns, self._layout_width, self.yield_order)
         return self._layout
 
     def _line(self, values: Sequence[str], style: Style, header: bool = False) -> Strip:
@@ -259,10 +265,10 @@ class VirtualTable(ScrollView, can_focus=True):
         for (col, width), value in zip(self._fit(), values):
             parts.append(fit(value, width, right=col.right and not header, middle=col.flex and not header))
             parts.append(" ")
-        return Strip([Segment("".join(parts), style)]).adjust_cell_length(self.size.width, style)
+        return Strip([Segment("".join(parts), style)]).adjust_cell_length(self._width(), style)
 
     def render_line(self, y: int) -> Strip:
-        width = self.size.width
+        width = self._width()
         base = self.rich_style
         if y == 0:
             style = base + self.get_component_rich_style("vtable--header")
