@@ -576,3 +576,196 @@ def _ancestors(root, node):
         cur = cur.children[comp]
         out.append(cur)
     return out
+
+
+# -- issue 15: a new user's first hour --------------------------------------------------------------
+REVIEW = FIX / "review.pt"
+HOSTILE = FIX / "hostile_text.safetensors"
+
+
+@pytest.mark.parametrize("make", ["missing", "empty_dir", "truncated", "garbage"])
+def test_cli_checks_the_input_before_the_app_starts(tmp_path, make):
+    """A bad path never opens the full-screen app: one line on stderr, exit 2, as `inspect` does."""
+    if make == "missing":
+        target = tmp_path / "missing.pt"
+    elif make == "empty_dir":
+        target = tmp_path / "empty"
+        target.mkdir()
+    elif make == "truncated":
+        target = tmp_path / "cut.safetensors"
+        target.write_bytes(A.read_bytes()[:300])
+    else:
+        target = GARBAGE
+    tui = subprocess.run([sys.executable, "-m", "tensorscope", "tui", str(target)],
+                         capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL)
+    inspect = subprocess.run([sys.executable, "-m", "tensorscope", "inspect", str(target)],
+                             capture_output=True, text=True, timeout=60)
+    assert tui.returncode == 2 and tui.stdout == ""
+    assert len(tui.stderr.splitlines()) == 1 and "\x1b" not in tui.stderr
+    assert tui.stderr == inspect.stderr  # the same line as every other command
+    assert target.name in tui.stderr
+
+
+@run_async
+async def test_medium_finding_shows_the_cli_verdict():
+    """The CLI's default threshold (--fail-on medium): `scan` says "review before loading" and
+    exits 1 for this file; the TUI shows the same verdict in its banner and scan view."""
+    cli = subprocess.run([sys.executable, "-m", "tensorscope", "scan", str(REVIEW)],
+                         capture_output=True, text=True, timeout=60)
+    assert cli.returncode == 1 and "review before loading" in cli.stdout
+    app = make_app(REVIEW)
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(pilot)
+        banner = app.screen.query_one(SafetyBanner)
+        text = plain(banner.content)
+        assert banner.display and banner.has_class("-review") and not banner.has_class("-unsafe")
+        assert "review before loading" in text and "mypkg.layers.build" in text
+        await pilot.press("s")
+        await pilot.pause()
+        summary = static_text(app.screen, "#scan-summary")
+        assert "review before loading" in summary and "worst medium" in summary
+
+
+@run_async
+async def test_values_of_a_4d_tensor_move_along_leading_dimensions(tmp_path):
+    from safetensors.numpy import save_file
+
+    arr = np.arange(2 * 3 * 4 * 5, dtype=np.float32).reshape(2, 3, 4, 5)
+    path = tmp_path / "conv.safetensors"
+    save_file({"conv.weight": arr}, str(path))
+    app = make_app(path)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await settle(pilot)
+        await pilot.press("v")
+        await pilot.pause()
+        screen = app.screen
+        table = screen.query_one("#values")
+
+        def shown_slice():
+            return [[float(str(c)) for c in table.get_row_at(r)[1:]] for r in range(table.row_count)]
+
+        assert shown_slice() == arr[0, 0].tolist()
+        assert "[0, 0, :, :] of [2, 3, :, :]" in static_text(screen, "#values-status")
+        await pilot.press("full_stop")        # next slice: [0, 1]
+        assert shown_slice() == arr[0, 1].tolist()
+        for _ in range(2):
+            await pilot.press("full_stop")    # [0, 2] then carry to [1, 0]
+        assert shown_slice() == arr[1, 0].tolist()
+        assert "[1, 0, :, :]" in static_text(screen, "#values-status")
+        for _ in range(5):
+            await pilot.press("full_stop")    # stops at the last slice [1, 2]
+        assert shown_slice() == arr[1, 2].tolist()
+        await pilot.press("less_than_sign")   # back along axis 0: [0, 2]
+        assert shown_slice() == arr[0, 2].tolist()
+        await pilot.press("comma")            # previous slice: [0, 1]
+        assert shown_slice() == arr[0, 1].tolist()
+        # ? lists every key of this screen, the slice keys and q included
+        await pilot.press("question_mark")
+        await pilot.pause()
+        keys = dict(app.screen.bindings)
+        for key in ("[", "]", "{", "}", ".", ",", "<", ">"):
+            assert key in keys, (key, keys)
+        assert any("q" in k.split(", ") for k in keys), keys
+
+
+def test_step_lead_walks_every_slice():
+    shape = (2, 3, 4, 5)
+    seen, lead = [], (0, 0)
+    while True:
+        seen.append(lead)
+        nxt = compute.step_lead(lead, shape, 1)
+        if nxt == lead:
+            break
+        lead = nxt
+    assert seen == [(i, j) for i in range(2) for j in range(3)]
+    assert compute.step_lead((1, 2), shape, -1, axis=0) == (0, 2)
+    assert compute.step_lead((0, 2), shape, -1, axis=0) == (0, 2)
+
+
+@run_async
+async def test_narrow_table_keeps_whole_headers():
+    """At 80×24 the columns that do not fit yield whole (offset first, then params); the headers
+    shown are never cut."""
+    app = make_app(A)
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(pilot)
+        table = app.screen.query_one("#tensors")
+        shown = table.visible_columns()
+        assert shown[0] == "name" and "bytes" in shown and "offset" not in shown
+        header = app.export_screenshot()
+        for col in shown:
+            assert f">{col}" in header or f" {col} " in header.replace("&#160;", " "), col
+    app = make_app(A)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await settle(pilot)
+        assert app.screen.query_one("#tensors").visible_columns() == list(
+            ("name", "dtype", "shape", "params", "bytes", "offset"))
+
+
+@run_async
+async def test_one_tensor_says_tensor(tmp_path):
+    from safetensors.numpy import save_file
+
+    path = tmp_path / "one.safetensors"
+    save_file({"w": np.ones(3, dtype=np.float32)}, str(path))
+    app = make_app(path)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await settle(pilot)
+        assert "· 1 tensor ·" in static_text(app.screen, "#titlebar")
+        assert "1 tensor" in static_text(app.screen, "#table-status")
+        assert "1 tensors" not in app.export_screenshot()
+
+
+def test_onnx_default_domain_reads_ai_onnx():
+    from tensorscope.tui.screens.fileinfo import render_value
+
+    text = plain(render_value({"opset_import": {"": 20, "com.microsoft": 1}}))
+    assert "ai.onnx" in text and "20" in text and "(default)" not in text
+
+
+def _screen_text(app) -> str:
+    strips = app.screen._compositor.render_strips()
+    return "\n".join("".join(seg.text for seg in s) for s in strips)
+
+
+@run_async
+async def test_hostile_text_is_shown_inert():
+    """Names, metadata keys and values with escape sequences, bidi overrides and Rich markup:
+    nothing raw reaches the screen, and markup is shown literally, on every browse screen."""
+    from tensorscope.safetext import is_clean, shown
+
+    sys.path.insert(0, str(ROOT / "fixtures"))
+    from gen_tui import HOSTILE_METADATA, HOSTILE_NAMES
+
+    model = tensorscope.open(HOSTILE)
+    assert sorted(t.name for t in model.tensors) == sorted(HOSTILE_NAMES)  # the file holds them raw
+    app = make_app(HOSTILE)
+    async with app.run_test(size=(160, 50)) as pilot:
+        await settle(pilot)
+        screens = {}
+        screens["browse"] = (_screen_text(app), app.export_screenshot())
+        table = app.screen.query_one("#tensors")
+        names_in_table = [table.get_row_at(r)[0] for r in range(table.row_count)]
+        for k in range(table.row_count):  # every row through the details pane
+            table.move_cursor(row=k)
+            await settle(pilot)
+            screens[f"row{k}"] = (_screen_text(app), app.export_screenshot())
+        await pilot.press("v")
+        await settle(pilot)
+        screens["values"] = (_screen_text(app), app.export_screenshot())
+        await pilot.press("escape", "m")
+        await settle(pilot)
+        await pilot.press("right")  # the metadata tab
+        await settle(pilot)
+        screens["metadata"] = (_screen_text(app), app.export_screenshot())
+        for name, (text, svg) in screens.items():
+            assert is_clean(text) and is_clean(svg), name
+        # every name is listed, escaped, with its markup literal
+        assert sorted(names_in_table) == sorted(shown(n) for n in HOSTILE_NAMES)
+        everything = "\n".join(t for t, _ in screens.values())
+        assert "[bold red]evil[/bold red].weight" in everything
+        assert "\\x1b]0;pwned\\x07" in everything and "\\u202e" in everything
+        meta = screens["metadata"][0]
+        for key, value in HOSTILE_METADATA.items():
+            assert shown(key) in meta, key
+            assert shown(value)[:20] in meta, value

@@ -185,17 +185,22 @@ class TensorscopeApp(App):
 
         if isinstance(self.screen, HelpScreen):
             return
-        seen, ranked = set(), []
+        # Every key active on this screen, one row per action: keys bound to the same action
+        # share the row ("q, ^q  Quit"); this screen's keys first, then the app's, then the
+        # focused widget's.
+        rows: dict[tuple[str, str], list] = {}
         for key, active in self.screen.active_bindings.items():
             b = active.binding
-            if not b.description or not active.enabled or (b.action, b.description) in seen:
+            if not b.description or not active.enabled:
                 continue
-            seen.add((b.action, b.description))
-            # this screen's keys first, then the app's, then the focused widget's
             rank = 0 if active.node is self.screen else 1 if active.node is self else 2
-            ranked.append((rank, b.key_display or self.get_key_display(b), b.description))
-        rows = [(key, desc) for _, key, desc in sorted(ranked, key=lambda r: r[0])]
-        rows.append(("ctrl+p", "Command palette"))
+            entry = rows.setdefault((b.action, b.description), [rank, [], b.description])
+            shown_key = b.key_display or self.get_key_display(b)
+            if shown_key not in entry[1]:
+                entry[1].append(shown_key)
+            entry[0] = min(entry[0], rank)
+        ordered = sorted(rows.values(), key=lambda e: e[0])
+        rows = [(", ".join(keys), desc) for _, keys, desc in ordered]
         self.push_screen(HelpScreen(rows))
 
     def on_unmount(self) -> None:
