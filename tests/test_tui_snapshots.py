@@ -67,3 +67,8 @@ def test_scan(snap_compare, size):
 
 def test_error(snap_compare):
     assert snap_compare(make_app(FIX / "garbage.bin"), terminal_size=(80, 24), run_before=_then())
+
+
+def test_review_banner(snap_compare):
+    # a medium finding: the CLI's "review before loading" verdict, in the yellow banner
+    assert snap_compare(make_app(FIX / "review.pt"), terminal_size=(80, 24), run_before=_then())
