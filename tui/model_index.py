@@ -312,7 +312,7 @@ class TensorIndex:
 
     def base(self, node: ModuleNode | None, sort: str = "#", reverse: bool = False) -> list[int]:
         """The rows under ``node`` (None: every tensor) in display order, before filtering."""
-        key = (id(node), sort, reverse)
+        key = (node, sort, reverse)  # the node itself (compared by identity), never a reused id
         if self._base[0] == key:
             return self._base[1]
         if node is None:
@@ -333,7 +333,7 @@ class TensorIndex:
         kind, test = _compile(pattern)
         if test is None:
             return rows
-        key = (id(node), sort, reverse)
+        key = (node, sort, reverse)
         last_key, last_kind, last_pat, last_rows = self._last
         if kind == "sub" and last_kind == "sub" and last_key == key and last_pat in test:
             rows = last_rows  # the query extends the previous one: filter its result only

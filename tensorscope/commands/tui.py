@@ -7,13 +7,18 @@ from __future__ import annotations
 HELP = "browse a model in a terminal UI (tree, tensors, statistics, values; diff with two files)"
 DESCRIPTION = """\
 Open a model file or folder in an interactive terminal UI: a tree of modules with parameter and
-byte counts, the tensors under the selected module (filter with /, sort with o or by clicking a
-header), and for the highlighted tensor every metadata field, statistics (min, max, mean, std,
-NaN/Inf counts, zero fraction), a histogram and a window of its values (v). With a second file,
-the UI opens on the diff: tensors aligned side by side, coloured by status, with the difference
-statistics and a histogram of a - b for the highlighted pair. The static safety scan runs at
-startup; a red banner appears when a file is unsafe to load (s shows the findings, from any screen).
-Nothing in the files is executed. Keys: ? help, ctrl+p command palette, t theme, q quit.
+byte counts (above 5,000 tensors grouped, layers.# ×N, g switches), the tensors under the
+selected module (filter with /, sort with o or by clicking a header; only the rows on screen are
+drawn, so 1,000,000 tensors scroll and filter like 100), and for the highlighted tensor every
+metadata field, statistics (min, max, mean, std, NaN/Inf counts, zero fraction), a histogram and
+a window of its values (v; . , < > move through the 2-D slices of a larger tensor). With a second
+file, the UI opens on the diff: tensors aligned side by side, coloured by status, with the
+difference statistics and a histogram of a - b for the highlighted pair. The static safety scan
+runs at startup with the threshold of `tensorscope scan`: a red banner when a file is unsafe to
+load, a yellow one when it needs review (s shows the findings, from any screen). Nothing in the
+files is executed; text from them is shown inert. The files are opened before the UI starts: a
+file that cannot be read is one line on stderr and exit 2, as with every command.
+Keys: ? every key of the screen, ctrl+p command palette, t theme, q quit.
 
 Example:
   tensorscope tui model.safetensors
