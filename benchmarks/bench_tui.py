@@ -38,7 +38,7 @@ MODULES = ("attn.q_proj", "attn.k_proj", "attn.v_proj", "attn.o_proj", "mlp.up",
            "norm1", "norm2")
 
 CHILD = r"""
-import asyncio, json, resource, statistics, sys, time
+import asyncio, inspect, json, resource, statistics, sys, time
 t0 = time.perf_counter()
 from tensorscope.tui.app import make_app
 from tensorscope.tui.screens.browse import BrowseScreen
@@ -69,10 +69,11 @@ async def main():
         out = {"ready_s": ready, "rows": rows, "tensors": n}
         # one filter refresh over every tensor, measured directly: select the rows, hand them to
         # the table and draw the lines on screen (what the compositor asks the table for)
+        new = "details_after" in inspect.signature(screen.refresh_table).parameters
         def direct(pattern):
             t1 = time.perf_counter()
             screen.pattern = pattern
-            screen.refresh_table(details_after=1.0)
+            screen.refresh_table(details_after=1.0) if new else screen.refresh_table()
             for y in range(table.size.height):
                 table.render_line(y)
             return time.perf_counter() - t1
@@ -84,6 +85,18 @@ async def main():
             while not app.scan_done:
                 await asyncio.sleep(0.05)
             out["scan_done_s"] = time.perf_counter() - t0
+            # each version's keystroke path (the details pane deferred where the code does so,
+            # not the debounce timer) and one repaint, per growing prefix of KEYS
+            refresh = []
+            for k in range(1, len(KEYS) + 1):
+                t1 = time.perf_counter()
+                screen.pattern = KEYS[:k]
+                screen.refresh_table(details_after=0.15) if new else screen.refresh_table()
+                await pilot.pause()
+                refresh.append(time.perf_counter() - t1)
+            out["refresh_s"] = statistics.median(refresh)
+            screen.pattern = ""
+            screen.refresh_table()
             # typed keystrokes through Pilot (key event -> table refreshed -> screen repainted),
             # against a key that changes nothing (Pilot's own cost per key)
             await pilot.press("slash")
@@ -165,8 +178,8 @@ def generate_moe(n: int, shards: int | None = None) -> Path:
     return folder
 
 
-def measure(path: Path, keys: str = "") -> dict:
-    out = subprocess.run([sys.executable, "-c", CHILD, str(path), keys], capture_output=True, text=True,
+def measure(path: Path, keys: str = "", python: str = sys.executable) -> dict:
+    out = subprocess.run([python, "-c", CHILD, str(path), keys], capture_output=True, text=True,
                          env={**os.environ, "TEXTUAL_ANIMATIONS": "none"})
     if out.returncode != 0:
         raise SystemExit(f"child failed:\n{out.stderr}")
@@ -189,20 +202,29 @@ def main(argv=None) -> int:
                     help="mixture-of-experts safetensors shards of these sizes (filter keystrokes typed)")
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--format", choices=("safetensors", "pt"), default="safetensors")
+    ap.add_argument("--python", nargs="*", default=[sys.executable],
+                    help="interpreters to compare, run alternately (e.g. a venv with another "
+                         "checkout of tensorscope installed)")
     args = ap.parse_args(argv)
     print(f"{'input':>24} {'size':>8} {'first screen':>12} {'import':>7} {'peak RSS':>9} "
-          f"{'filter (direct)':>15} {'key (Pilot)':>11} {'no-op key':>9}")
+          f"{'filter (direct)':>15} {'refresh+paint':>13} {'key (Pilot)':>11} {'no-op key':>9}")
     cases = [(f"{n:,} {args.format}", generate(n, args.format), "") for n in args.tensors or ()]
     cases += [(f"{n:,} MoE shards", generate_moe(n), KEYS) for n in args.moe or ()]
     for label, path, keys in cases:
-        measure(path)  # warm-up: page cache, .pyc
-        runs = [measure(path, keys) for _ in range(args.runs)]
-        med = lambda k: statistics.median(r[k] for r in runs) if k in runs[0] else float("nan")
-        rss = max(r["maxrss_mib"] for r in runs)
-        flt = med("direct_keys_s") if keys else med("filter_s")
-        print(f"{label:>24} {_size(path):>6.1f}MB {med('ready_s'):>10.2f} s {med('import_s'):>5.2f} s "
-              f"{rss:>5.0f} MiB {flt * 1000:>12.1f} ms {med('key_s') * 1000:>8.0f} ms "
-              f"{med('noop_key_s') * 1000:>6.0f} ms", flush=True)
+        for py in args.python:
+            measure(path, python=py)  # warm-up: page cache, .pyc
+        runs: dict[str, list] = {py: [] for py in args.python}
+        for _ in range(args.runs):
+            for py in args.python:  # alternately, so a change in the machine's load hits both
+                runs[py].append(measure(path, keys, py))
+        for py, rs in runs.items():
+            med = lambda k: statistics.median(r[k] for r in rs) if k in rs[0] else float("nan")
+            rss = max(r["maxrss_mib"] for r in rs)
+            flt = med("direct_keys_s") if keys else med("filter_s")
+            name = label if len(args.python) == 1 else f"{label} [{py}]"
+            print(f"{name:>24} {_size(path):>6.1f}MB {med('ready_s'):>10.2f} s {med('import_s'):>5.2f} s "
+                  f"{rss:>5.0f} MiB {flt * 1000:>12.1f} ms {med('refresh_s') * 1000:>10.0f} ms "
+                  f"{med('key_s') * 1000:>8.0f} ms {med('noop_key_s') * 1000:>6.0f} ms", flush=True)
     return 0
 
 
