@@ -579,8 +579,18 @@ def _ancestors(root, node):
 
 
 # -- issue 15: a new user's first hour --------------------------------------------------------------
-REVIEW = FIX / "review.pt"
-HOSTILE = FIX / "hostile_text.safetensors"
+sys.path.insert(0, str(ROOT / "fixtures"))
+import gen_tui  # noqa: E402  (the generator of the TUI fixtures: review.pt, hostile text)
+
+
+@pytest.fixture
+def review(tmp_path):
+    return gen_tui.write_review(tmp_path / "review.pt")
+
+
+@pytest.fixture
+def hostile(tmp_path):
+    return gen_tui.write_hostile_text(tmp_path / "hostile_text.safetensors")
 
 
 @pytest.mark.parametrize("make", ["missing", "empty_dir", "truncated", "garbage"])
@@ -607,13 +617,13 @@ def test_cli_checks_the_input_before_the_app_starts(tmp_path, make):
 
 
 @run_async
-async def test_medium_finding_shows_the_cli_verdict():
+async def test_medium_finding_shows_the_cli_verdict(review):
     """The CLI's default threshold (--fail-on medium): `scan` says "review before loading" and
     exits 1 for this file; the TUI shows the same verdict in its banner and scan view."""
-    cli = subprocess.run([sys.executable, "-m", "tensorscope", "scan", str(REVIEW)],
+    cli = subprocess.run([sys.executable, "-m", "tensorscope", "scan", str(review)],
                          capture_output=True, text=True, timeout=60)
     assert cli.returncode == 1 and "review before loading" in cli.stdout
-    app = make_app(REVIEW)
+    app = make_app(review)
     async with app.run_test(size=SIZE) as pilot:
         await settle(pilot)
         banner = app.screen.query_one(SafetyBanner)
@@ -729,17 +739,16 @@ def _screen_text(app) -> str:
 
 
 @run_async
-async def test_hostile_text_is_shown_inert():
+async def test_hostile_text_is_shown_inert(hostile):
     """Names, metadata keys and values with escape sequences, bidi overrides and Rich markup:
     nothing raw reaches the screen, and markup is shown literally, on every browse screen."""
     from tensorscope.safetext import is_clean, shown
 
-    sys.path.insert(0, str(ROOT / "fixtures"))
-    from gen_tui import HOSTILE_METADATA, HOSTILE_NAMES
+    HOSTILE_METADATA, HOSTILE_NAMES = gen_tui.HOSTILE_METADATA, gen_tui.HOSTILE_NAMES
 
-    model = tensorscope.open(HOSTILE)
+    model = tensorscope.open(hostile)
     assert sorted(t.name for t in model.tensors) == sorted(HOSTILE_NAMES)  # the file holds them raw
-    app = make_app(HOSTILE)
+    app = make_app(hostile)
     async with app.run_test(size=(160, 50)) as pilot:
         await settle(pilot)
         screens = {}
