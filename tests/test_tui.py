@@ -778,3 +778,12 @@ async def test_hostile_text_is_shown_inert(hostile):
         for key, value in HOSTILE_METADATA.items():
             assert shown(key) in meta, key
             assert shown(value)[:20] in meta, value
+
+
+@run_async
+async def test_app_uses_the_models_the_cli_opened():
+    model = tensorscope.open(A)
+    app = make_app(A, models=[model])
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(pilot)
+        assert app.models == [model] and app.screen.model is model

@@ -2,7 +2,8 @@
 
 Startup: the file(s) are parsed in a thread worker (a loading screen shows meanwhile), then the
 browse screen (one path) or the diff screen (two paths) is pushed; a file that fails to parse
-gets the error screen with its one-line message. Then a second worker runs the static scan
+gets the error screen with its one-line message (``tensorscope tui`` opens the files before the
+app starts, so from the command line a bad file is one line and exit 2 instead). Then a second worker runs the static scan
 (`tensorscope.scan`) on every path; its result feeds the safety banner on every screen and
 the scan screen (``s`` from anywhere). Nothing here reads past the public `tensorscope` API.
 """
@@ -53,8 +54,9 @@ class TensorscopeApp(App):
         self.scan_error: str | None = None
         self.scan_done = False
         self.scan_updated: Signal = Signal(self, "scan-updated")
-        # Parsing starts now, in a plain thread, so it overlaps Textual's own startup (driver,
-        # CSS, first compose); the load worker only waits for it.
+        # Parsing (unless the caller passed the opened ``models``, as the CLI does) and the tree
+        # and name index start now, in a plain thread, so they overlap Textual's own startup
+        # (driver, CSS, first compose); the load worker only waits for it.
         self._opened: list = list(models or [])  # already opened by the CLI (input checked first)
         self._open_error: tuple[str, BaseException] | None = None
         self._tree = None
@@ -188,18 +190,18 @@ class TensorscopeApp(App):
         # Every key active on this screen, one row per action: keys bound to the same action
         # share the row ("q, ^q  Quit"); this screen's keys first, then the app's, then the
         # focused widget's.
-        rows: dict[tuple[str, str], list] = {}
+        by_action: dict[tuple[str, str], list] = {}
         for key, active in self.screen.active_bindings.items():
             b = active.binding
             if not b.description or not active.enabled:
                 continue
             rank = 0 if active.node is self.screen else 1 if active.node is self else 2
-            entry = rows.setdefault((b.action, b.description), [rank, [], b.description])
+            entry = by_action.setdefault((b.action, b.description), [rank, [], b.description])
             shown_key = b.key_display or self.get_key_display(b)
             if shown_key not in entry[1]:
                 entry[1].append(shown_key)
             entry[0] = min(entry[0], rank)
-        ordered = sorted(rows.values(), key=lambda e: e[0])
+        ordered = sorted(by_action.values(), key=lambda e: e[0])
         rows = [(", ".join(keys), desc) for _, keys, desc in ordered]
         self.push_screen(HelpScreen(rows))
 

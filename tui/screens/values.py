@@ -16,9 +16,9 @@ from textual.binding import Binding
 from textual.screen import Screen
 from textual.widgets import DataTable, Footer, Static
 
-from ..compute import as_matrix, is_raw, preview_window, step_lead, values_of
 from tensorscope.safetext import shown
 
+from ..compute import as_matrix, is_raw, preview_window, step_lead, values_of
 from ..formatting import fmt_shape, fmt_value, one_line
 from ..widgets.banner import SafetyBanner
 
