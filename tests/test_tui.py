@@ -364,7 +364,9 @@ def test_index_select_matches_a_plain_filter():
     for sort in ("#", "name", "params", "shape", "offset"):
         for reverse in (False, True):
             for where, indices in ((None, range(len(tensors))), (node, node.tensor_indices())):
-                for pattern in ("", "L", "la", "lay", "laYers.1", "s.1", "*.weight", "*proj*", "zz"):
+                for pattern in ("", "L", "la", "lay", "laYers.1", "s.1", "*.weight", "*proj*", "zz",
+                                "layers.1.*", "*", "**", "*.*", "l*s.1*", "*.?_proj.*", "[ln]*",
+                                "*bias", "norm*"):
                     want = select_rows(tensors, indices, pattern, sort, reverse)
                     got = index.select(where, pattern, sort, reverse)
                     if sort != "#":  # ties may order differently: compare the sort keys

@@ -73,14 +73,14 @@ _HASHED = str.maketrans("0123456789", "#" * 10)
 
 
 def _new_group(fast: str) -> list:
-    """``[members, per-# sets of index strings, positions of the index components, exact]``
-    for a parent whose digits were all turned into ``#`` (``fast``). When a ``#`` sits inside a
+    """``[members, per-# sets of index strings, positions of the index components, exact, params,
+    bytes]`` for a parent whose digits were all turned into ``#`` (``fast``). When a ``#`` sits inside a
     word (``conv2``), the digits are not an index: such parents are grouped exactly (``exact``
     maps their `_INDEX` pattern to its own group)."""
     comps = fast.split(".") if fast else []
     positions = [k for k, c in enumerate(comps) if c and c.strip("#") == ""]
     mixed = any("#" in c and c.strip("#") for c in comps)
-    return [[], [set() for _ in positions], positions, {} if mixed else None]
+    return [[], [set() for _ in positions], positions, {} if mixed else None, 0, 0]
 
 
 def _build_grouped(tensors: Sequence, root_name: str) -> ModuleNode:
@@ -102,18 +102,19 @@ def _build_grouped(tensors: Sequence, root_name: str) -> ModuleNode:
             if g is None:
                 g = groups[fast][3][pattern] = _new_group(pattern)
         g[0].append(i)
+        g[4] += t.numel  # totals in the same pass: each record is touched once
+        g[5] += max(t.nbytes, 0)
         if g[2]:
             parts = parent.split(".")
             for seen, k in zip(g[1], g[2]):
                 seen.add(parts[k])
-    flat: list[tuple[str, list, list]] = []
+    flat: list[tuple[str, list]] = []
     for fast, g in groups.items():
         for key, h in ([(fast, g)] if g[3] is None else g[3].items()):
-            pattern = re.sub("#+", "#", key) if g[3] is None else key
-            flat.append((pattern, h[0], h[1]))
+            flat.append((re.sub("#+", "#", key) if g[3] is None else key, h))
     root = ModuleNode(root_name, ())
     nodes: dict[tuple[str, ...], ModuleNode] = {(): root}
-    for pattern, members, seen in flat:
+    for pattern, (members, seen, _, _, params, nbytes) in flat:
         comps, _ = _group_components(tuple(pattern.split(".")) if pattern else ())
         node = root
         k = 0
@@ -127,8 +128,8 @@ def _build_grouped(tensors: Sequence, root_name: str) -> ModuleNode:
                 k += 1
             node = child
         node.direct.extend(members)
-        node.params += sum(tensors[i].numel for i in members)
-        node.nbytes += sum(max(tensors[i].nbytes, 0) for i in members)
+        node.params += params
+        node.nbytes += nbytes
         node.count += len(members)
     for prefix in reversed(list(nodes)):
         node = nodes[prefix]
@@ -253,13 +254,22 @@ def select_rows(tensors: Sequence, indices: Sequence[int], pattern: str = "", so
 
 
 def _compile(pattern: str):
-    """``(kind, test)``: a substring, or a compiled glob when the pattern has ``*?[``."""
+    """``(kind, test)``: a substring, or a glob when the pattern has ``*?[``. The usual globs
+    (``*.weight``, ``layers.1.*``, ``*up*``) become string tests, many times faster than the
+    regular expression `fnmatch` would run; the rest are compiled once."""
     pat = pattern.strip().lower()
     if not pat:
         return "", None
-    if any(c in pat for c in "*?["):
-        return "glob", re.compile(fnmatch.translate(pat)).match
-    return "sub", pat
+    if not any(c in pat for c in "*?["):
+        return "sub", pat
+    core = pat.strip("*")
+    if core and not any(c in core for c in "*?["):
+        if pat.startswith("*") and pat.endswith("*"):
+            return "sub", core
+        if pat.startswith("*"):
+            return "glob", lambda name: name.endswith(core)
+        return "glob", lambda name: name.startswith(core)
+    return "glob", re.compile(fnmatch.translate(pat)).match
 
 
 class TensorIndex:
