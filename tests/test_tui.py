@@ -789,3 +789,26 @@ async def test_app_uses_the_models_the_cli_opened():
     async with app.run_test(size=SIZE) as pilot:
         await settle(pilot)
         assert app.models == [model] and app.screen.model is model
+
+
+def test_fit_and_fit_columns():
+    from rich.cells import cell_len
+
+    from tensorscope.tui.screens.browse import YIELD_ORDER, table_columns
+    from tensorscope.tui.model_index import TensorIndex
+    from tensorscope.tui.widgets.tensor_table import fit, fit_columns
+
+    name = "model.layers.3.mlp.experts.7.up_proj.weight"
+    for text in (name, "层.权重.weight", "x"):
+        for width in (1, 5, 9, 20, 60):
+            out = fit(text, width, middle=True)
+            assert cell_len(out) == width
+            if cell_len(text) > width:
+                assert "…" in out
+    assert fit(name, 20, middle=True).endswith("p_proj.weight")  # the end of a name survives
+    columns = table_columns(TensorIndex(tensorscope.open(A).tensors))
+    for width, gone in ((120, []), (70, ["offset"]), (55, ["offset", "params"])):
+        fitted = fit_columns(columns, width, YIELD_ORDER)
+        assert {c.key for c in columns} - {f.key for f, _ in fitted} == set(gone)
+        assert sum(w for _, w in fitted) + len(fitted) + 1 <= width
+        assert all(w >= len(c.key) + 2 for c, w in fitted)  # whole headers, room for the arrow

@@ -15,6 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
+from rich.cells import cell_len, set_cell_size
 from rich.segment import Segment
 from rich.style import Style
 from textual import events
@@ -44,6 +45,11 @@ def fit(text: str, width: int, right: bool = False, middle: bool = False) -> str
     whose ends say the most: ``model.layers.3…up_proj.weight``)."""
     if width <= 0:
         return ""
+    if not text.isascii():  # wide characters (CJK names) take two cells: measure cells
+        if cell_len(text) > width:
+            return set_cell_size(text, width - 1) + "…"
+        pad = " " * (width - cell_len(text))
+        return pad + text if right else text + pad
     if len(text) > width:
         if width == 1:
             return "…"
@@ -57,10 +63,10 @@ def fit(text: str, width: int, right: bool = False, middle: bool = False) -> str
 def fit_columns(columns: Sequence[Column], width: int, yield_order: Sequence[str] = ()
                 ) -> list[tuple[Column, int]]:
     """The columns that fit in ``width`` (one space between columns) and their widths: fixed
-    columns are never narrower than their header; while the flexible column would fall under its
-    minimum, columns are dropped in ``yield_order``."""
+    columns are never narrower than their header plus the sort arrow (`` ▲``); while the flexible
+    column would fall under its minimum, columns are dropped in ``yield_order``."""
     shown = list(columns)
-    drop = [k for k in yield_order]
+    drop = list(yield_order)
     while True:
         fixed = [c for c in shown if not c.flex]
         used = sum(max(c.width, len(c.key) + 2) for c in fixed) + len(shown) + 1
@@ -167,12 +173,6 @@ class VirtualTable(ScrollView, can_focus=True):
         self._layout_width = 0
 
     # -- data -------------------------------------------------------------------------------------
-    def set_columns(self, columns: Sequence[Column], yield_order: Sequence[str] = ()) -> None:
-        self.columns = list(columns)
-        self.yield_order = tuple(yield_order)
-        self._layout = []
-        self.refresh()
-
     def set_rows(self, keys: Sequence, cells: Callable[[object], Sequence[str]] | None = None) -> None:
         """Show ``keys`` (any sequence: a list of a million ints is fine) from the first row."""
         self.keys = keys
