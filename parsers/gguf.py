@@ -198,7 +198,8 @@ class _Reader:
 
     def need(self, n: int, what: str) -> None:
         if n > self.size - self.pos:
-            raise self.fail(f"truncated: {what} needs {n} bytes, {self.size - self.pos} remain")
+            raise self.fail(f"truncated: {what} needs {self.pos + n} bytes, the file ends at "
+                            f"{self.size}")
 
     def scalar(self, code: str, what: str):
         st = self._structs.get(code)
@@ -219,8 +220,8 @@ class _Reader:
         start = self.pos
         n = self.u64(f"length of {what}")
         if n > self.size - self.pos:
-            raise self.fail(f"{what}: string length {n} runs past the end of the file "
-                            f"({self.size - self.pos} bytes remain)", start)
+            raise self.fail(f"truncated: {what} (a string of {n} bytes) needs {self.pos + n} "
+                            f"bytes, the file ends at {self.size}", start)
         raw = bytes(self.buf[self.pos:self.pos + n])
         self.pos += n
         try:
@@ -252,8 +253,8 @@ def _value(r: _Reader, vtype: int, what: str, depth: int = 0) -> tuple[Any, str 
     if item_code:
         itemsize = struct.calcsize(item_code)
         if count > remain // itemsize:
-            raise r.fail(f"{what}: array of {count} {item_name} needs {count * itemsize} bytes, "
-                         f"{remain} remain")
+            raise r.fail(f"truncated: {what} (an array of {count} {item_name}) needs "
+                         f"{r.pos + count * itemsize} bytes, the file ends at {r.size}")
         dt = np.dtype(item_code).newbyteorder(r.order)
         arr = np.frombuffer(r.src.raw, dtype=dt, count=count, offset=r.pos) if count else np.empty(0, dt)
         r.pos += count * itemsize
@@ -266,8 +267,8 @@ def _value(r: _Reader, vtype: int, what: str, depth: int = 0) -> tuple[Any, str 
         return arr, item_name
     min_item = 8 if item_type == _STRING else 12
     if count > remain // min_item:
-        raise r.fail(f"{what}: array of {count} {item_name}s needs at least {count * min_item} "
-                     f"bytes, {remain} remain")
+        raise r.fail(f"truncated: {what} (an array of {count} {item_name}s) needs at least "
+                     f"{r.pos + count * min_item} bytes, the file ends at {r.size}")
     if item_type == _ARRAY:
         if depth + 1 >= MAX_ARRAY_DEPTH:
             raise r.fail(f"{what}: arrays nested deeper than {MAX_ARRAY_DEPTH} levels")
@@ -305,12 +306,12 @@ def _read_header(src: ByteSource) -> tuple[_Reader, int, int, int]:
     kv_count = r.u64("kv_count")
     remain = src.size - r.pos
     if kv_count > remain // _MIN_KV:
-        raise r.fail(f"kv_count {kv_count} claims at least {kv_count * _MIN_KV} bytes of "
-                     f"key/values, {remain} remain", 16)
+        raise r.fail(f"truncated: {kv_count} key/values (kv_count) need at least "
+                     f"{r.pos + kv_count * _MIN_KV} bytes, the file ends at {src.size}", 16)
     if tensor_count > remain // _MIN_TENSOR_INFO:
-        raise r.fail(f"tensor_count {tensor_count} claims at least "
-                     f"{tensor_count * _MIN_TENSOR_INFO} bytes of tensor descriptors, "
-                     f"{remain} remain", 8)
+        raise r.fail(f"truncated: {tensor_count} tensor descriptors (tensor_count) need at least "
+                     f"{r.pos + tensor_count * _MIN_TENSOR_INFO} bytes, the file ends at "
+                     f"{src.size}", 8)
     return r, version, tensor_count, kv_count
 
 
@@ -411,8 +412,9 @@ def open_source(src: ByteSource) -> ModelFile:
                             f"alignment {alignment}", file=path, offset=start)
         begin = data_start + offset
         if begin > src.size or nbytes > src.size - begin:
-            raise GGUFError(f"tensor {name!r}: data [{begin}, {begin + nbytes}) runs past the end "
-                            f"of the file ({src.size} bytes)", file=path, offset=start)
+            raise GGUFError(f"truncated: tensor {name!r} (data [{begin}, {begin + nbytes})) needs "
+                            f"{begin + nbytes} bytes, the file ends at {src.size}", file=path,
+                            offset=start)
         if offset != expected:
             ev.add("gguf.unexpected_offset",
                    f"tensor {name!r} is at data offset {offset}, llama.cpp expects {expected} "

@@ -25,7 +25,9 @@ Spec (joblib 0.10 - 1.6: ``numpy_pickle.py``, ``numpy_pickle_utils.py``, ``compr
   package: refused here). Arrays in a compressed file have no alignment padding.
 - joblib < 0.10 wrote ``ZF`` + the decompressed length as ``0x...`` hex left-justified to 19
   bytes, MAY add a space (Python 2), then a zlib stream of the pickle. Its arrays were
-  ``NDArrayWrapper`` objects naming sibling ``.npy`` files (not read here: never opened).
+  ``NDArrayWrapper`` objects naming sibling ``.npy`` files, or ``ZNDArrayWrapper`` objects naming
+  ``ZF``-compressed raw data files (both listed by `plain_pickle` from those files when they are
+  plain names in the same folder).
 
 Reading: the pickle VM runs with `build_hooks`, which skip (and place) each wrapper's bytes
 exactly as joblib's unpickler reads them. Uncompressed files are opened by `plain_pickle` (listed

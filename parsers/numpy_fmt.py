@@ -248,8 +248,8 @@ def parse_header(buf: memoryview | bytes, *, file: str = "", member: str | None 
     if hlen > max_header_size * (4 if encoding == "utf8" else 1):
         raise LimitExceeded("header length", max_header_size, hlen, offset=base + MAGIC_LEN, **where)
     if hlen > len(buf) - start:
-        raise bad(f"header length {hlen} runs past the end of the data "
-                  f"({len(buf) - start} bytes remain)", MAGIC_LEN)
+        raise bad(f"truncated: the header (length {hlen}) needs {start + hlen} bytes, the data "
+                  f"ends at {len(buf)}", MAGIC_LEN)
     try:
         text = bytes(buf[start:start + hlen]).decode(encoding)
     except UnicodeDecodeError as e:
@@ -465,10 +465,14 @@ def _check_payload(h: NpyHeader, available: int, *, file: str, member: str | Non
                                    member=member, offset=base + h.data_start, format=fmt)
         return
     if need > available:
-        raise NumpyFormatError(
-            f"array data needs {need} bytes (shape {h.shape} x {h.np_dtype.itemsize}-byte "
-            f"{_descr_str(h.descr)}), {available} remain", file=file, member=member,
-            offset=base + h.data_start, format=fmt)
+        layout = f"shape {h.shape} x {h.np_dtype.itemsize}-byte {_descr_str(h.descr)}"
+        if member is None:   # a .npy file cut short (a member's size is the zip's business)
+            start = base + h.data_start
+            raise NumpyFormatError(f"truncated: the array data ({layout}) needs {start + need} "
+                                   f"bytes, the file ends at {start + available}", file=file,
+                                   offset=start, format=fmt)
+        raise NumpyFormatError(f"array data needs {need} bytes ({layout}), {available} remain",
+                               file=file, member=member, offset=base + h.data_start, format=fmt)
     if available > need:
         ev.add("npy.trailing_bytes", f"{available - need} bytes after the array data are not "
                "part of the array (numpy ignores them)", file=file, member=member,

@@ -416,6 +416,49 @@ _SNIFF_SUBMESSAGES = {
 }
 
 
+_SNIFF_HEAD = 4096
+_UNBOUNDED = 1 << 62
+
+
+def truncation(buf, size: int) -> str | None:
+    """The reason when ``buf`` (the file, or its first bytes) is a ``ModelProto`` cut short: its
+    start is valid ONNX (as `sniff` checks it, lengths aside) and a top-level field runs past the
+    end of the file. None when that cannot be told from ``buf``."""
+    head = bytes(buf[:_SNIFF_HEAD])
+    ok, seen = _sniff_message(head, 0, min(len(head), size), "ModelProto", _UNBOUNDED)
+    if not ok or not seen & {1, 7}:
+        return None
+    table = MESSAGES["ModelProto"]
+    pos, avail = 0, min(len(buf), size)
+    while pos < avail:   # top-level fields only: a handful, whatever the model's size
+        got = _peek_varint(buf, pos, avail)
+        if got is None or got[0] < 0:
+            break
+        tag, pos = got
+        number, wire = tag >> 3, tag & 7
+        if wire == VARINT:
+            got = _peek_varint(buf, pos, avail)
+            if got is None or got[0] < 0:
+                break
+            pos = got[1]
+            continue
+        if wire in (I32, I64):
+            end = pos + (4 if wire == I32 else 8)
+        elif wire == LEN:
+            got = _peek_varint(buf, pos, avail)
+            if got is None or got[0] < 0:
+                break
+            end = got[1] + got[0]
+        else:
+            return None
+        if end > size:
+            spec = table.get(number)
+            what = f"ModelProto.{spec.name}" if spec is not None else f"ModelProto field {number}"
+            return f"truncated: {what} needs {end} bytes, the file ends at {size}"
+        pos = end
+    return None   # (a tag or varint cut by the end keeps the walker's "truncated varint")
+
+
 def sniff(head: bytes, size: int) -> bool:
     """True when the head parses as the start of a ``ModelProto`` holding an ``ir_version`` (1
     to 64) or a graph: every field a known one with its declared wire type, every length inside
@@ -1276,6 +1319,9 @@ def open_source(src: ByteSource, *, limits: Limits = DEFAULT_LIMITS,
         walker.walk()
         infos, readers, files = walker.build()
     except FormatError as e:
+        cut = truncation(src.buffer, src.size)   # a cut download rather than a malformed model
+        if cut is not None:
+            raise _err(cut, file=src.path, offset=src.size) from None
         raise e.located(file=src.path)
     except RecursionError:  # not expected (the walk is iterative): never a raw traceback
         raise _err("nesting too deep", file=src.path) from None

@@ -11,7 +11,10 @@ Spec (what ``pickle.load`` would meet; last in the registry, so any file no cont
   are listed as tensors: when ``rawdata`` is stored verbatim (BINBYTES, BYTEARRAY8: protocols 3+)
   ``byte_offset`` is its place in the file and reads are zero-copy views (big-endian arrays are
   byte-swapped copies); protocols 0-2 store bytes as latin-1 text (``_codecs.encode``): then
-  ``byte_offset`` is None and the reader copies the decoded bytes.
+  ``byte_offset`` is None and the reader copies the decoded bytes. Pickles written by Python 2
+  hold ``rawdata`` in a py2 ``str`` (SHORT_BINSTRING/BINSTRING, verbatim in the file): read as
+  ``pickle.load(encoding='latin1')`` and numpy read it, they are the same bytes, listed zero-copy.
+  A numeric array whose data cannot be located is a ``pickle.numpy_unreadable`` anomaly.
 - torch tensors pickled without ``torch.save`` are ``torch._utils._rebuild_tensor_v2(storage,
   ...)`` whose storage is ``torch.storage._load_from_bytes(<bytes>)``: a nested ``torch.load`` of
   a legacy stream (parsed by `torch_legacy`, never run). Its storage bytes are located in the file
@@ -19,6 +22,9 @@ Spec (what ``pickle.load`` would meet; last in the registry, so any file no cont
 - joblib files (``joblib.dump`` without compression) are pickles whose arrays follow the BUILD of
   a ``joblib.numpy_pickle.NumpyArrayWrapper`` as raw bytes (`joblib_fmt` has the layout): the VM
   reads them as joblib's unpickler does, and numeric ones are listed zero-copy at their offsets.
+  joblib < 0.10 pickled a ``NDArrayWrapper`` naming a sibling ``.npy`` file instead (listed
+  zero-copy from it), or a ``ZNDArrayWrapper`` naming a ``ZF``-compressed data file (inflated,
+  capped, into a copy): plain names in the pickle's folder only; otherwise ``joblib.sibling_array``.
 - Everything else stays an inert object in ``model.objects``; every global and call the VM saw is
   in ``model.evidence.pickles`` (role ``pickle``) for the scanner.
 
@@ -39,7 +45,7 @@ from . import joblib_fmt, pickle_vm, torch_pickle
 from .pickle_vm import Call, Global
 from .torch_pickle import StorageRef, TensorRef
 
-__all__ = ["FORMAT", "sniff", "open_source"]
+__all__ = ["FORMAT", "sniff", "open_source", "cut_short"]
 
 FORMAT = "pickle"
 SNIFF_OPCODES = 64       # opcodes the sniffer runs over the head
@@ -57,13 +63,27 @@ NUMPY_DTYPES = {
     "i1": "int8", "i2": "int16", "i4": "int32", "i8": "int64",
     "u1": "uint8", "u2": "uint16", "u4": "uint32", "u8": "uint64", "b1": "bool",
 }
-_BYTES_OPS = {"BINBYTES": 4, "SHORT_BINBYTES": 1, "BINBYTES8": 8, "BYTEARRAY8": 8}
+# Opcodes whose payload is verbatim bytes in the file: Python 3 bytes, and Python 2 ``str``
+# (BINSTRING, SHORT_BINSTRING), which numpy arrays pickled under Python 2 hold their data in.
+_BYTES_OPS = {"BINBYTES": 4, "SHORT_BINBYTES": 1, "BINBYTES8": 8, "BYTEARRAY8": 8,
+              "BINSTRING": 4, "SHORT_BINSTRING": 1}
 
 
 # -- sniffing -------------------------------------------------------------------------------------
 def _truncation(err) -> bool:
     reason = getattr(err, "reason", "")
     return "remain" in reason or "data ends" in reason or "ran out of data" in reason
+
+
+def cut_short(result, src: ByteSource) -> FormatError | None:
+    """The error for a pickle run that failed because the FILE ends before the pickle does (a cut
+    download): ``truncated: <the VM's reason>; the file ends at <size>``. None otherwise (and for
+    in-memory blobs, whose end is not the file's)."""
+    err = result.error
+    if err is None or result.stopped or not _truncation(err) or src.path == "<memory>":
+        return None
+    return FormatError(f"truncated: {err.reason}; the file ends at {src.size}", format=err.format,
+                       file=err.file or src.path, member=err.member, offset=err.offset)
 
 
 def sniff(head: bytes, size: int) -> bool:
@@ -195,6 +215,7 @@ class _Copies:
 
     def __init__(self):
         self.table: dict[int, tuple[StorageRef, bytes, int, str]] = {}
+        self.inflated: dict[str, bytes] = {}   # joblib .z sibling files, each inflated once
 
     def add(self, storage: StorageRef, buffer: bytes, offset: int, order: str = "<") -> None:
         self.table[id(storage)] = (storage, buffer, offset, order)
@@ -236,6 +257,9 @@ def open_source(src: ByteSource) -> ModelFile:
     result = pickle_vm.run(src.buffer, hooks=_hooks(src, model, nested), file=src.path,
                            build_hooks=joblib_fmt.build_hooks(src.buffer, on_array))
     model.evidence.pickles.append(PickleRecord(src.path, None, 0, result.end, result, role="pickle"))
+    cut = cut_short(result, src)
+    if cut is not None:
+        raise cut from None
     result.raise_for_error()
     if result.end < src.size:
         model.evidence.add("pickle.trailing_bytes", f"{src.size - result.end} bytes follow the "
@@ -248,7 +272,9 @@ def open_source(src: ByteSource) -> ModelFile:
 
     def leaf(call: Call):
         if id(call) not in arrays:  # one record per array, however often it is referenced
-            arrays[id(call)] = _numpy_tensor(call, src, locator, model, copies)
+            sibling = _sibling_array(call, src, model, copies)
+            arrays[id(call)] = sibling if sibling is not False else \
+                _numpy_tensor(call, src, locator, model, copies)
         return arrays[id(call)]
 
     tensors = []
@@ -277,6 +303,92 @@ def _type_name(value) -> str:
     return type(value).__name__
 
 
+# joblib < 0.10 (Python 2 era) wrote each array to a sibling file and pickled a wrapper naming it.
+_SIBLING_WRAPPERS = {(m, n) for m in ("joblib.numpy_pickle", "sklearn.externals.joblib.numpy_pickle")
+                     for n in ("NDArrayWrapper", "ZNDArrayWrapper")}
+
+
+def _sibling_array(call: Call, src: ByteSource, model: ModelFile, copies: "_Copies"):
+    """A joblib < 0.10 ``NDArrayWrapper`` (BUILD state ``{'filename': 'x.pkl_01.npy', ...}``):
+    the sibling .npy it names, listed zero-copy from that file (a plain name in the same folder
+    only), or an anomaly when it cannot be; False when ``call`` is not such a wrapper.
+    ``ZNDArrayWrapper`` (compressed dumps): the sibling holds ``ZF`` + zlib of the raw data and
+    the wrapper's ``state`` is the array's (version, shape, dtype, fortran): read as a copy."""
+    import os
+
+    from . import numpy_fmt
+    func = call.func
+    if type(func) is not Global or (func.module, func.name) not in _SIBLING_WRAPPERS:
+        return False
+    state = call.state if isinstance(call.state, dict) else {}
+    name = state.get("filename")
+    if isinstance(name, bytes):
+        name = name.decode("latin-1")
+
+    def unread(why: str) -> None:
+        model.evidence.add("joblib.sibling_array", f"{func.name} at byte {call.pos} names the "
+                           f"array file {name!r}, {why}: the array is not listed",
+                           file=src.path, offset=call.pos)
+    if not isinstance(name, str) or not name or name in (".", "..") or "/" in name \
+            or "\\" in name or "\0" in name:
+        return unread("not a plain file name in the pickle's folder")
+    folder = os.path.dirname(src.path)
+    path = os.path.join(folder, name)
+    if not os.path.isfile(path):
+        return unread("which does not exist beside it")
+    if os.path.dirname(os.path.realpath(path)) != os.path.realpath(folder or "."):
+        return unread("a link out of the pickle's folder (not followed)")
+    if func.name == "ZNDArrayWrapper":
+        return _zf_sibling(call, state, path, model, copies, unread)
+    try:
+        sib = model.source(path)
+        h = numpy_fmt.parse_header(sib.buffer, file=path)
+    except (OSError, FormatError) as e:
+        return unread(f"which cannot be read ({e})")
+    if h.layout != "plain" or h.data_nbytes > sib.size - h.data_start:
+        return unread(f"whose {h.layout} array (or its size) is not read in place")
+    storage = StorageRef(f"joblib@{call.pos}", h.dtype, h.numel, "numpy", file=path,
+                         data_offset=h.data_start, nbytes=h.data_nbytes)
+    stride = _fortran_stride(h.shape) if h.fortran_order else contiguous_stride(h.shape)
+    return TensorRef(storage, 0, h.shape, stride, h.dtype, pos=call.pos,
+                     extras={"joblib_file": name, "order": "F" if h.fortran_order else "C"})
+
+
+def _zf_sibling(call: Call, state: dict, path: str, model: ModelFile, copies: "_Copies", unread):
+    """``ZNDArrayWrapper.read``: ``_reconstruct(*init_args)`` then ``__setstate__(state +
+    (read_zfile(sibling),))``; the data are inflated (capped) into a copy."""
+    import os
+    parts = state.get("state")
+    if not (isinstance(parts, tuple) and len(parts) == 4):
+        return unread("with an array state that is not (version, shape, dtype, fortran)")
+    shape, dt = _shape(parts[1]), _numpy_dtype(parts[2])
+    if shape is None or dt is None:
+        return unread("holding a non-numeric array (not listed)")
+    dtype, order = dt
+    data = copies.inflated.get(path)
+    if data is None:
+        # One budget for every sibling of the pickle: many wrappers cannot multiply the cap.
+        budget = joblib_fmt.INFLATE_MAX - sum(len(d) for d in copies.inflated.values())
+        try:
+            sib = model.source(path)
+            if joblib_fmt.compression(sib.head(2)) != "zf":
+                return unread("which is not a ZF-compressed array file")
+            data = copies.inflated[path] = joblib_fmt.decompress(sib.buffer, "zf", path=path,
+                                                                 cap=max(budget, 0))
+        except (OSError, FormatError) as e:
+            return unread(f"which cannot be read ({e})")
+    from tensorscope.dtypes import spec
+    numel = math.prod(shape)
+    if len(data) != numel * spec(dtype).itemsize:
+        return unread(f"whose {len(data)} bytes do not hold shape {list(shape)} of {dtype}")
+    storage = StorageRef(f"joblib@{call.pos}", dtype, numel, "numpy", file=path, nbytes=len(data))
+    copies.add(storage, data, 0, order)
+    fortran = parts[3] is True
+    stride = _fortran_stride(shape) if fortran else contiguous_stride(shape)
+    return TensorRef(storage, 0, shape, stride, dtype, pos=call.pos,
+                     extras={"joblib_file": os.path.basename(path), "order": "F" if fortran else "C"})
+
+
 def _numpy_tensor(call: Call, src: ByteSource, locator: _Locator, model: ModelFile,
                   copies: _Copies) -> TensorRef | None:
     parts = _array_parts(call)
@@ -285,8 +397,19 @@ def _numpy_tensor(call: Call, src: ByteSource, locator: _Locator, model: ModelFi
     shape, dtype_call, fortran, raw = parts
     shape = _shape(shape)
     dt = _numpy_dtype(dtype_call)
-    if shape is None or dt is None or not isinstance(raw, (bytes, bytearray)):
+    if shape is None or dt is None:
         return None  # object arrays, strings, records: stay inert objects
+    if isinstance(raw, str):
+        # A Python 2 pickle: the data is a py2 ``str`` (BINSTRING), which the VM gives as text
+        # when it happens to be valid UTF-8. pickle.load(encoding='latin1') gives latin-1 text
+        # and numpy's _reconstruct encodes it back to latin-1: the same bytes as this round trip.
+        raw = raw.encode("utf-8")
+    if not isinstance(raw, (bytes, bytearray)):
+        model.evidence.add("pickle.numpy_unreadable",
+                           f"numpy array at byte {call.pos} ({dt[0]}, shape {list(shape)}): its "
+                           f"data is a {type(raw).__name__}, not bytes; it is not listed",
+                           file=src.path, offset=call.pos)
+        return None
     dtype, order = dt
     from tensorscope.dtypes import spec
     numel = math.prod(shape)

@@ -97,6 +97,17 @@ class SafetensorsError(FormatError):
         super().__init__(reason, format=FORMAT, **where)
 
 
+def truncation(head: bytes, size: int) -> str | None:
+    """For a file `sniff` refused: the reason when it is a safetensors file cut inside its header
+    (a plausible header length past the end, then ``{``)."""
+    if len(head) < 9 or size < 9:
+        return None
+    (n,) = HEADER_LEN.unpack_from(head)
+    if 8 + n > size and 2 <= n <= MAX_HEADER_SIZE and head[8:].lstrip(_JSON_WS)[:1] == b"{":
+        return f"truncated: the header (length {n}) needs {8 + n} bytes, the file ends at {size}"
+    return None
+
+
 def sniff(head: bytes, size: int) -> bool:
     """True when the first bytes look like a safetensors header: a plausible N, then ``{``."""
     if len(head) < 9 or size < 10:
@@ -162,8 +173,8 @@ def _parse_header(src: ByteSource) -> tuple[int, _Obj]:
     if n > MAX_HEADER_SIZE:
         raise LimitExceeded("header length", MAX_HEADER_SIZE, n, format=FORMAT, file=path, offset=0)
     if 8 + n > src.size:
-        raise SafetensorsError(f"header length {n} runs past the end of the file "
-                               f"({src.size} bytes, {8 + n} needed)", file=path, offset=0)
+        raise SafetensorsError(f"truncated: the header (length {n}) needs {8 + n} bytes, the file "
+                               f"ends at {src.size}", file=path, offset=0)
     raw = src.view(8, n, "header", fmt=FORMAT)
     try:
         text = str(raw, "utf-8")
@@ -379,9 +390,11 @@ def _open(src: ByteSource) -> ModelFile:
         prev_name = name
     if data_start + expected != src.size:
         left = src.size - data_start - expected
-        what = (f"{left} bytes after the last tensor are not indexed by any tensor" if left > 0
-                else f"the tensors need {-left} bytes more than the file holds")
-        raise SafetensorsError(f"incomplete metadata, file not fully covered: {what}",
+        if left < 0:   # a cut download: say so, with what the header promises
+            raise SafetensorsError(f"truncated: the tensors need {data_start + expected} bytes, "
+                                   f"the file ends at {src.size}", file=path, offset=src.size)
+        raise SafetensorsError("incomplete metadata, file not fully covered: "
+                               f"{left} bytes after the last tensor are not indexed by any tensor",
                                file=path, offset=data_start + expected)
 
     model.tensors = tensors

@@ -21,6 +21,7 @@ Spec (Hugging Face conventions, as ``transformers`` writes and reads them; FORMA
   ``.bin``/``.pt``/``.pth``/``.ckpt``, ``.gguf``, ``.onnx``, ``.pt2``, ``.npz``/``.npy``; among
   several of one kind, the one named ``model``/``pytorch_model``/``consolidated``.*). A
   ``models--*`` cache folder opens the snapshot ``refs/main`` names, else the newest one.
+  A folder of one model file opens as that file (its own format; ``metadata["model_file"]``).
 
 What this parser produces: a ModelFile of format ``sharded`` whose tensors are the shards'
 tensors, in index order (each keeping its own ``file``), with the shards' sources, custom readers
@@ -39,7 +40,7 @@ from typing import Any
 from tensorscope.errors import FormatError
 from tensorscope.model import ModelFile
 
-__all__ = ["FORMAT", "sniff_dir", "open_dir", "open_index", "is_index_file"]
+__all__ = ["FORMAT", "sniff_dir", "open_dir", "open_index", "is_index_file", "single_file"]
 
 FORMAT = "sharded"
 INDEX_MAX = 64 << 20   # an index of a 1e6-tensor model is ~60 MB
@@ -322,19 +323,23 @@ def _from_shards(folder: str, root: str, key: tuple[str, str, str], names: list[
 
 
 def _single(path: str, root: str) -> ModelFile:
+    """A folder holding one model file is that file: its own format and metadata (plus the
+    file's name), not a one-shard "sharded" model."""
     folder = os.path.dirname(path)
     name = os.path.basename(path)
-    merger = _Merger(folder, folder)
+    model = _open_shard(folder, root, name, folder, "(the folder's model file)")
+    model.metadata["model_file"] = name
+    return model
+
+
+def single_file(path: str) -> str | None:
+    """The model file of a folder that holds exactly one (what `open_dir` opens), else None."""
     try:
-        sub = _open_shard(folder, root, name, folder, "(the folder's model file)")
-        merger.add(name, sub)
-        merger.model.tensors.extend(sub.tensors)
-        merger.model.objects = sub.objects
-        merger.model.metadata = {"index": None, "shards": merger.shards}
-        return merger.model
-    except BaseException:
-        merger.close()
-        raise
+        folder, _, _ = _resolve(path)
+    except FormatError:
+        return None
+    plan = _plan(folder)
+    return plan[1] if plan is not None and plan[0] == "single" else None
 
 
 def open_index(path: str) -> ModelFile:

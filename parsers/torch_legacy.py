@@ -110,6 +110,11 @@ def _run(src: ByteSource, start: int, *, end: int | None = None, persistent_load
     result = pickle_vm.run(data, start=start, persistent_load=persistent_load, hooks=hooks,
                            limits=limits or pickle_vm.DEFAULT_LIMITS, file=src.path,
                            member=member, base_offset=base)
+    if end is None and member is None:   # the pickle runs to the end of the file: a cut one says so
+        from .plain_pickle import cut_short
+        cut = cut_short(result, src)
+        if cut is not None:
+            raise cut from None
     result.raise_for_error()
     return result
 
@@ -258,8 +263,10 @@ def _place_storages(src, model, pending, keys, data_start, little, member, base)
             raise _fail(src, f"{where} is listed after the pickles but the main pickle never "
                              "names it: its element size is unknown", base + pos, member)
         if pos + COUNT.size > src.size:
-            raise _fail(src, f"{where}: truncated before its element count "
-                             f"({src.size - pos} bytes remain)", base + pos, member)
+            ends = "its record ends" if member else "the file ends"
+            raise _fail(src, f"truncated: {where}: its element count needs "
+                             f"{base + pos + COUNT.size} bytes, {ends} at {base + src.size}",
+                        base + pos, member)
         itemsize = _itemsize(entry.ref.dtype) if entry.class_name not in ("UntypedStorage",) else 1
         count = COUNT.unpack_from(src.buffer, pos)[0]
         if not 0 <= count <= (src.size - pos - COUNT.size) // itemsize:
@@ -269,10 +276,10 @@ def _place_storages(src, model, pending, keys, data_start, little, member, base)
             elif count < 0:
                 raise _fail(src, f"{where}: negative element count {count}", base + pos, member)
             else:
-                remain = src.size - pos - COUNT.size
-                raise _fail(src, f"{where}: {count} elements of {itemsize} bytes need "
-                                 f"{count * itemsize} bytes, {remain} remain (truncated file?)",
-                            base + pos + COUNT.size, member)
+                ends = "its record ends" if member else "the file ends"
+                raise _fail(src, f"truncated: {where} ({count} elements of {itemsize} bytes) "
+                                 f"needs {base + pos + COUNT.size + count * itemsize} bytes, "
+                                 f"{ends} at {base + src.size}", base + pos + COUNT.size, member)
         if count != entry.ref.numel:
             model.evidence.add(
                 "legacy.storage_size_mismatch",

@@ -50,6 +50,8 @@ STORAGE_DTYPES: dict[str, str | None] = {
     "Float8_e4m3fnStorage": "float8_e4m3fn", "Float8_e5m2Storage": "float8_e5m2",
     "Float8_e4m3fnuzStorage": "float8_e4m3fnuz", "Float8_e5m2fnuzStorage": "float8_e5m2fnuz",
     "Float8_e8m0fnuStorage": "float8_e8m0fnu", "Float4_e2m1fn_x2Storage": "float4_e2m1fn_x2",
+    "Bits8Storage": "bits8", "Bits16Storage": "bits16", "Bits1x8Storage": "bits1x8",
+    "Bits2x4Storage": "bits2x4", "Bits4x2Storage": "bits4x2",
     "UntypedStorage": None,  # bytes; the tensor's dtype comes from _rebuild_tensor_v3
 }
 # torch.FloatStorage, torch.storage.UntypedStorage, torch.cuda.FloatStorage (a CUDA checkpoint).
@@ -69,6 +71,8 @@ TORCH_DTYPES: dict[str, str] = {
     "quint2x4": "quint2x4", "float8_e4m3fn": "float8_e4m3fn", "float8_e5m2": "float8_e5m2",
     "float8_e4m3fnuz": "float8_e4m3fnuz", "float8_e5m2fnuz": "float8_e5m2fnuz",
     "float8_e8m0fnu": "float8_e8m0fnu", "float4_e2m1fn_x2": "float4_e2m1fn_x2",
+    "bits8": "bits8", "bits16": "bits16", "bits1x8": "bits1x8", "bits2x4": "bits2x4",
+    "bits4x2": "bits4x2",
 }
 
 
@@ -137,9 +141,16 @@ def _int_tuple(value, what: str, pos: int) -> tuple[int, ...]:
     return tuple(_int(v, what, pos) for v in value)
 
 
-def torch_dtype(value, pos: int) -> str:
-    if isinstance(value, Global) and value.module == "torch" and value.name in TORCH_DTYPES:
-        return TORCH_DTYPES[value.name]
+def torch_dtype(value, pos: int, *, unknown_itemsize: int | None = None) -> str:
+    """The canonical name of a ``torch.<dtype>`` global. With ``unknown_itemsize``, a ``torch.*``
+    name outside the table (a newer torch's dtype) becomes ``unknown:torch.<name>`` of that
+    itemsize instead of an error: the tensor is listed with raw bytes (and an anomaly)."""
+    if isinstance(value, Global) and value.module == "torch":
+        if value.name in TORCH_DTYPES:
+            return TORCH_DTYPES[value.name]
+        if unknown_itemsize is not None and value.name.isidentifier():
+            from tensorscope.dtypes import register_unknown
+            return register_unknown(value.dotted, unknown_itemsize)
     raise _err(f"expected a torch dtype, got {_describe(value)}", pos)
 
 
@@ -149,12 +160,24 @@ def _describe(value) -> str:
     return f"{type(value).__name__} {brief(value, 40)}"
 
 
-def parse_storage_pid(pid, pos: int) -> tuple[str | None, str, str, int, str]:
+def parse_storage_pid(pid, pos: int, *, allow_unknown: bool = False
+                      ) -> tuple[str | None, str, str, int, str]:
     """``('storage', cls, key, location, numel[, view])`` -> (dtype, key, location, nbytes-or-numel,
-    class name). Raises FormatError for any other shape (torch would fail the same way)."""
+    class name). Raises FormatError for any other shape (torch would fail the same way).
+
+    ``allow_unknown`` (containers whose records carry their own size: zip archives): a storage
+    class of a torch module that is not in the table (a newer torch's ``Float3Storage``) gives the
+    dtype ``unknown:Float3Storage`` instead of an error; the container may refine its itemsize."""
     if not isinstance(pid, tuple) or len(pid) not in (5, 6) or pid[0] != "storage":
         raise _err(f"unsupported persistent id {brief(pid, 80)}", pos)
     cls, key, location, numel = pid[1], pid[2], pid[3], pid[4]
+    if allow_unknown and isinstance(cls, Global) and cls.module in _STORAGE_MODULES \
+            and cls.name not in STORAGE_DTYPES and cls.name.isidentifier() \
+            and cls.name.endswith("Storage"):
+        from tensorscope.dtypes import register_unknown
+        if not isinstance(key, str) or not isinstance(location, str):
+            raise _err(f"storage key and location must be strings in persistent id {brief(pid, 80)}", pos)
+        return register_unknown(cls.name), key, location, _int(numel, "storage size", pos), cls.name
     if not isinstance(cls, Global) or cls.module not in _STORAGE_MODULES or cls.name not in STORAGE_DTYPES:
         raise _err(f"unknown storage class {_describe(cls)} in persistent id", pos)
     if not isinstance(key, str) or not isinstance(location, str):
@@ -211,7 +234,20 @@ def _rebuild_tensor_v2(args, pos):
 
 def _rebuild_tensor_v3(args, pos):
     a = _args(args, 7, 8, "_rebuild_tensor_v3", pos)
-    return _dense(a[0], a[1], a[2], a[3], pos, dtype=torch_dtype(a[6], pos), requires_grad=a[4] is True)
+    return _dense(a[0], a[1], a[2], a[3], pos, dtype=torch_dtype(a[6], pos, unknown_itemsize=
+                  _itemsize_guess(a)), requires_grad=a[4] is True)
+
+
+def _itemsize_guess(a) -> int:
+    """Bytes per element of a tensor of unknown dtype over an untyped storage: the storage's bytes
+    over the tensor's elements when the tensor is the whole storage, laid out contiguously; else 1."""
+    storage, offset, size = a[0], a[1], a[2]
+    if isinstance(storage, StorageRef) and offset == 0 and isinstance(size, tuple) and \
+            all(isinstance(d, int) and not isinstance(d, bool) and d > 0 for d in size):
+        n = math.prod(size)
+        if n and storage.numel % n == 0 and 0 < storage.numel // n <= 64:
+            return storage.numel // n
+    return 1
 
 
 def _tensor_arg(value, what, pos) -> TensorRef:
@@ -512,6 +548,13 @@ def to_tensor_info(path: tuple[str, ...], raw: tuple[str, ...], t: TensorRef, *,
         file=s.file if s is not None and s.file else file, storage_key=storage_key,
         storage_nbytes=storage_nbytes, path=path or (ROOT_NAME,), source_format=fmt,
         role=t.role, extras=extras)
+
+
+def note_unknown_dtype(model, info: TensorInfo) -> None:
+    """The anomaly for a tensor whose dtype this tool does not know (listed with raw bytes)."""
+    model.evidence.add("torch.unknown_dtype", f"tensor {info.name!r} has dtype "
+                       f"{info.dtype.partition(':')[2]}, which this tool does not know: listed with "
+                       "its raw bytes", file=info.file, member=info.extras.get("member"))
 
 
 def tensor_fits(t: TensorRef) -> bool:

@@ -15,6 +15,7 @@ Public: ``FORMAT``, ``open_zip(src, archive) -> ModelFile`` (called by `zip_disp
 """
 from __future__ import annotations
 
+from tensorscope.dtypes import is_unknown, register_unknown
 from tensorscope.errors import FormatError
 from tensorscope.model import ModelFile, PickleRecord
 from tensorscope.source import ByteSource
@@ -68,7 +69,8 @@ def make_storage_resolver(archive: ZipArchive, prefix: str, data_dir: str = "dat
     src = archive.source
 
     def persistent_load(pid, pos):
-        dtype, key, location, numel, cls = torch_pickle.parse_storage_pid(pid, pos)
+        dtype, key, location, numel, cls = torch_pickle.parse_storage_pid(pid, pos,
+                                                                           allow_unknown=True)
         if key in storages:
             return storages[key]
         name = f"{prefix}/{data_dir}/{key}"
@@ -83,6 +85,8 @@ def make_storage_resolver(archive: ZipArchive, prefix: str, data_dir: str = "dat
         else:
             storage.data_offset = member.data_offset
             storage.nbytes = member.size
+            if dtype and is_unknown(dtype) and numel and member.size % numel == 0:
+                storage.dtype = register_unknown(cls, member.size // numel)  # record / elements
         storages[key] = storage
         return storage
 
@@ -150,6 +154,8 @@ def build_tensor_list(root, fmt: str, file: str, model: ModelFile) -> list:
                 "torch.tensor_out_of_storage",
                 f"tensor {info.name!r} addresses bytes past the end of its storage record "
                 f"({s.nbytes} bytes)", file=s.file, member=s.member)
+        if is_unknown(info.dtype):
+            torch_pickle.note_unknown_dtype(model, info)
         tensors.append(info)
     return tensors
 

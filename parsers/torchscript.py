@@ -21,7 +21,8 @@ Spec (torch 2.13; FORMATS.md "TorchScript" has the verified entry order):
   MAY be non-numeric: ``0.storage``); they are listed as ``constants.<i>``, role ``constant``.
 - ``P/traced_inputs.pkl`` (traced modules) maps method names to example inputs whose storages
   ``P/traced_inputs/<key>`` are stored EMPTY (0 bytes) while the pickle claims their size: such
-  tensors are listed (role ``input``) as unreadable, without an anomaly.
+  tensors are listed (role ``input``, `TensorInfo.has_data` False) as data-less, out of the byte
+  totals, without an anomaly.
 - ``P/bytecode.pkl`` (lite interpreter) is the mobile bytecode; its tensors share the
   ``constants/`` key space. ``P/extra/<name>`` are user files (``_extra_files``).
 - ``P/version``, ``P/byteorder`` ("little"/"big") and ``P/.data/serialization_id`` MAY be present.
@@ -31,6 +32,7 @@ Public: ``FORMAT``, ``open_zip(src, archive) -> ModelFile`` (called by `zip_disp
 """
 from __future__ import annotations
 
+import dataclasses
 import re
 from dataclasses import dataclass, field
 
@@ -280,7 +282,8 @@ def _infos(entries, model: ModelFile, file: str, *, quiet_empty: bool = False) -
         if quiet_empty and s is not None and s.error is None and s.nbytes == 0 and ref.shape and \
                 not torch_pickle.tensor_fits(ref):
             s.error = f"record {s.member} is stored empty (torch saves traced inputs without data)"
-            info = torch_pickle.to_tensor_info(path, path, ref, fmt=FORMAT, file=file)
+            info = dataclasses.replace(   # listed, out of the byte totals
+                torch_pickle.to_tensor_info(path, path, ref, fmt=FORMAT, file=file), has_data=False)
             out.append(info)
             continue
         info = torch_pickle.to_tensor_info(path, path, ref, fmt=FORMAT, file=file)
@@ -291,6 +294,8 @@ def _infos(entries, model: ModelFile, file: str, *, quiet_empty: bool = False) -
             model.evidence.add("torch.tensor_out_of_storage",
                                f"tensor {info.name!r} addresses bytes past the end of its storage "
                                f"record ({s.nbytes} bytes)", file=s.file, member=s.member)
+        if info.dtype.startswith("unknown:"):
+            torch_pickle.note_unknown_dtype(model, info)
         out.append(info)
     return out
 

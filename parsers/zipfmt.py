@@ -458,6 +458,70 @@ def _miniz_heap_sort(keys: list[bytes]) -> list[int]:
 
 
 # --- reading -------------------------------------------------------------------------------------
+def truncation(src: ByteSource, max_members: int = 1_000_000) -> str | None:
+    """Why an archive without an EOCD is a cut download, or None: it starts with local file
+    headers, walked one after the other (as ``zip -FF`` would) until one, or its data, runs past
+    the end of the file; when all fit, the central directory is what is missing."""
+    buf, size = src.buffer, src.size
+    raw = src.raw
+    find = raw.find if hasattr(raw, "find") else bytes(raw).find
+    pos = count = 0
+    while count < max_members and bytes(buf[pos:pos + 4]) == MAGIC_LOCAL:
+        if LOCAL.size > size - pos:
+            return (f"truncated: the local header at byte {pos} needs {pos + LOCAL.size} bytes, "
+                    f"the file ends at {size}")
+        f = LOCAL.unpack(bytes(buf[pos:pos + LOCAL.size]))
+        flags, csize, usize, name_len, extra_len = f[3], f[8], f[9], f[10], f[11]
+        data = pos + LOCAL.size + name_len + extra_len
+        name = bytes(buf[pos + LOCAL.size:min(pos + LOCAL.size + name_len, size)]).decode(
+            "utf-8", "replace")
+        if data > size:
+            return f"truncated: the header of member {name!r} needs {data} bytes, the file ends at {size}"
+        if csize == 0xFFFFFFFF:   # zip64: the sizes are in the extra field (id 1)
+            extra = bytes(buf[data - extra_len:data])
+            at = 0
+            while at + 4 <= len(extra):
+                xid, xlen = EXTRA_HEADER.unpack_from(extra, at)
+                skip = 8 if usize == 0xFFFFFFFF else 0   # the sizes present: uncompressed first
+                if xid == 1 and xlen >= skip + 8 and at + 4 + skip + 8 <= len(extra):
+                    csize = struct.unpack_from("<Q", extra, at + 4 + skip)[0]
+                    break
+                at += 4 + xlen
+        if flags & 8 and csize in (0, 0xFFFFFFFF):
+            # Streamed (torch's writer): the size is in a data descriptor after the data, found
+            # by its signature and a compressed size that matches the distance.
+            pos = _descriptor_end(src, data, find)
+            if pos is None:
+                return (f"truncated: member {name!r} (data from byte {data}) has no end: its data "
+                        f"descriptor and the central directory are missing, the file ends at {size}")
+        else:
+            end = data + csize
+            if end > size:
+                return f"truncated: member {name!r} needs {end} bytes, the file ends at {size}"
+            pos = end
+            if flags & 8:   # data descriptor: optional signature, CRC and the two sizes
+                pos += (4 if bytes(buf[pos:pos + 4]) == b"PK\x07\x08" else 0) + 12
+        count += 1
+    if count and (pos >= size or bytes(buf[pos:pos + 4]) == b"PK\x01\x02"):
+        return (f"truncated: the central directory after {count} complete members is missing or "
+                f"cut, the file ends at {size}")
+    return None
+
+
+def _descriptor_end(src: ByteSource, data: int, find) -> int | None:
+    """End of the data descriptor that closes a streamed member whose data starts at ``data``
+    (``find``: the file's bytes.find)."""
+    at = data
+    while (sig := find(b"PK\x07\x08", at)) >= 0:
+        d = bytes(src.buffer[sig + 4:sig + 24])
+        if len(d) >= 12 and struct.unpack_from("<L", d, 4)[0] == sig - data:
+            return sig + 16
+        if len(d) >= 20 and struct.unpack_from("<Q", d, 4)[0] == sig - data:
+            return sig + 24
+        at = sig + 1
+    return None
+
+
 class _Reader:
     """One pass over an archive; `read_zip` wraps it."""
 
@@ -503,8 +567,8 @@ class _Reader:
             end = pos + len(MAGIC_EOCD) - 1
         usable = [p for p in found if self.size - p >= EOCD.size]
         if not usable:
-            raise self.error("not a zip archive: no end-of-central-directory record "
-                             f"(PK\\x05\\x06) in the last {self.size - start} bytes")
+            raise self.error(truncation(self.src) or "not a zip archive: no end-of-central-"
+                             f"directory record (PK\\x05\\x06) in the last {self.size - start} bytes")
         return usable[0], usable[1:]
 
     def read(self) -> ZipArchive:

@@ -8,7 +8,8 @@ Public API:
 """
 from __future__ import annotations
 
-from .errors import FormatError, LimitExceeded, TensorNotFound, TensorscopeError, UnknownFormat
+from .errors import (AccessDenied, FileAccessError, FileMissing, FormatError, LimitExceeded,
+                     TensorNotFound, TensorscopeError, UnknownFormat)
 from .formats import identify
 from .formats import open_model as open
 from .model import Anomaly, Evidence, ModelFile, TensorInfo
@@ -16,7 +17,8 @@ from .model import Anomaly, Evidence, ModelFile, TensorInfo
 __version__ = "0.1.0"
 
 __all__ = ["open", "identify", "scan", "diff", "TensorInfo", "ModelFile", "Evidence", "Anomaly",
-           "TensorscopeError", "FormatError", "LimitExceeded", "UnknownFormat", "TensorNotFound"]
+           "TensorscopeError", "FormatError", "LimitExceeded", "UnknownFormat", "TensorNotFound",
+           "FileAccessError", "FileMissing", "AccessDenied"]
 
 
 def scan(*paths, **kwargs):

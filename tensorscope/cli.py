@@ -12,6 +12,7 @@ import sys
 
 from . import __version__
 from .formats import describe_error
+from .render import error_line
 
 __all__ = ["main", "COMMANDS", "EXIT_CLEAN", "EXIT_FINDINGS", "EXIT_ERROR"]
 
@@ -61,16 +62,14 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return int(args._run(args))
     except KeyboardInterrupt:
-        print("tensorscope: interrupted", file=sys.stderr)
+        print(f"tensorscope {args.command}: interrupted", file=sys.stderr)
         return EXIT_ERROR
     except BrokenPipeError:
         return EXIT_CLEAN
     except (RecursionError, MemoryError) as e:  # defence in depth: still one line, exit 2
-        print(f"tensorscope: error: {describe_error(e)}", file=sys.stderr)
-        return EXIT_ERROR
+        return error_line(args.command, describe_error(e))
     except Exception as e:  # noqa: BLE001 — the boundary where every error becomes one line
-        print(f"tensorscope: error: {describe_error(e)}", file=sys.stderr)
-        return EXIT_ERROR
+        return error_line(args.command, describe_error(e))
 
 
 if __name__ == "__main__":

@@ -80,7 +80,7 @@ from typing import Any, Callable, Iterator, Sequence
 import numpy as np
 
 from . import __version__, dtypes
-from .errors import FormatError, TensorscopeError
+from .errors import FileMissing, FormatError, TensorscopeError
 from .model import ModelFile, TensorInfo
 from .parsers.safetensors import DTYPES as _ST_READ_DTYPES
 from .parsers.safetensors import HEADER_LEN
@@ -801,7 +801,7 @@ def convert(src: str | os.PathLike, out: str | os.PathLike, *, max_shard_size: i
 
     src, out = os.fspath(src), os.fspath(out)
     if not os.path.exists(src):
-        raise FileNotFoundError(f"{src}: no such file or directory")
+        raise FileMissing(src, "no such file or directory")
     report = ConvertReport(input=src, allowed_unsafe=bool(allow_unsafe_source))
     report.scan = scan_report if scan_report is not None else scan_paths(src)
     _refuse_if_unsafe(report, _severity(refuse_at), allow_unsafe_source)

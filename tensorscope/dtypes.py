@@ -9,13 +9,15 @@ and scanning never touch values, and the two imports cost ~100 ms of every comma
 """
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     import numpy as np
 
-__all__ = ["DTypeSpec", "DTYPES", "spec", "numpy_dtype", "nbytes_for", "register_block_type"]
+__all__ = ["DTypeSpec", "DTYPES", "spec", "numpy_dtype", "nbytes_for", "register_block_type",
+           "register_unknown", "is_unknown", "UNKNOWN_PREFIX"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -30,7 +32,9 @@ class DTypeSpec:
             exposes the raw bytes as uint8. `numpy` is that type as an ``np.dtype``.
         block_elems / block_bytes: for block-quantized types, elements per block and bytes per block.
         packed: several values share one byte (int4, uint4, fp4): views show the raw bytes.
-        kind: ``float``, ``int``, ``uint``, ``bool``, ``complex``, ``quantized``, ``string``, ``block``.
+        kind: ``float``, ``int``, ``uint``, ``bool``, ``complex``, ``quantized``, ``string``, ``block``,
+            ``bits`` (torch's opaque bit containers), ``unknown`` (a dtype the file names that this
+            tool does not know: listed, read as raw bytes).
     """
 
     name: str
@@ -116,6 +120,13 @@ _TABLE = [
     _s("float4_e2m1fn", 4, "uint8", "float", packed=True),
     _s("float6_e2m3fn", 6, "uint8", "float", packed=True),
     _s("float6_e3m2fn", 6, "uint8", "float", packed=True),
+    # torch's opaque bit containers (torch.bits8 ...): one element is one byte (two for bits16)
+    # whatever it packs; torch has no arithmetic on them, a view shows the unsigned integers.
+    _s("bits8", 8, "uint8", "bits"),
+    _s("bits16", 16, "uint16", "bits"),
+    _s("bits1x8", 8, "uint8", "bits"),
+    _s("bits2x4", 8, "uint8", "bits"),
+    _s("bits4x2", 8, "uint8", "bits"),
     # Variable-size values (ONNX strings, NumPy object arrays): no fixed layout.
     _s("string", 0, None, "string"),
     _s("object", 0, None, "object"),
@@ -136,6 +147,30 @@ def register_block_type(name: str, block_elems: int, block_bytes: int) -> DTypeS
         raise RuntimeError(f"dtype {name!r} registered twice with different layouts")
     DTYPES[name] = new
     return new
+
+
+UNKNOWN_PREFIX = "unknown:"
+_UNKNOWN_MAX = 1024   # distinct unknown names kept; a hostile file cannot grow the table further
+_UNSAFE_LABEL = re.compile(r"[^A-Za-z0-9_.]")
+
+
+def register_unknown(label: str, itemsize: int = 1) -> str:
+    """The dtype name for a type a file names but this tool does not know (a future torch's
+    ``torch.float3_e1m2``, ``Float3_e1m2Storage``): ``unknown:<label>``, ``itemsize`` bytes per
+    element (derived by the caller from the storage when it can, else 1), read as raw bytes.
+
+    The label is reduced to ``[A-Za-z0-9_.]`` (it comes from the file); the latest itemsize wins,
+    which is safe because a TensorInfo fixes its ``nbytes`` when it is built.
+    """
+    name = UNKNOWN_PREFIX + _UNSAFE_LABEL.sub("_", str(label))[:64]
+    if name not in DTYPES and sum(1 for k in DTYPES if k.startswith(UNKNOWN_PREFIX)) >= _UNKNOWN_MAX:
+        name = UNKNOWN_PREFIX + "other"
+    DTYPES[name] = DTypeSpec(name, 8 * max(1, int(itemsize)), None, "unknown")
+    return name
+
+
+def is_unknown(name: str) -> bool:
+    return name.startswith(UNKNOWN_PREFIX)
 
 
 def spec(name: str) -> DTypeSpec:

@@ -5,8 +5,10 @@ BINUNICODE wants 91 bytes, 7 remain``. The CLI prints ``str(err)`` on one line a
 """
 from __future__ import annotations
 
+import errno as _errno
+
 __all__ = ["TensorscopeError", "FormatError", "LimitExceeded", "UnknownFormat", "TensorNotFound",
-           "brief"]
+           "FileAccessError", "FileMissing", "AccessDenied", "file_error", "brief"]
 
 
 class TensorscopeError(Exception):
@@ -71,6 +73,48 @@ class LimitExceeded(FormatError):
         self.actual = actual
         got = f" (got {actual})" if actual is not None else ""
         super().__init__(f"{resource} exceeds the limit of {limit}{got}", **where)
+
+
+class FileAccessError(TensorscopeError, OSError):
+    """The file or folder cannot be read (missing, permission denied, ...). Also an `OSError`
+    (and, below, a `FileNotFoundError` / `PermissionError`), so callers that catch the OS class
+    keep working. ``str(err)`` is ``<path>: <reason>``.
+    """
+
+    _ERRNO: int | None = None
+
+    def __init__(self, path: str, reason: str, errno: int | None = None):
+        super().__init__(self._ERRNO if errno is None else errno, reason, path)
+        self.path = path
+        self.reason = reason
+
+    def __str__(self) -> str:
+        return f"{self.filename}: {self.strerror}" if self.filename else str(self.strerror)
+
+
+class FileMissing(FileAccessError, FileNotFoundError):
+    """The path does not exist."""
+
+    _ERRNO = _errno.ENOENT
+
+
+class AccessDenied(FileAccessError, PermissionError):
+    """The path exists but may not be read (or listed, for a folder)."""
+
+    _ERRNO = _errno.EACCES
+
+
+def file_error(err: OSError, path: str) -> FileAccessError:
+    """The `FileAccessError` for an OS error met while opening ``path`` (the file it names, if any)."""
+    if isinstance(err, FileAccessError):
+        return err
+    where = err.filename if isinstance(err.filename, str) else path
+    if isinstance(err, FileNotFoundError):
+        return FileMissing(where, "no such file or directory")
+    if isinstance(err, PermissionError):
+        return AccessDenied(where, "permission denied")
+    reason = (err.strerror or str(err) or type(err).__name__).lower()
+    return FileAccessError(where, reason, err.errno)
 
 
 class UnknownFormat(TensorscopeError):

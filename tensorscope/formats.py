@@ -13,7 +13,7 @@ from __future__ import annotations
 import importlib
 import os
 
-from .errors import FormatError, TensorscopeError, UnknownFormat
+from .errors import FileMissing, FormatError, TensorscopeError, UnknownFormat, file_error
 from .model import ModelFile
 from .source import ByteSource
 
@@ -55,10 +55,16 @@ def identify(path: str | os.PathLike) -> list[str]:
     """Formats whose signature matches, best first (empty when none does)."""
     path = os.fspath(path)
     if os.path.isdir(path):
-        return [mod.FORMAT for _, mod in _available(DIR_PARSERS) if mod.sniff_dir(path)]
-    with open(path, "rb") as f:
-        head = f.read(HEAD_BYTES)
-        size = os.fstat(f.fileno()).st_size
+        _listable(path)
+        found = [mod.FORMAT for _, mod in _available(DIR_PARSERS) if mod.sniff_dir(path)]
+        single = _parser("sharded").single_file(path) if found[:1] == ["sharded"] else None
+        return identify(single) if single else found   # one model file: the folder is that file
+    try:
+        with open(path, "rb") as f:
+            head = f.read(HEAD_BYTES)
+            size = os.fstat(f.fileno()).st_size
+    except OSError as e:
+        raise file_error(e, path) from None
     return [mod.FORMAT for _, mod in _available(FILE_PARSERS) if mod.sniff(head, size)]
 
 
@@ -74,14 +80,32 @@ def open_model(path: str | os.PathLike, *, format: str | None = None) -> ModelFi
         The `ModelFile`.
 
     Raises:
-        FileNotFoundError: the path does not exist.
+        FileAccessError: the path does not exist (`FileMissing`, also a FileNotFoundError) or may
+            not be read (`AccessDenied`, also a PermissionError).
         UnknownFormat: no parser recognises the content.
         FormatError: the content is recognised but malformed (message names the place).
     """
     path = os.fspath(path)
+    try:
+        return _open_model(path, format)
+    except OSError as e:  # missing shard, unreadable file or folder: named, one hierarchy
+        raise file_error(e, path) from None
+
+
+def _listable(folder: str) -> None:
+    """Raise `AccessDenied` (not "holds no model") for a folder that may not be listed."""
+    try:
+        with os.scandir(folder):   # opening the listing is enough: no entry is read
+            pass
+    except OSError as e:
+        raise file_error(e, folder) from None
+
+
+def _open_model(path: str, format: str | None) -> ModelFile:
     if not os.path.exists(path):
-        raise FileNotFoundError(f"{path}: no such file or directory")
+        raise FileMissing(path, "no such file or directory")
     if os.path.isdir(path):
+        _listable(path)
         for _, mod in _available(DIR_PARSERS):
             if (format is None or mod.FORMAT == format) and mod.sniff_dir(path):
                 return mod.open_dir(path)
@@ -102,6 +126,12 @@ def open_model(path: str | os.PathLike, *, format: str | None = None) -> ModelFi
                 model = mod.open_source(src)
                 model.sources.setdefault(path, src)
                 return model
+        if format is None:   # a recognisable start cut short is a truncated download, not garbage
+            for _, mod in _available(FILE_PARSERS):
+                cut = getattr(mod, "truncation", None)
+                reason = cut(head, src.size) if cut is not None else None
+                if reason:
+                    raise FormatError(reason, format=mod.FORMAT, file=path, offset=src.size)
         raise UnknownFormat(f"{path}: not a model file this tool recognises "
                             f"(starts with {head[:8]!r}, {src.size} bytes)")
     except BaseException:
@@ -111,6 +141,8 @@ def open_model(path: str | os.PathLike, *, format: str | None = None) -> ModelFi
 
 def describe_error(err: BaseException) -> str:
     """One line for any failure: our errors carry their place; others get a generic prefix."""
-    if isinstance(err, (TensorscopeError, FileNotFoundError, IsADirectoryError, PermissionError)):
+    if isinstance(err, TensorscopeError):
         return str(err)
+    if isinstance(err, OSError):  # raised outside open_model (an output file, a scan walk)
+        return str(file_error(err, ""))
     return f"internal error ({type(err).__name__}): {err}"

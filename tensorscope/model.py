@@ -70,6 +70,10 @@ class TensorInfo:
         role: ``parameter``, ``buffer``, ``constant``, ``tensor`` (plain), ``input`` ...
         chunks: pieces of a tensor stored in several places (DCP), else empty.
         extras: format specifics (quantization, requires_grad, ONNX location ...).
+        has_data: False for a tensor saved without its values (torch's traced inputs: the pickle
+            gives dtype and shape, the storage record is empty). It is listed, never read, and
+            stays out of every byte total (`ModelFile.total_bytes`, `summary`), which all
+            consumers (inspect, diff, the TUI) read.
     """
 
     name: str
@@ -87,6 +91,7 @@ class TensorInfo:
     role: str = "tensor"
     chunks: tuple[Chunk, ...] = ()
     extras: Mapping[str, Any] = field(default_factory=dict, compare=False, hash=False)
+    has_data: bool = True
 
     def __post_init__(self):
         set_ = object.__setattr__
@@ -119,7 +124,7 @@ class TensorInfo:
             return 0
         s = dtypes.spec(self.dtype)
         last = sum((d - 1) * st for d, st in zip(self.shape, self.stride))
-        if s.kind == "block" or s.packed:
+        if s.kind in ("block", "unknown") or s.packed:
             return self.nbytes
         return (last + 1) * s.itemsize
 
@@ -132,6 +137,8 @@ class TensorInfo:
             "file": self.file, "storage_key": self.storage_key, "role": self.role,
             "path": list(self.path), "format": self.source_format,
         }
+        if not self.has_data:
+            d["has_data"] = False
         if self.chunks:
             d["chunks"] = [{"offsets": list(c.offsets), "sizes": list(c.sizes), "file": c.tensor.file,
                             "byte_offset": c.tensor.byte_offset, "nbytes": c.tensor.nbytes}
@@ -265,7 +272,8 @@ class ModelFile:
 
     @property
     def total_bytes(self) -> int:
-        return sum(t.nbytes for t in self.tensors)
+        """Bytes of the stored tensors (tensors saved without data are not counted)."""
+        return sum(t.nbytes for t in self.tensors if t.has_data)
 
     # -- values ---------------------------------------------------------------------------------
     def source(self, file: str) -> ByteSource:
@@ -325,7 +333,7 @@ class ModelFile:
             d = by_dtype.setdefault(t.dtype, {"tensors": 0, "params": 0, "bytes": 0})
             d["tensors"] += 1
             d["params"] += t.numel
-            d["bytes"] += t.nbytes
+            d["bytes"] += t.nbytes if t.has_data else 0
         return {"format": self.format, "path": self.path, "files": list(self.files),
                 "tensors": len(self.tensors), "params": self.num_params,
                 "bytes": self.total_bytes, "by_dtype": by_dtype}

@@ -35,7 +35,7 @@ def strided_view(model: "ModelFile", info: "TensorInfo") -> np.ndarray:
     if info.byte_offset is None:
         raise FormatError(f"tensor {info.name!r} has no stored bytes to read", **where)
     src = model.source(info.file)
-    if spec.kind in ("block", "string", "object") or spec.packed:
+    if spec.kind in ("block", "string", "object", "unknown") or spec.packed:
         # No element-wise layout numpy knows: expose the stored bytes.
         raw = src.view(info.byte_offset, info.nbytes, f"tensor {info.name!r}", fmt=where["format"],
                        member=info.storage_key)

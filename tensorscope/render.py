@@ -11,7 +11,7 @@ import sys
 from typing import Any, Callable, Iterator
 
 __all__ = ["stdout_console", "stderr_console", "emit_json", "human_bytes", "human_count", "progress",
-           "PROGRESS_MIN_BYTES"]
+           "PROGRESS_MIN_BYTES", "error_line"]
 
 PROGRESS_MIN_BYTES = 256 << 20  # below this a job is quick: no progress bar
 
@@ -32,6 +32,16 @@ def stdout_console():
 def stderr_console():
     from rich.console import Console
     return Console(stderr=True, highlight=False)
+
+
+def error_line(command: str | None, message: str) -> int:
+    """The one error line of every command, ``tensorscope <command>: error: <file>: <reason>``, on
+    stderr (text from a file escaped); returns the exit status 2."""
+    from .safetext import shown
+    prog = f"tensorscope {command}" if command else "tensorscope"
+    sys.stderr.write(f"{prog}: error: {shown(message)}\n")
+    sys.stderr.flush()
+    return 2
 
 
 def emit_json(obj: Any) -> None:

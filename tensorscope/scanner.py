@@ -56,7 +56,7 @@ from enum import IntEnum
 from typing import Any, Iterable, Iterator
 
 from . import policy
-from .errors import FormatError, TensorscopeError, UnknownFormat
+from .errors import FileMissing, FormatError, TensorscopeError, UnknownFormat
 from .source import ByteSource
 
 __all__ = ["Severity", "Finding", "ScanReport", "scan_paths", "scan_file", "RULES",
@@ -340,7 +340,7 @@ def scan_paths(*paths: str | os.PathLike, recursive: bool = True,
         A `ScanReport`, findings worst first.
 
     Raises:
-        FileNotFoundError: a path does not exist.
+        FileMissing: a path does not exist (a TensorscopeError and a FileNotFoundError).
 
     Example:
         >>> report = scan_paths("model.pt")            # doctest: +SKIP
@@ -353,7 +353,7 @@ def scan_paths(*paths: str | os.PathLike, recursive: bool = True,
     for p in paths:
         p = os.fspath(p)
         if not os.path.lexists(p):
-            raise FileNotFoundError(f"{p}: no such file or directory")
+            raise FileMissing(p, "no such file or directory")
         if os.path.isdir(p):
             todo.extend((f, real, False) for f, real in
                         _walk(p, recursive, follow_symlinks_inside, walk_findings))

@@ -122,7 +122,7 @@ def _run(capsys, folder) -> str:
     assert cli.main(["inspect", str(folder)]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1
-    return err.removeprefix("tensorscope: error: ").rstrip("\n")
+    return err.removeprefix("tensorscope inspect: error: ").rstrip("\n")
 
 
 def test_missing_storage_file_is_named(tmp_path, capsys):

@@ -143,7 +143,7 @@ BAD = [
      "unsupported .npy format version 4.0 (numpy reads 1.0, 2.0 and 3.0)"),
     ("length_truncated", b"\x93NUMPY\x02\x00\x10", 8, "truncated: the header length needs 4 bytes, 1 remain"),
     ("length_past_end", b"\x93NUMPY\x01\x00\xff\x00{}", 8,
-     "header length 255 runs past the end of the data (2 bytes remain)"),
+     "truncated: the header (length 255) needs 265 bytes, the data ends at 12"),
     ("call_in_header", _npy("{'descr': __import__('os').system('x'), 'fortran_order': False, 'shape': ()}"),
      20, "cannot parse header: a name ('__import__') is not a literal"),
     ("syntax", _npy("{'descr': "), 20, "cannot parse header: unexpected 'end of header'"),
@@ -163,9 +163,9 @@ BAD = [
     ("bad_descr", _npy("{'descr': '<q9', 'fortran_order': False, 'shape': ()}"), 10,
      "descr is not a valid dtype descriptor: '<q9' (data type '<q9' not understood)"),
     ("data_short", _npy(GOOD, b"\0" * 4), 67,
-     "array data needs 8 bytes (shape (2,) x 4-byte <f4), 4 remain"),
+     "truncated: the array data (shape (2,) x 4-byte <f4) needs 75 bytes, the file ends at 71"),
     ("lying_shape", _npy("{'descr': '<f8', 'fortran_order': False, 'shape': (4294967296, 4294967296)}"), 85,
-     "array data needs 147573952589676412928 bytes (shape (4294967296, 4294967296) x 8-byte <f8), 0 remain"),
+     "truncated: the array data (shape (4294967296, 4294967296) x 8-byte <f8) needs 147573952589676413013 bytes, the file ends at 85"),
     ("bad_utf8_v3", _npy(b"{'descr': '\xff'}", version=(3, 0)), 23, "header is not valid UTF-8 (invalid start byte)"),
 ]
 

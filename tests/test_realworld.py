@@ -282,9 +282,10 @@ def test_nested_object_arrays_are_bounded():
 
 @pytest.mark.parametrize("tail,message", [
     # padding length 0, then 3 of the 8 bytes of one float64
-    (b"\x00\x01\x02\x03", "pickle: <memory> at byte 126: NumpyArrayWrapper array wants 8 bytes "
-                          "at 128, 3 remain"),
-    (b"", "pickle: <memory> at byte 126: NumpyArrayWrapper padding byte is missing: the data ends"),
+    (b"\x00\x01\x02\x03", "pickle: <memory> at byte 126: truncated: NumpyArrayWrapper array wants "
+                          "8 bytes at 128, 3 remain; the file ends at 131"),
+    (b"", "pickle: <memory> at byte 126: truncated: NumpyArrayWrapper padding byte is missing: the "
+          "data ends; the file ends at 127"),
 ])
 def test_truncated_inline_array(tail, message, tmp_path):
     data = b"\x80\x02" + _wrapper(b"K\x01\x85", b"f8", True) + tail

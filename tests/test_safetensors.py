@@ -141,12 +141,13 @@ def _t(dtype, shape, begin, end):
     return {"dtype": dtype, "shape": shape, "data_offsets": [begin, end]}
 
 
+_CUT = _file({"t": _t("U8", [4], 0, 4)}, b"\0\0")
 BAD = [
     ("tiny", b"\x02\x00", 0, "file has 2 bytes; the header length alone needs 8"),
     ("huge_length", struct.pack("<Q", 2**63) + b"{}", 0,
      "header length exceeds the limit of 100000000 (got 9223372036854775808)"),
     ("length_past_end", struct.pack("<Q", 100) + b"{}", 0,
-     "header length 100 runs past the end of the file (10 bytes, 108 needed)"),
+     "truncated: the header (length 100) needs 108 bytes, the file ends at 10"),
     ("bad_utf8", _file(b'{"\xff":1}'), 10, "header is not valid UTF-8 (invalid start byte)"),
     ("bad_json", _file(b'{"a":'), 13, "header is not valid JSON: Expecting value"),
     ("nul_padding", _file(b"{}\0\0"), 10, "header is not valid JSON: Extra data"),
@@ -185,8 +186,8 @@ BAD = [
      "tensor 't': 3 values of F4 take 12 bits, not a whole number of bytes"),
     ("trailing_bytes", _file({"t": _t("U8", [1], 0, 1)}, b"\0\0"), None,
      "incomplete metadata, file not fully covered: 1 bytes after the last tensor are not indexed by any tensor"),
-    ("truncated_data", _file({"t": _t("U8", [4], 0, 4)}, b"\0\0"), None,
-     "incomplete metadata, file not fully covered: the tensors need 2 bytes more than the file holds"),
+    ("truncated_data", _CUT, None,   # 2 of the 4 data bytes: a cut download
+     f"truncated: the tensors need {len(_CUT) + 2} bytes, the file ends at {len(_CUT)}"),
 ]
 
 

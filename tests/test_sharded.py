@@ -91,14 +91,21 @@ def test_matches_shards(case, path, folder, hf_repo):
     path, folder = _in_repo(path, hf_repo), _in_repo(folder, hf_repo)
     order, expected = _expected(folder)
     with tensorscope.open(path) as model:
-        assert model.format == "sharded"
+        single = len(expected) and len({s for s, _ in expected.values()}) == 1 \
+            and not list(Path(folder).glob("*.index.json"))
+        # A folder of one model file is that file, in its own format (not a one-shard "sharded").
+        assert model.format == ("safetensors" if single else "sharded")
         assert model.names == order
         for name, (shard, t) in expected.items():
             info = model.tensor(name)
             assert Path(info.file).name == shard, name
             assert info.dtype == dtype_name(t) and info.shape == tuple(t.shape), name
             assert our_bytes(model.read(name)) == stored_bytes(t), name
-        assert [s["file"] for s in model.metadata["shards"]] == list(dict.fromkeys(s for s, _ in expected.values()))
+        shards = list(dict.fromkeys(s for s, _ in expected.values()))
+        if single:
+            assert model.metadata["model_file"] == shards[0] and model.path == str(path)
+        else:
+            assert [s["file"] for s in model.metadata["shards"]] == shards
         assert not model.evidence.anomalies
 
 
@@ -121,7 +128,7 @@ def test_refs_main_absent_picks_newest_snapshot(tmp_path, hf_repo):
 
 
 @pytest.mark.parametrize("path,expected", [
-    (SHARDED / "st_index", ["sharded"]), ("HF", ["sharded"]), (SHARDED / "single", ["sharded"]),
+    (SHARDED / "st_index", ["sharded"]), ("HF", ["sharded"]), (SHARDED / "single", ["safetensors"]),
     (SHARDED, []), (FIXTURES / "distributed" / "dcp" / "single", ["dcp"]),
 ])
 def test_identify_folders(path, expected, hf_repo):
@@ -164,7 +171,7 @@ def _error(capsys, path) -> str:
     assert cli.main(["inspect", str(path)]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1
-    return err.removeprefix("tensorscope: error: ").rstrip("\n")
+    return err.removeprefix("tensorscope inspect: error: ").rstrip("\n")
 
 
 def test_missing_shard_is_named(tmp_path, capsys):
@@ -250,7 +257,7 @@ def test_model_file_beside_training_args(tmp_path):
     shutil.copyfile(SHARDED / "bin_index" / "pytorch_model-00001-of-00002.bin", folder / "pytorch_model.bin")
     torch.save({"lr": 0.1}, folder / "training_args.bin")
     with tensorscope.open(folder) as model:
-        assert [s["file"] for s in model.metadata["shards"]] == ["pytorch_model.bin"]
+        assert model.format == "torch-zip" and model.metadata["model_file"] == "pytorch_model.bin"
         assert model.metadata["ignored_files"] == ["training_args.bin"]
     (folder / "other.bin").write_bytes((folder / "training_args.bin").read_bytes())
     (folder / "pytorch_model.bin").rename(folder / "weights.bin")

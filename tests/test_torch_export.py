@@ -191,7 +191,7 @@ def test_inconsistent_archive_is_one_line_exit_2(tmp_path, capsys, case, edit, m
     expected = message.format(p=path, off=data_offset(off[0]) + off[1] if off else None)
     assert cli.main(["inspect", str(path)]) == 2
     err = capsys.readouterr().err
-    assert err == f"tensorscope: error: {expected}\n"
+    assert err == f"tensorscope inspect: error: {expected}\n"
 
 
 def test_truncated_archive_is_an_error(tmp_path, capsys):
@@ -200,7 +200,7 @@ def test_truncated_archive_is_an_error(tmp_path, capsys):
     path.write_bytes(raw[: len(raw) // 2])
     assert cli.main(["inspect", str(path)]) == 2
     err = capsys.readouterr().err
-    assert err.startswith("tensorscope: error: zip: ") and err.count("\n") == 1
+    assert err.startswith("tensorscope inspect: error: zip: ") and err.count("\n") == 1
 
 
 def test_empty_record_reads_as_zeros(tmp_path):

@@ -614,7 +614,9 @@ def test_cli_checks_the_input_before_the_app_starts(tmp_path, make):
                              capture_output=True, text=True, timeout=60)
     assert tui.returncode == 2 and tui.stdout == ""
     assert len(tui.stderr.splitlines()) == 1 and "\x1b" not in tui.stderr
-    assert tui.stderr == inspect.stderr  # the same line as every other command
+    # the same line as every other command: "tensorscope <command>: error: <file>: <reason>"
+    assert tui.stderr.startswith("tensorscope tui: error: ")
+    assert tui.stderr == inspect.stderr.replace("tensorscope inspect:", "tensorscope tui:", 1)
     assert target.name in tui.stderr
 
 

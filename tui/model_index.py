@@ -103,7 +103,7 @@ def _build_grouped(tensors: Sequence, root_name: str) -> ModuleNode:
                 g = groups[fast][3][pattern] = _new_group(pattern)
         g[0].append(i)
         g[4] += t.numel  # totals in the same pass: each record is touched once
-        g[5] += max(t.nbytes, 0)
+        g[5] += max(t.nbytes, 0) if t.has_data else 0
         if g[2]:
             parts = parent.split(".")
             for seen, k in zip(g[1], g[2]):
@@ -206,7 +206,8 @@ def _build(tensors: Sequence, root_name: str) -> ModuleNode:
                 node = child
         node.direct.extend(members)
         node.params += sum(tensors[i].numel for i in members)
-        node.nbytes += sum(max(tensors[i].nbytes, 0) for i in members)
+        # tensors saved without data (traced inputs) stay out of the byte totals
+        node.nbytes += sum(max(t.nbytes, 0) for t in map(tensors.__getitem__, members) if t.has_data)
         node.count += len(members)
     # Post-order accumulation: children were created after their parents, so reversed creation
     # order visits every child before its parent.

@@ -4,7 +4,7 @@ from __future__ import annotations
 import os
 import sys
 
-from ..render import emit_json, human_bytes, progress, stderr_console, stdout_console
+from ..render import emit_json, error_line, human_bytes, progress, stderr_console, stdout_console
 
 HELP = "convert a checkpoint (torch, ONNX, NumPy ...) to safetensors without executing it"
 DESCRIPTION = """\
@@ -71,13 +71,11 @@ def run(args) -> int:
     from ..scanner import scan_paths
 
     if not os.path.exists(args.input):
-        _say(stderr_console(), f"tensorscope convert: error: {args.input}: no such file or folder")
-        return 2
+        return error_line("convert", f"{args.input}: no such file or directory")
     try:
         limit = parse_size(args.max_shard_size) if args.max_shard_size is not None else None
     except ValueError as e:
-        _say(stderr_console(), f"tensorscope convert: error: --max-shard-size: {e}")
-        return 2
+        return error_line("convert", f"--max-shard-size: {e}")
     scan = scan_paths(args.input)
     if not args.json:
         _print_scan(scan)
@@ -92,6 +90,8 @@ def run(args) -> int:
     except (UnsafeSource, Unconvertible) as e:
         if args.json:
             emit_json(e.report.to_dict())
+        elif isinstance(e, Unconvertible):
+            error_line("convert", str(e))
         else:
             _say(stderr_console(), f"tensorscope convert: {e}")
         return 1 if isinstance(e, UnsafeSource) else 2

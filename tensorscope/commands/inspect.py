@@ -128,9 +128,10 @@ def _print_human(model, tensors, stats, args):
             label = pattern if len(members) > 1 else first.name
             count = f" ×{len(members)}" if len(members) > 1 else ""
             rows.append((first, f"{label}{count}", dtype, shape, sum(m.numel for m in members),
-                         sum(m.nbytes for m in members), first.byte_offset))
-    else:
-        rows = [(t, t.name, t.dtype, t.shape, t.numel, t.nbytes, t.byte_offset) for t in tensors]
+                         sum(m.nbytes for m in members if m.has_data), first.byte_offset))
+    else:  # a tensor saved without data (traced inputs) shows "-" bytes, as in the totals
+        rows = [(t, t.name, t.dtype, t.shape, t.numel, t.nbytes if t.has_data else None,
+                 t.byte_offset) for t in tensors]
     shown = rows[: args.limit] if args.limit else rows
     for t, label, dtype, shape, params, nbytes, offset in shown:
         cells = [label, dtype, _fmt_shape(shape), f"{params:,}", human_bytes(nbytes),

@@ -1,7 +1,7 @@
 """`tensorscope scan PATH...`: static safety scan of untrusted model files."""
 from __future__ import annotations
 
-from ..render import emit_json, stderr_console, stdout_console
+from ..render import emit_json, error_line, stdout_console
 
 HELP = "statically scan model files for code that loading would run (nothing is executed)"
 DESCRIPTION = """\
@@ -48,9 +48,7 @@ def run(args) -> int:
     from ..scanner import Severity, scan_paths
     for p in args.paths:
         if not os.path.lexists(p):
-            stderr_console().print(f"tensorscope scan: error: {p}: no such file or directory",
-                                   markup=False, highlight=False)
-            return 2
+            return error_line("scan", f"{p}: no such file or directory")
     report = scan_paths(*args.paths, recursive=not args.no_recursive)
     fail_on = Severity.parse(args.fail_on)
     if args.json:

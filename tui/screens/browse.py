@@ -222,7 +222,7 @@ class BrowseScreen(Screen):
         """One row's cells, made only when the row is drawn."""
         t = self.model.tensors[i]
         return (shown(self._rel_name(t)), shown(t.dtype), fmt_shape(t.shape), human_count(t.numel),
-                human_bytes(t.nbytes), fmt_offset(t.byte_offset))
+                human_bytes(t.nbytes) if t.has_data else "-", fmt_offset(t.byte_offset))
 
     def _update_status(self) -> None:
         where = shown(self.node.dotted or self.label)

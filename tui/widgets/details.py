@@ -27,7 +27,8 @@ def info_fields(info) -> list[tuple[str, str]]:
         ("shape", f"{fmt_shape(info.shape)}  {list(info.shape)}"),
         ("stride", str(list(info.stride))),
         ("numel", f"{info.numel:,}"),
-        ("nbytes", f"{info.nbytes:,} ({human_bytes(info.nbytes)})"),
+        ("nbytes", f"{info.nbytes:,} ({human_bytes(info.nbytes)})" if info.has_data
+         else f"— (saved without data; {info.nbytes:,} when stored)"),
         ("byte_offset", fmt_offset(info.byte_offset)),
         ("storage_offset", str(info.storage_offset)),
         ("storage_key", info.storage_key or "—"),
