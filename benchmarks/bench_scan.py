@@ -3,6 +3,7 @@
 Generates (once, into ``benchmarks/.cache/``, gitignored):
 - a ~2 GB torch.save checkpoint (fp16 tensors),
 - a folder of a few hundred small torch.save files,
+- a torch.save checkpoint of ~100,000 tiny tensors (per-record cost; ``--tensors``),
 - the attack corpus of ``tests/make_attack_corpus.py``.
 
 Times each scanner as a subprocess (wall time, best of R: each pays its own interpreter start;
@@ -64,6 +65,21 @@ def make_folder(n_files: int) -> Path:
     return folder
 
 
+def make_many(n_tensors: int) -> Path:
+    """A torch.save checkpoint of ~n small tensors named like a mixture of experts
+    (``model.layers.L.mlp.experts.E.{gate,up,down}_proj.weight``, bf16 [4, 4]): per-record cost."""
+    experts = 834
+    layers = max(1, round(n_tensors / (3 * experts)))
+    path = CACHE / f"many_{layers * experts * 3}.pt"
+    if path.exists():
+        return path
+    import torch
+    sd = {f"model.layers.{L}.mlp.experts.{E}.{p}_proj.weight": torch.zeros(4, 4, dtype=torch.bfloat16)
+          for L in range(layers) for E in range(experts) for p in ("gate", "up", "down")}
+    torch.save(sd, path)
+    return path
+
+
 def make_corpus() -> tuple[Path, list]:
     sys.path.insert(0, str(ROOT / "tests"))
     import make_attack_corpus
@@ -85,7 +101,7 @@ def timed(cmd: list[str], repeat: int) -> tuple[float, int]:
 
 
 def in_process(path: Path, repeat: int) -> float:
-    from tensorscope.scanner import scan_paths
+    from tensorscope.scan import scan_paths
     best = float("inf")
     for _ in range(repeat):
         t0 = time.perf_counter()
@@ -97,10 +113,12 @@ def in_process(path: Path, repeat: int) -> float:
 def speed(args) -> None:
     big = make_big(args.size_gb)
     folder = make_folder(args.files)
+    many = make_many(args.tensors)
     ts = [sys.executable, "-m", "tensorscope", "scan", "--json"]
     rows = []
     for label, target in ((f"{big.stat().st_size / (1 << 30):.2f} GB checkpoint", big),
-                          (f"folder of {args.files} small files", folder)):
+                          (f"folder of {args.files} small files", folder),
+                          (f"torch zip of {args.tensors} tensors", many)):
         row = {"case": label, "tensorscope (in-process)": in_process(target, args.repeat),
                "tensorscope (CLI)": timed(ts + [str(target)], args.repeat)[0]}
         ps, ms = _tool("picklescan"), _tool("modelscan")
@@ -137,7 +155,7 @@ def _modelscan_flagged(report: dict, corpus: Path) -> set[str]:
 
 
 def detection(args) -> None:
-    from tensorscope.scanner import ScanLimits, Severity, scan_paths
+    from tensorscope.scan import ScanLimits, Severity, scan_paths
     corpus, cases = make_corpus()
     # one case per file (the corpus has duplicate files with different expectations)
     ours = {}
@@ -193,6 +211,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--size-gb", type=float, default=2.0)
     ap.add_argument("--files", type=int, default=300)
+    ap.add_argument("--tensors", type=int, default=100_000, help="tensors in the per-record case")
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--skip-speed", action="store_true")
     ap.add_argument("--skip-detection", action="store_true")

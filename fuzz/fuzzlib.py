@@ -565,7 +565,7 @@ def import_all() -> None:
 
     import tensorscope
     import tensorscope.parsers
-    import tensorscope.scanner  # noqa: F401
+    import tensorscope.scan  # noqa: F401
     for mod in pkgutil.iter_modules(tensorscope.parsers.__path__):
         importlib.import_module(f"tensorscope.parsers.{mod.name}")
 
@@ -584,7 +584,8 @@ def warm() -> None:
 
 def exercise(path: str | os.PathLike) -> str:
     """Open, read every tensor, scan. Returns "ok", "error" (a TensorscopeError on open) or
-    "ok+" (opened, some tensor refused). Any other exception propagates: that is a bug."""
+    "ok+" (opened, some tensor refused). Any other exception propagates: that is a bug, and so
+    is a file that open() rejects and scan reports clean (an AssertionError)."""
     import tensorscope
     from tensorscope import TensorscopeError
 
@@ -600,6 +601,10 @@ def exercise(path: str | os.PathLike) -> str:
         outcome = "error"
     report = tensorscope.scan(path)
     assert isinstance(report.findings, list)
+    # The invariant of issue 14: whatever open() rejects, scan never calls clean (a truncated or
+    # crafted file must fail a CI gate, whatever the byte-level view saw).
+    if outcome == "error" and report.files:
+        assert report.exit_code() == 1, (path, [str(f) for f in report.findings[:3]])
     return outcome
 
 

@@ -200,7 +200,7 @@ def _open(path: str, meta_file: str, model: ModelFile) -> None:
     src = model.sources[meta_file] = ByteSource(meta_file)
     if src.size == 0:
         raise _fail("empty metadata file", meta_file)
-    result = pickle_vm.run(src.buffer, hooks=torch_pickle.rebuild_hooks(), file=meta_file)
+    result = pickle_vm.run(src.view(0, src.size), hooks=torch_pickle.rebuild_hooks(), file=meta_file)
     model.evidence.pickles.append(PickleRecord(meta_file, None, 0, src.size, result, role="dcp.metadata"))
     result.raise_for_error()
     if result.end != src.size:

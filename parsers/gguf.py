@@ -186,8 +186,10 @@ class _Reader:
 
     def __init__(self, src: ByteSource, order: str):
         self.src = src
-        self.buf = src.buffer
         self.size = src.size
+        # A window over the file's start that grows as the header is read: the header's end is
+        # not known up front, and a remote file then fetches the header, not the tensors.
+        self.buf = src.view(0, min(self.size, 64 << 10), "header", fmt=FORMAT)
         self.pos = 0
         self.order = order
         self.anomalies: list[tuple[str, str, int]] = []
@@ -200,6 +202,9 @@ class _Reader:
         if n > self.size - self.pos:
             raise self.fail(f"truncated: {what} needs {self.pos + n} bytes, the file ends at "
                             f"{self.size}")
+        if self.pos + n > len(self.buf):
+            grown = min(self.size, max(self.pos + n, len(self.buf) * 2))
+            self.buf = self.src.view(0, grown, "header", fmt=FORMAT)
 
     def scalar(self, code: str, what: str):
         st = self._structs.get(code)
@@ -222,6 +227,7 @@ class _Reader:
         if n > self.size - self.pos:
             raise self.fail(f"truncated: {what} (a string of {n} bytes) needs {self.pos + n} "
                             f"bytes, the file ends at {self.size}", start)
+        self.need(n, what)
         raw = bytes(self.buf[self.pos:self.pos + n])
         self.pos += n
         try:
@@ -256,7 +262,8 @@ def _value(r: _Reader, vtype: int, what: str, depth: int = 0) -> tuple[Any, str 
             raise r.fail(f"truncated: {what} (an array of {count} {item_name}) needs "
                          f"{r.pos + count * itemsize} bytes, the file ends at {r.size}")
         dt = np.dtype(item_code).newbyteorder(r.order)
-        arr = np.frombuffer(r.src.raw, dtype=dt, count=count, offset=r.pos) if count else np.empty(0, dt)
+        r.need(count * itemsize, what)
+        arr = np.frombuffer(r.buf, dtype=dt, count=count, offset=r.pos) if count else np.empty(0, dt)
         r.pos += count * itemsize
         if item_type == _BOOL:
             arr = arr != 0
@@ -289,12 +296,12 @@ def _read_header(src: ByteSource) -> tuple[_Reader, int, int, int]:
     if src.size < 24:
         raise GGUFError(f"truncated: the GGUF header needs 24 bytes, the file has {src.size}",
                         file=src.path, offset=0)
-    (version,) = struct.unpack_from("<I", src.buffer, 4)
+    (version,) = struct.unpack_from("<I", src.read(4, 4, "version", fmt=FORMAT))
     order = "<"
     if version & 0xFFFF == 0 and version != 0:
         # Written on a big-endian host: the readers recognise it the same way.
         order = ">"
-        (version,) = struct.unpack_from(">I", src.buffer, 4)
+        (version,) = struct.unpack_from(">I", src.read(4, 4, "version", fmt=FORMAT))
     r = _Reader(src, order)
     r.pos = 8
     if version == 1:

@@ -44,7 +44,6 @@ Public API: `FORMAT`, `FORMATS`, `sniff`, `open_source`, `open_zip`, `parse_head
 """
 from __future__ import annotations
 
-import importlib
 import math
 import re
 import struct
@@ -481,14 +480,7 @@ def _check_payload(h: NpyHeader, available: int, *, file: str, member: str | Non
 
 def _scan_pickle(model: ModelFile, data, *, file: str, member: str | None, offset: int) -> None:
     """Run an object array's pickle through the inert VM and keep the record for the scanner."""
-    try:
-        pickle_vm = importlib.import_module("tensorscope.parsers.pickle_vm")
-    except ModuleNotFoundError as e:
-        if e.name != "tensorscope.parsers.pickle_vm":
-            raise
-        model.evidence.add("npy.pickle_not_analysed", "object array pickle not analysed: the "
-                           "pickle VM is not available", file=file, member=member, offset=offset)
-        return
+    from . import pickle_vm  # only object arrays need it
     result = pickle_vm.run(data, file=file, member=member, base_offset=offset)
     model.evidence.pickles.append(
         PickleRecord(file, member, offset, len(data), result, role="npy.object"))
@@ -518,7 +510,8 @@ def open_source(src: ByteSource, *, max_header_size: int = MAX_HEADER_SIZE) -> M
         >>> model.read("<root>").shape                      # doctest: +SKIP
     """
     path = src.path
-    buf = src.buffer
+    # the header only (a remote file fetches no more): magic, version, length, dict
+    buf = src.view(0, min(src.size, 12 + max_header_size + 64), "header", fmt=FORMAT)
     h = parse_header(buf, file=path, max_header_size=max_header_size)
     model = ModelFile(FORMAT, path)
     available = src.size - h.data_start
@@ -529,7 +522,8 @@ def open_source(src: ByteSource, *, max_header_size: int = MAX_HEADER_SIZE) -> M
     if h.layout == "swapped":
         model.custom_readers[info.name] = _swapped_reader(model, info, h)
     if h.layout == "object":
-        _scan_pickle(model, buf[h.data_start:], file=path, member=None, offset=h.data_start)
+        _scan_pickle(model, src.view(h.data_start, src.size - h.data_start), file=path, member=None,
+                     offset=h.data_start)
     model.metadata["npy"] = _header_meta(h)
     return model
 
@@ -551,7 +545,7 @@ def _swapped_reader(model: ModelFile, info: TensorInfo, h: NpyHeader,
             raw, offset = data(), h.data_start
         else:
             src = model.source(info.file)
-            src.check(info.byte_offset, info.nbytes, f"tensor {info.name!r}", fmt=FORMAT)
+            src.view(info.byte_offset, info.nbytes, f"tensor {info.name!r}", fmt=FORMAT)
             raw, offset = src.raw, info.byte_offset
         if info.numel == 0:
             out = np.empty(info.shape, dtype=stored.newbyteorder("="))

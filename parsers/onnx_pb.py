@@ -74,7 +74,10 @@ import numpy as np
 from tensorscope import dtypes
 from tensorscope.errors import FormatError, LimitExceeded
 from tensorscope.model import Anomaly, Evidence, ModelFile, TensorInfo
-from tensorscope.source import ByteSource
+from tensorscope.remote import RemoteSource, is_url
+from tensorscope.remote import dirname as remote_dirname
+from tensorscope.remote import join as remote_join
+from tensorscope.source import ByteSource, whole
 
 __all__ = ["FORMAT", "sniff", "open_source", "Limits", "DEFAULT_LIMITS", "OnnxFormatError",
            "ONNX_DTYPES", "MESSAGES", "WireField", "decode_varints"]
@@ -514,7 +517,7 @@ class _TensorFields:
 class _Walker:
     def __init__(self, src: ByteSource, limits: Limits, strict: bool):
         self.src = src
-        self.buf = src.buffer
+        self.buf = whole(src, "ONNX model", fmt=FORMAT)
         self.path = src.path
         self.limits = limits
         self.strict = strict
@@ -603,6 +606,8 @@ class _Walker:
             tasks.extend(reversed(found))
         domains = set(opsets) | self.node_domains
         md["domains"] = sorted(d for d in domains if d not in ("", "ai.onnx"))
+        # the domains nodes (and local functions) actually use: what makes a runtime load a library
+        md["node_domains"] = sorted(d for d in self.node_domains if d not in ("", "ai.onnx"))
         md["op_counts"] = dict(sorted(self.op_counts.items()))
         md["node_count"] = self.node_total
 
@@ -1124,6 +1129,10 @@ class _Walker:
         if known is not None:
             return known
         target = self.resolve(location, where, at)
+        if is_url(target):  # beside a remote model: its size from the server, nothing read
+            with RemoteSource(target) as src:
+                self.external_files[location] = (target, src.size)
+            return target, src.size
         try:
             st = os.stat(target)
         except OSError as e:
@@ -1139,7 +1148,8 @@ class _Walker:
         if self.path.startswith("<"):
             raise _err(f"{where}: external data {location!r} cannot be resolved for an "
                        "in-memory model", at)
-        base = os.path.dirname(os.path.abspath(self.path))
+        url = is_url(self.path)
+        base = remote_dirname(self.path) if url else os.path.dirname(os.path.abspath(self.path))
         reason = None
         parts = re.split(r"[\\/]", location)
         if "\x00" in location:
@@ -1155,6 +1165,8 @@ class _Walker:
                     reason = "climbs out of the model's folder with '..'"
                     break
         target = os.path.normpath(os.path.join(base, *[p for p in parts if p]))
+        if url and reason is None:
+            return remote_join(base, *[p for p in parts if p])
         if reason is None:
             real_base = os.path.realpath(base)
             real = os.path.realpath(target)
@@ -1319,7 +1331,7 @@ def open_source(src: ByteSource, *, limits: Limits = DEFAULT_LIMITS,
         walker.walk()
         infos, readers, files = walker.build()
     except FormatError as e:
-        cut = truncation(src.buffer, src.size)   # a cut download rather than a malformed model
+        cut = truncation(whole(src, "ONNX model", fmt=FORMAT), src.size)   # a cut download rather than a malformed model
         if cut is not None:
             raise _err(cut, file=src.path, offset=src.size) from None
         raise e.located(file=src.path)

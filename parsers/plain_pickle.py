@@ -41,7 +41,8 @@ from tensorscope.errors import FormatError, LimitExceeded
 from tensorscope.model import ModelFile, PickleRecord, contiguous_stride
 from tensorscope.source import ByteSource
 
-from . import joblib_fmt, pickle_vm, torch_pickle
+from . import compression, pickle_vm, torch_pickle
+from .joblib_arrays import InlineArray, build_hooks
 from .pickle_vm import Call, Global
 from .torch_pickle import StorageRef, TensorRef
 
@@ -92,7 +93,7 @@ def sniff(head: bytes, size: int) -> bool:
         return False
     if head[0] == 0x80 and (len(head) < 2 or not 2 <= head[1] <= 5):
         return False
-    result = pickle_vm.run(head, limits=_SNIFF_LIMITS, build_hooks=joblib_fmt.build_hooks(head))
+    result = pickle_vm.run(head, limits=_SNIFF_LIMITS, build_hooks=build_hooks(head))
     if result.stopped or isinstance(result.error, LimitExceeded):
         return True
     if _truncation(result.error):
@@ -107,8 +108,8 @@ def _bytes_payloads(src: ByteSource, start: int, end: int) -> dict[int, list[int
     """``{length: [offsets]}`` of every BINBYTES/SHORT_BINBYTES/BINBYTES8/BYTEARRAY8 payload in
     the pickle at ``[start, end)``: the VM gives values, this static walk gives their places.
     Opcode layouts come from `pickletools`; nothing is copied but text lines."""
-    buf = src.buffer
-    raw = src.raw
+    buf = src.view(0, src.size, "pickle", fmt=FORMAT)
+    raw = src.raw  # valid: the view above fetched every byte of a remote source
     find = raw.find if hasattr(raw, "find") else None
     out: dict[int, list[int]] = {}
     pos = start
@@ -160,7 +161,7 @@ class _Locator:
             self.table = _bytes_payloads(self.src, 0, self.end)
         n = len(value)
         for at in self.table.get(n, ()):
-            if at not in self.used and self.src.buffer[at:at + n] == value:
+            if at not in self.used and self.src.view(at, n) == value:
                 self.used.add(at)
                 return at
         return None
@@ -248,14 +249,15 @@ def open_source(src: ByteSource) -> ModelFile:
     model = ModelFile(FORMAT, src.path, sources={src.path: src})
     nested: list[tuple[int, StorageRef, bytes, ModelFile]] = []
     copies = _Copies()
-    joblib_arrays: list[joblib_fmt.InlineArray] = []
+    joblib_arrays: list[InlineArray] = []
 
-    def on_array(array: joblib_fmt.InlineArray):
+    def on_array(array: InlineArray):
         joblib_arrays.append(array)
         return _joblib_tensor(array, src, copies)
 
-    result = pickle_vm.run(src.buffer, hooks=_hooks(src, model, nested), file=src.path,
-                           build_hooks=joblib_fmt.build_hooks(src.buffer, on_array))
+    data = src.view(0, src.size, "pickle", fmt=FORMAT)
+    result = pickle_vm.run(data, hooks=_hooks(src, model, nested), file=src.path,
+                           build_hooks=build_hooks(data, on_array))
     model.evidence.pickles.append(PickleRecord(src.path, None, 0, result.end, result, role="pickle"))
     cut = cut_short(result, src)
     if cut is not None:
@@ -342,7 +344,7 @@ def _sibling_array(call: Call, src: ByteSource, model: ModelFile, copies: "_Copi
         return _zf_sibling(call, state, path, model, copies, unread)
     try:
         sib = model.source(path)
-        h = numpy_fmt.parse_header(sib.buffer, file=path)
+        h = numpy_fmt.parse_header(sib.view(0, sib.size), file=path)
     except (OSError, FormatError) as e:
         return unread(f"which cannot be read ({e})")
     if h.layout != "plain" or h.data_nbytes > sib.size - h.data_start:
@@ -368,13 +370,13 @@ def _zf_sibling(call: Call, state: dict, path: str, model: ModelFile, copies: "_
     data = copies.inflated.get(path)
     if data is None:
         # One budget for every sibling of the pickle: many wrappers cannot multiply the cap.
-        budget = joblib_fmt.INFLATE_MAX - sum(len(d) for d in copies.inflated.values())
+        budget = compression.INFLATE_MAX - sum(len(d) for d in copies.inflated.values())
         try:
             sib = model.source(path)
-            if joblib_fmt.compression(sib.head(2)) != "zf":
+            if compression.compression(sib.head(2)) != "zf":
                 return unread("which is not a ZF-compressed array file")
-            data = copies.inflated[path] = joblib_fmt.decompress(sib.buffer, "zf", path=path,
-                                                                 cap=max(budget, 0))
+            data = copies.inflated[path] = compression.decompress(sib.view(0, sib.size), "zf",
+                                                                  path=path, cap=max(budget, 0))
         except (OSError, FormatError) as e:
             return unread(f"which cannot be read ({e})")
     from tensorscope.dtypes import spec
@@ -431,7 +433,7 @@ def _numpy_tensor(call: Call, src: ByteSource, locator: _Locator, model: ModelFi
     return TensorRef(storage, 0, shape, stride, dtype, pos=call.pos, extras=extras)
 
 
-def _joblib_tensor(array: joblib_fmt.InlineArray, src: ByteSource,
+def _joblib_tensor(array: InlineArray, src: ByteSource,
                    copies: _Copies) -> TensorRef | None:
     """A numeric array joblib wrote inline: a view of its bytes in the file (a copy when
     big-endian). Object, string, record and datetime arrays stay inert (None)."""
@@ -445,7 +447,7 @@ def _joblib_tensor(array: joblib_fmt.InlineArray, src: ByteSource,
     order = ">" if array.byteorder == ">" else "<"
     if order == ">":
         start = array.data_offset
-        copies.add(storage, bytes(src.buffer[start:start + array.nbytes]), 0, order)
+        copies.add(storage, src.read(start, array.nbytes), 0, order)
     fortran = array.order == "F"
     stride = _fortran_stride(array.shape) if fortran else contiguous_stride(array.shape)
     extras = {"numpy_dtype": f"{order}{dtype}", "order": array.order, "joblib": True}

@@ -37,8 +37,10 @@ import os
 import re
 from typing import Any
 
+from tensorscope import remote
 from tensorscope.errors import FormatError
 from tensorscope.model import ModelFile
+from tensorscope.remote import is_url
 
 __all__ = ["FORMAT", "sniff_dir", "open_dir", "open_index", "is_index_file", "single_file"]
 
@@ -87,6 +89,8 @@ def _snapshot(repo: str) -> str | None:
 
 
 def _files(folder: str) -> list[str]:
+    if is_url(folder):
+        return remote.list_files(folder)
     try:
         names = sorted(os.listdir(folder))
     except OSError:
@@ -132,7 +136,7 @@ def _all_exts() -> tuple[str, ...]:
 
 def _resolve(path: str) -> tuple[str, str, str | None]:
     """(folder holding the model, containment root, HF revision or None)."""
-    repo = _hf_repo_of(path)
+    repo = None if is_url(path) else _hf_repo_of(path)
     if repo is not None and os.path.realpath(path) == repo:
         snap = _snapshot(repo)
         if snap is None:
@@ -171,6 +175,8 @@ def _open_shard(folder: str, root: str, name: str, origin: str, why: str) -> Mod
     from tensorscope.formats import open_model  # the registry imports this module lazily
     _inside(root, name, origin=origin, what="shard name")
     path = os.path.join(folder, name)
+    if is_url(path):
+        return open_model(path)  # no symlinks behind a URL; a missing shard fails on open
     if not os.path.lexists(path) or not os.path.exists(path):
         raise _fail(f"shard {name} {why} does not exist", path)
     _check_real(root, path, origin, name)
@@ -182,11 +188,16 @@ def _open_shard(folder: str, root: str, name: str, origin: str, why: str) -> Mod
 def _read_index(path: str) -> tuple[dict, dict, list[str]]:
     """(weight_map, metadata, duplicate names) of an index file."""
     try:
-        size = os.path.getsize(path)
+        if is_url(path):
+            with remote.RemoteSource(path) as src:
+                size, raw = src.size, src.read(0, min(src.size, INDEX_MAX + 1))
+        else:
+            size = os.path.getsize(path)
         if size > INDEX_MAX:
             raise _fail(f"index file of {size} bytes exceeds the {INDEX_MAX}-byte limit", path)
-        with open(path, "rb") as f:
-            raw = f.read(INDEX_MAX + 1)
+        if not is_url(path):
+            with open(path, "rb") as f:
+                raw = f.read(INDEX_MAX + 1)
     except OSError as e:
         raise _fail(f"cannot read the index: {e.strerror}", path) from None
     dups: list[str] = []
@@ -346,7 +357,7 @@ def open_index(path: str) -> ModelFile:
     """Open the model an index file describes (shards relative to its folder)."""
     path = os.fspath(path)
     folder = os.path.dirname(path) or "."
-    repo = _hf_repo_of(folder)
+    repo = None if is_url(folder) else _hf_repo_of(folder)
     return _from_index(path, folder, repo or folder)
 
 

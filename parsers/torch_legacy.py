@@ -66,6 +66,7 @@ _TAR_NAME = slice(0, 100)
 _TAR_SIZE = slice(124, 136)
 _TAR_CHKSUM = slice(148, 156)
 _TAR_TYPE = 156
+_TAR_LINK = slice(157, 257)
 _TAR_MAGIC = slice(257, 263)
 _TAR_PREFIX = slice(345, 500)
 TAR_MEMBERS = ("sys_info", "pickle", "tensors", "storages")
@@ -106,7 +107,7 @@ def sniff(head: bytes, size: int) -> bool:
 def _run(src: ByteSource, start: int, *, end: int | None = None, persistent_load=None,
          hooks=None, member: str | None = None, base: int = 0, limits=None):
     """Run one pickle of the file from ``start``; positions are absolute in the file."""
-    data = src.buffer if end is None else src.buffer[:end]
+    data = src.view(0, src.size if end is None else min(end, src.size), "pickle", fmt=FORMAT)
     result = pickle_vm.run(data, start=start, persistent_load=persistent_load, hooks=hooks,
                            limits=limits or pickle_vm.DEFAULT_LIMITS, file=src.path,
                            member=member, base_offset=base)
@@ -268,9 +269,9 @@ def _place_storages(src, model, pending, keys, data_start, little, member, base)
                              f"{base + pos + COUNT.size} bytes, {ends} at {base + src.size}",
                         base + pos, member)
         itemsize = _itemsize(entry.ref.dtype) if entry.class_name not in ("UntypedStorage",) else 1
-        count = COUNT.unpack_from(src.buffer, pos)[0]
+        count = COUNT.unpack_from(src.view(pos, COUNT.size))[0]
         if not 0 <= count <= (src.size - pos - COUNT.size) // itemsize:
-            be = COUNT_BE.unpack_from(src.buffer, pos)[0]
+            be = COUNT_BE.unpack_from(src.view(pos, COUNT.size))[0]
             if not little and 0 <= be <= (src.size - pos - COUNT.size) // itemsize:
                 count, swapped = be, True
             elif count < 0:
@@ -383,9 +384,10 @@ def _pax_records(payload: bytes) -> dict[str, str]:
     return out
 
 
-def read_tar(src: ByteSource, *, max_members: int = 10_000) -> dict[str, tuple[int, int]]:
-    """Regular members of a tar: ``{name: (data offset, size)}``, each bounds-checked."""
-    members: dict[str, tuple[int, int]] = {}
+def tar_entries(src: ByteSource, *, max_members: int = 10_000):
+    """Every entry of a tar, in order, as ``(name, type, data offset, size, link target)``: the one
+    tar reader of the project (the scanner walks every entry, duplicates and links included).
+    Headers are checked (magic, checksum, sizes within the file); PAX ``path``/``size`` apply."""
     pos = 0
     pax: dict[str, str] = {}
     count = 0
@@ -415,14 +417,19 @@ def read_tar(src: ByteSource, *, max_members: int = 10_000) -> dict[str, tuple[i
                              f"has {src.size} bytes", pos)
         if kind == "x":
             pax = _pax_records(src.read(data, size, "PAX header", fmt=FORMAT))
-        elif kind == "g":
-            # global PAX header: nothing torch relies on
-            pass
-        else:
-            if kind in "07" and full not in members:
-                members[full] = (data, size)
+        elif kind != "g":  # a global PAX header holds nothing torch relies on
+            link = pax.get("linkpath", block[_TAR_LINK].split(b"\0", 1)[0].decode("utf-8", "replace"))
+            yield full, kind, data, size, link
             pax = {}
         pos = data + (size + TAR_BLOCK - 1) // TAR_BLOCK * TAR_BLOCK
+
+
+def read_tar(src: ByteSource, *, max_members: int = 10_000) -> dict[str, tuple[int, int]]:
+    """Regular members of a tar: ``{name: (data offset, size)}``, each bounds-checked."""
+    members: dict[str, tuple[int, int]] = {}
+    for full, kind, data, size, _ in tar_entries(src, max_members=max_members):
+        if kind in "07" and full not in members:
+            members[full] = (data, size)
     return members
 
 
@@ -527,7 +534,7 @@ def _tar_storages(src, model, span, objects) -> None:
         pos = after
         if pos + COUNT.size > end:
             raise _fail(src, f"storage {key}: truncated before its element count", pos, "storages")
-        n = COUNT.unpack_from(src.buffer, pos)[0]
+        n = COUNT.unpack_from(src.view(pos, COUNT.size))[0]
         if not 0 <= n <= (end - pos - COUNT.size) // item:
             raise _fail(src, f"storage {key}: {n} elements of {item} bytes do not fit in the "
                              f"{end - pos - COUNT.size} bytes left in the member", pos, "storages")
@@ -565,11 +572,11 @@ def _tar_tensors(src, model, span, objects) -> None:
         pos = after
         if pos + TAR_NDIM.size > end:
             raise _fail(src, f"tensor {key}: truncated before its dimensions", pos, "tensors")
-        ndim = TAR_NDIM.unpack_from(src.buffer, pos)[0]
+        ndim = TAR_NDIM.unpack_from(src.view(pos, TAR_NDIM.size))[0]
         need = TAR_NDIM.size + 16 * max(ndim, 0) + 8
         if not 0 <= ndim <= 64 or pos + need > end:
             raise _fail(src, f"tensor {key}: {ndim} dimensions do not fit in the member", pos, "tensors")
-        dims = struct.unpack_from(f"<{2 * ndim + 1}q", src.buffer, pos + TAR_NDIM.size)
+        dims = struct.unpack_from(f"<{2 * ndim + 1}q", src.view(pos + TAR_NDIM.size, 8 * (2 * ndim + 1)))
         shape, stride, offset = dims[:ndim], dims[ndim:2 * ndim], dims[-1]
         if any(d < 0 for d in dims):
             raise _fail(src, f"tensor {key}: negative size, stride or offset {dims}", pos, "tensors")

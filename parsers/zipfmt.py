@@ -287,7 +287,8 @@ class ZipArchive:
         if member.data_offset + member.compressed_size > self.source.size:
             raise self._fail(member, f"data ({member.compressed_size} bytes) runs past the end of "
                                      f"the file ({self.source.size} bytes)", member.data_offset)
-        return self.source.buffer[member.data_offset:member.data_offset + member.compressed_size]
+        return self.source.view(member.data_offset, member.compressed_size, "member data",
+                                fmt=FORMAT, member=member.name)
 
     def read_bytes(self, member: ZipMember, max_size: int = 256 << 20) -> bytes:
         """The member's uncompressed content, a copy. STORED, DEFLATE, BZIP2 and LZMA.
@@ -462,8 +463,8 @@ def truncation(src: ByteSource, max_members: int = 1_000_000) -> str | None:
     """Why an archive without an EOCD is a cut download, or None: it starts with local file
     headers, walked one after the other (as ``zip -FF`` would) until one, or its data, runs past
     the end of the file; when all fit, the central directory is what is missing."""
-    buf, size = src.buffer, src.size
-    raw = src.raw
+    buf, size = src.view(0, src.size, "archive", fmt=FORMAT), src.size
+    raw = src.raw  # valid: the view above fetched every byte of a remote source
     find = raw.find if hasattr(raw, "find") else bytes(raw).find
     pos = count = 0
     while count < max_members and bytes(buf[pos:pos + 4]) == MAGIC_LOCAL:
@@ -513,7 +514,7 @@ def _descriptor_end(src: ByteSource, data: int, find) -> int | None:
     (``find``: the file's bytes.find)."""
     at = data
     while (sig := find(b"PK\x07\x08", at)) >= 0:
-        d = bytes(src.buffer[sig + 4:sig + 24])
+        d = src.read(sig + 4, max(0, min(20, src.size - sig - 4)))
         if len(d) >= 12 and struct.unpack_from("<L", d, 4)[0] == sig - data:
             return sig + 16
         if len(d) >= 20 and struct.unpack_from("<Q", d, 4)[0] == sig - data:
@@ -549,7 +550,7 @@ class _Reader:
         return 0 <= offset and 0 <= length and length <= self.size - offset
 
     def bytes_at(self, offset: int, length: int) -> bytes:
-        return bytes(self.src.buffer[offset:offset + length])
+        return self.src.read(offset, length, fmt=FORMAT)
 
     # -- EOCD ------------------------------------------------------------------------------------
     def find_eocd(self) -> tuple[int, list[int]]:
@@ -692,7 +693,8 @@ class _Reader:
     # -- central directory -----------------------------------------------------------------------
     def read_cd(self, start: int, cd_size: int, n_total: int,
                 prepended: int) -> list[ZipMember]:
-        cd = self.src.buffer[start:start + cd_size]
+        cd = self.src.view(start, cd_size, "central directory", fmt=FORMAT)
+        _prefetch_local_headers(self.src, cd, prepended)
         members: list[ZipMember] = []
         pos = 0
         while pos < cd_size:
@@ -1062,3 +1064,23 @@ def read_zip(src: ByteSource, *, max_members: int = 1_000_000,
         ('model', 64)
     """
     return _Reader(src, max_members, check_small_crc).read()
+
+
+def _prefetch_local_headers(src, cd, prepended: int) -> None:
+    """Tell a remote source (`tensorscope.remote`) every local header the listing will read, and
+    the small STORED members whose CRC it checks, so they are fetched together rather than one
+    round trip each. A hint only: entries it cannot parse are left to the real reader."""
+    prefetch = getattr(src, "prefetch", None)
+    if prefetch is None:
+        return
+    ranges, pos, n = [], 0, len(cd)
+    while pos + CENTRAL.size <= n and bytes(cd[pos:pos + 4]) == MAGIC_CENTRAL:
+        f = CENTRAL.unpack_from(cd, pos)
+        at = f[_CD_OFFSET] + prepended
+        want = LOCAL.size + f[_CD_NAME_LEN] + f[_CD_EXTRA_LEN] + 128  # local extra may differ
+        if f[_CD_METHOD] == 0 and f[_CD_CSIZE] <= SMALL_CRC_LIMIT:
+            want += f[_CD_CSIZE]
+        if f[_CD_OFFSET] != U32_MAX:
+            ranges.append((at, want))
+        pos += CENTRAL.size + f[_CD_NAME_LEN] + f[_CD_EXTRA_LEN] + f[_CD_COMMENT_LEN]
+    prefetch(ranges)

@@ -1,7 +1,8 @@
 """tensorscope: open, diff and scan model files without executing them.
 
 Public API:
-    open(path) -> ModelFile        list tensors, read values zero-copy (``model.read(name)``)
+    open(path) -> ModelFile        list tensors, read values zero-copy (``model.read(name)``);
+                                   a URL (https://, hf://, s3://) is read by ranges (`remote`)
     scan(*paths) -> ScanReport     static safety scan of pickles and archives
     diff(a, b) -> DiffResult       compare two models of any formats down to the values
     TensorInfo, ModelFile          the common model
@@ -21,10 +22,13 @@ __all__ = ["open", "identify", "scan", "diff", "TensorInfo", "ModelFile", "Evide
            "FileAccessError", "FileMissing", "AccessDenied"]
 
 
-def scan(*paths, **kwargs):
-    """Static safety scan; see `tensorscope.scan.scan_paths`."""
-    from .scanner import scan_paths
-    return scan_paths(*paths, **kwargs)
+def __getattr__(name):
+    # ``tensorscope.scan`` is the scan package, imported on first use; calling it is
+    # `tensorscope.scan.scan_paths` (``tensorscope.scan("model.pt")``).
+    if name == "scan":
+        import importlib
+        return importlib.import_module(".scan", __name__)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def diff(a, b, **kwargs):

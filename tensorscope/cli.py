@@ -22,12 +22,7 @@ COMMANDS = ["inspect", "diff", "scan", "convert", "tui"]
 
 def _command_modules():
     for name in COMMANDS:
-        try:
-            yield name, importlib.import_module(f"tensorscope.commands.{name}")
-        except ModuleNotFoundError as e:
-            if e.name == f"tensorscope.commands.{name}":
-                continue  # a command not built yet
-            raise
+        yield name, importlib.import_module(f"tensorscope.commands.{name}")
 
 
 class _Parser(argparse.ArgumentParser):
@@ -46,6 +41,10 @@ def build_parser() -> argparse.ArgumentParser:
         p = sub.add_parser(name, help=mod.HELP, description=getattr(mod, "DESCRIPTION", mod.HELP),
                            formatter_class=argparse.RawDescriptionHelpFormatter)
         mod.add_arguments(p)
+        if not any("-v" in a.option_strings for a in p._actions):
+            p.add_argument("-v", "--verbose", action="store_true",
+                           help="say on stderr what reading cost (bytes fetched and requests "
+                                "made for URLs)")
         p.set_defaults(_run=mod.run)
     return parser
 
@@ -59,6 +58,8 @@ def main(argv: list[str] | None = None) -> int:
     if not getattr(args, "_run", None):
         parser.print_help(sys.stderr)
         return EXIT_ERROR
+    from .remote import reset_totals
+    reset_totals()  # what this command fetched, whatever ran before in this process
     try:
         return int(args._run(args))
     except KeyboardInterrupt:
@@ -70,6 +71,15 @@ def main(argv: list[str] | None = None) -> int:
         return error_line(args.command, describe_error(e))
     except Exception as e:  # noqa: BLE001 — the boundary where every error becomes one line
         return error_line(args.command, describe_error(e))
+    finally:
+        _say_cost(args)
+
+
+def _say_cost(args) -> None:
+    from .remote import cost_line
+    line = cost_line() if getattr(args, "verbose", False) else None
+    if line:
+        print(f"tensorscope: {line}", file=sys.stderr)
 
 
 if __name__ == "__main__":

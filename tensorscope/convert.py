@@ -85,6 +85,7 @@ from .model import ModelFile, TensorInfo
 from .parsers.safetensors import DTYPES as _ST_READ_DTYPES
 from .parsers.safetensors import HEADER_LEN
 from .reader import CHUNK_BYTES, iter_flat_chunks, strided_view
+from .remote import is_url
 
 __all__ = ["convert", "plan", "ConversionPlan", "PlannedTensor", "ConvertReport",
            "ConversionRefused", "UnsafeSource", "Unconvertible", "parse_size",
@@ -646,7 +647,7 @@ def _plain_range(model: ModelFile, info: TensorInfo) -> tuple[str, int] | None:
     if not info.is_contiguous:
         return None
     src = model.source(info.file)
-    if not isinstance(src.raw, mmap.mmap):  # an in-memory blob, not a file
+    if not isinstance(src.raw, mmap.mmap) or is_url(src.path):  # an in-memory blob or a URL, not a file
         return None
     arr = model.read(info)  # bounds checks (file, storage record); touches no tensor byte
     if arr.dtype.byteorder == ">":
@@ -750,10 +751,16 @@ def _verify(model: ModelFile, tensors: list[PlannedTensor], path: str) -> None:
 # ------------------------------------------------------------------------------------------------
 
 def _severity(value):
-    from .scanner import Severity
+    from .scan import Severity
     if value is None or isinstance(value, Severity):
         return value
     return Severity.parse(str(value))
+
+
+def _announce_scan(report, on_scan, refuse_at, allow_unsafe_source) -> None:
+    if on_scan is not None:
+        on_scan(report.scan)
+    _refuse_if_unsafe(report, _severity(refuse_at), allow_unsafe_source)
 
 
 def convert(src: str | os.PathLike, out: str | os.PathLike, *, max_shard_size: int | str | None = None,
@@ -761,7 +768,8 @@ def convert(src: str | os.PathLike, out: str | os.PathLike, *, max_shard_size: i
             force: bool = False, include_all: bool = False, skip_unsupported: bool = False,
             metadata: dict[str, str] | None = None, record_source: bool = True,
             scan_report: Any = None, progress: Callable[[int], None] | None = None,
-            chunk_bytes: int = CHUNK_BYTES) -> ConvertReport:
+            chunk_bytes: int = CHUNK_BYTES, on_scan: Callable[[Any], None] | None = None
+            ) -> ConvertReport:
     """Convert a model file or folder to safetensors without executing anything from it.
 
     Args:
@@ -778,8 +786,9 @@ def convert(src: str | os.PathLike, out: str | os.PathLike, *, max_shard_size: i
         include_all, skip_unsupported: see `plan`.
         metadata: extra ``__metadata__`` entries (str -> str); they override the defaults.
         record_source: write ``format``, ``source_format``, ``source_sha256`` and ``converted_by``.
-        scan_report: a `ScanReport` already computed for ``src`` (the CLI prints it first);
-            None scans here.
+        scan_report: a `ScanReport` already computed for ``src``; None scans the model opened
+            here (`tensorscope.scan.scan_opened`: one parse for scanning and converting).
+        on_scan: called with the scan report before anything is written (the CLI prints it).
         progress: called with the number of tensor bytes written after each piece.
         chunk_bytes: bytes copied per step (peak memory is a small multiple of it).
 
@@ -797,16 +806,24 @@ def convert(src: str | os.PathLike, out: str | os.PathLike, *, max_shard_size: i
         >>> report.tensors_written, report.outputs                                  # doctest: +SKIP
     """
     from .formats import open_model
-    from .scanner import scan_paths
+    from .scan import scan_opened, scan_paths
 
     src, out = os.fspath(src), os.fspath(out)
-    if not os.path.exists(src):
+    if not is_url(src) and not os.path.exists(src):
         raise FileMissing(src, "no such file or directory")
     report = ConvertReport(input=src, allowed_unsafe=bool(allow_unsafe_source))
-    report.scan = scan_report if scan_report is not None else scan_paths(src)
-    _refuse_if_unsafe(report, _severity(refuse_at), allow_unsafe_source)
     limit = parse_size(max_shard_size) if max_shard_size is not None else None
-    with open_model(src) as model:
+    try:
+        model = open_model(src)
+    except TensorscopeError:
+        # what cannot be opened is still judged first: a hostile file is refused as unsafe
+        report.scan = scan_report if scan_report is not None else scan_paths(src)
+        _announce_scan(report, on_scan, refuse_at, allow_unsafe_source)
+        raise
+    with model:
+        # the scan reads the model just opened: one parse for both
+        report.scan = scan_report if scan_report is not None else scan_opened(src, model)
+        _announce_scan(report, on_scan, refuse_at, allow_unsafe_source)
         report.source_format = model.format
         p = _checked_plan(model, report, include_all, skip_unsupported)
         groups, paths, index = _layout(model, p, out, limit)

@@ -15,6 +15,7 @@ import os
 
 from .errors import FileMissing, FormatError, TensorscopeError, UnknownFormat, file_error
 from .model import ModelFile
+from .remote import is_url
 from .source import ByteSource
 
 __all__ = ["open_model", "identify", "FILE_PARSERS", "HEAD_BYTES"]
@@ -22,7 +23,7 @@ __all__ = ["open_model", "identify", "FILE_PARSERS", "HEAD_BYTES"]
 HEAD_BYTES = 4096
 
 # Order matters: the first match wins, as in torch.load (zip, then legacy pickle stream).
-# Modules are imported lazily so that a missing optional piece never breaks the others.
+# Modules are imported on first use (a listing of a safetensors file never imports the VM).
 FILE_PARSERS: list[str] = [
     "zip_dispatch",   # PK.. : torch zip, TorchScript, .pt2, .npz (decided by members)
     "safetensors",    # u64 header length + '{'
@@ -43,17 +44,17 @@ def _parser(name: str):
 
 def _available(names: list[str]):
     for name in names:
-        try:
-            yield name, _parser(name)
-        except ModuleNotFoundError as e:  # a format not built yet stays out of the registry
-            if e.name and e.name.endswith(name):
-                continue
-            raise
+        yield name, _parser(name)
 
 
 def identify(path: str | os.PathLike) -> list[str]:
     """Formats whose signature matches, best first (empty when none does)."""
     path = os.fspath(path)
+    if is_url(path):
+        from .remote import RemoteSource
+        with RemoteSource(path) as src:
+            head, size = src.head(HEAD_BYTES), src.size
+        return [mod.FORMAT for _, mod in _available(FILE_PARSERS) if mod.sniff(head, size)]
     if os.path.isdir(path):
         _listable(path)
         found = [mod.FORMAT for _, mod in _available(DIR_PARSERS) if mod.sniff_dir(path)]
@@ -73,7 +74,9 @@ def open_model(path: str | os.PathLike, *, format: str | None = None) -> ModelFi
 
     Args:
         path: a file (any supported format, any extension) or a folder (DCP checkpoint, sharded
-            checkpoint with ``*.index.json``, Hugging Face snapshot).
+            checkpoint with ``*.index.json``, Hugging Face snapshot), or a URL (``https://``,
+            ``hf://org/name[@revision][/file]``, ``s3://bucket/key``) read by byte ranges
+            (`tensorscope.remote`).
         format: force a parser by its ``FORMAT`` name instead of detecting.
 
     Returns:
@@ -102,6 +105,8 @@ def _listable(folder: str) -> None:
 
 
 def _open_model(path: str, format: str | None) -> ModelFile:
+    if is_url(path):
+        return _open_url(path, format)
     if not os.path.exists(path):
         raise FileMissing(path, "no such file or directory")
     if os.path.isdir(path):
@@ -114,7 +119,25 @@ def _open_model(path: str, format: str | None) -> ModelFile:
     if path.endswith(".index.json") and format in (None, "sharded"):
         # A sharded checkpoint's index (model.safetensors.index.json): the model is its shards.
         return _parser("sharded").open_index(path)
-    src = ByteSource(path)
+    return _open_source(ByteSource(path), path, format)
+
+
+def _open_url(url: str, format: str | None) -> ModelFile:
+    """A model behind a URL: a file read by ranges, an index and its shards, or (``hf://``, any
+    fsspec store that lists) a model folder."""
+    from .remote import RemoteSource
+    if url.endswith(".index.json") and format in (None, "sharded"):
+        return _parser("sharded").open_index(url)
+    try:
+        src = RemoteSource(url)
+    except IsADirectoryError:
+        if format not in (None, "sharded"):
+            raise
+        return _parser("sharded").open_dir(url)
+    return _open_source(src, url, format)
+
+
+def _open_source(src, path: str, format: str | None) -> ModelFile:
     try:
         head = src.head(HEAD_BYTES)
         if src.size == 0:

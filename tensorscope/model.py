@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping
 
 from . import dtypes
 from .errors import TensorNotFound
+from .remote import open_source
 from .source import ByteSource
 
 if TYPE_CHECKING:  # numpy is imported by `read` (through the reader), never at import time
@@ -279,7 +280,7 @@ class ModelFile:
     def source(self, file: str) -> ByteSource:
         src = self.sources.get(file)
         if src is None:
-            src = self.sources[file] = ByteSource(file)
+            src = self.sources[file] = open_source(file)
         return src
 
     def read(self, name_or_info: str | TensorInfo) -> np.ndarray:

@@ -106,7 +106,18 @@ CONTAINER_GLOBALS: frozenset[str] = frozenset({
     "argparse.Namespace",
 })
 
-SAFE_GLOBALS: frozenset[str] = WEIGHTS_ONLY_GLOBALS | _EXTRA_STORAGES | NUMPY_GLOBALS | CONTAINER_GLOBALS
+# Pure builtins: they compute a value from their arguments and call nothing they are given except
+# the dunder methods of objects the pickle had to build first (and those objects' classes are
+# judged on their own). Real pickles reach them through __reduce__ (len, getattr-free helpers);
+# what is NOT here on purpose: getattr/setattr/eval... (denied), pow and bytes/bytearray of a huge
+# int (memory), repr/format/print (call arbitrary __repr__/__format__, write to the terminal).
+PURE_BUILTINS: frozenset[str] = frozenset(f"builtins.{n}" for n in (
+    "len", "abs", "min", "max", "sum", "sorted", "round", "divmod", "isinstance", "issubclass",
+    "callable", "hash", "id", "chr", "ord", "hex", "oct", "bin", "all", "any", "reversed", "zip",
+    "enumerate"))
+
+SAFE_GLOBALS: frozenset[str] = (WEIGHTS_ONLY_GLOBALS | _EXTRA_STORAGES | NUMPY_GLOBALS |
+                                CONTAINER_GLOBALS | PURE_BUILTINS)
 
 # copyreg's object-rebuilding helpers: what they make is decided by their first argument (the
 # class), which the scanner judges instead. `copyreg._reconstructor(cls, object, None)` is how

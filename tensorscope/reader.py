@@ -42,7 +42,7 @@ def strided_view(model: "ModelFile", info: "TensorInfo") -> np.ndarray:
         arr = np.frombuffer(raw, dtype=np.uint8)
         return arr
     span = info.span_bytes
-    src.check(info.byte_offset, span, f"tensor {info.name!r}", fmt=where["format"],
+    src.view(info.byte_offset, span, f"tensor {info.name!r}", fmt=where["format"],
               member=info.storage_key)
     if info.storage_nbytes is not None and info.numel:
         start_in_storage = info.storage_offset * spec.itemsize

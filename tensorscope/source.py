@@ -89,3 +89,11 @@ class ByteSource:
 
     def __repr__(self) -> str:
         return f"ByteSource({self.path!r}, size={self.size})"
+
+
+def whole(src, what: str = "file", *, fmt: str = ""):
+    """All of ``src`` for a parser that hops through it (a protobuf walk): the zero-copy view of
+    a local file; for a remote source (`tensorscope.remote`), a buffer that fetches the blocks
+    it is indexed at, so the parts never touched are never downloaded."""
+    lazy = getattr(src, "random_access", None)
+    return lazy() if lazy is not None else src.view(0, src.size, what, fmt=fmt)

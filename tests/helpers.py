@@ -1,7 +1,9 @@
 """Test helpers shared by the parser suites (no torch here; `torch_oracle.py` has the torch ones).
 
-- `audited_open(path)`: `tensorscope.open` under an audit hook that fails on exec, compile or
-  the import of a module not loaded before (after one unarmed open that warms our own lazy imports).
+- `audit(...)`: the one audit hook of the test suite, armed around a block (exec, compile, process
+  and network events, imports of modules not loaded before, opens outside a folder).
+- `audited_open(path)`: `tensorscope.open` under `audit()` (after one unarmed open that warms our
+  own lazy imports).
 - `settle(pilot)`: wait until a Textual app has parsed, scanned and finished its workers.
 - `assert_mutants_fail_cleanly(open_source, paths, seed)`: random byte flips, cuts and insertions
   near a fixture's header give a FormatError or a clean listing whose reads stay in the buffer,
@@ -9,6 +11,7 @@
 """
 from __future__ import annotations
 
+import os
 import random
 import sys
 
@@ -16,26 +19,77 @@ import tensorscope
 from tensorscope.errors import FormatError
 from tensorscope.source import ByteSource
 
-_armed = {"on": False, "events": []}
+# -- the one audit hook ---------------------------------------------------------------------------
+# Events that mean code ran or the outside world was touched; any of them while armed is a failure.
+FORBIDDEN_EVENTS = frozenset({"exec", "compile", "os.system", "os.fork", "os.forkpty",
+                              "builtins.input", "pickle.find_class", "urllib.Request"})
+FORBIDDEN_PREFIXES = ("os.exec", "os.spawn", "os.posix_spawn", "subprocess.", "socket.", "ctypes.",
+                      "pty.", "webbrowser.")
+_active: list = []   # the armed `audit`, if any (hooks cannot be removed: it only records while armed)
 
 
-def _audit(event, args):
-    if _armed["on"] and (event in ("exec", "compile") or
-                         (event == "import" and args[0] not in sys.modules)):
-        _armed["events"].append((event, str(args[0])[:80]))
+class audit:
+    """Arm the audit hook around a block; on a clean exit, assert nothing forbidden happened.
+
+    Recorded: the events above, the import of any module not loaded before (warm our own lazy
+    imports first, unarmed), and, with ``allowed_dir``, any open() outside that folder
+    (``forbid_open``: any open() at all). ``allow_ast_compile``: ast.parse builds a syntax tree,
+    never a code object, so its `compile` event is not execution.
+
+    >>> with audit() as a:            # doctest: +SKIP
+    ...     tensorscope.scan(path)
+    """
+
+    def __init__(self, *, allowed_dir: str | None = None, forbid_open: bool = False,
+                 allow_ast_compile: bool = False):
+        self.allowed_dir = allowed_dir
+        self.forbid_open = forbid_open
+        self.allow_ast_compile = allow_ast_compile
+        self.events: list[tuple[str, str]] = []
+
+    def __enter__(self) -> "audit":
+        self.events = []
+        _active.append(self)
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        _active.remove(self)
+        if exc_type is None:
+            assert self.events == [], f"forbidden audit events: {self.events[:5]}"
+
+    def see(self, event: str, args) -> None:
+        if event == "compile" and self.allow_ast_compile and \
+                sys._getframe(2).f_code is _ast_parse_code():
+            return
+        if event in FORBIDDEN_EVENTS or event.startswith(FORBIDDEN_PREFIXES):
+            self.events.append((event, repr(args)[:200]))
+        elif event == "import" and args[0] not in sys.modules:
+            self.events.append((event, str(args[0])[:80]))
+        elif event == "open" and (self.forbid_open or self.allowed_dir is not None) and \
+                isinstance(args[0], (str, bytes, os.PathLike)):
+            real = os.path.realpath(os.fsdecode(args[0]))
+            if self.forbid_open or not real.startswith(self.allowed_dir):
+                self.events.append((event, real))
 
 
-sys.addaudithook(_audit)  # cannot be removed: it only records while armed
+def _ast_parse_code():
+    import ast
+    return ast.parse.__code__
+
+
+def _hook(event, args):
+    if _active:
+        _active[-1].see(event, args)
+
+
+sys.addaudithook(_hook)
 
 
 def audited_open(path):
-    tensorscope.open(path).close()  # warm our own lazy imports, unarmed
-    _armed.update(on=True, events=[])
-    try:
+    """`tensorscope.open` under the audit hook (after one unarmed open that warms our imports)."""
+    tensorscope.open(path).close()
+    with audit():
         return tensorscope.open(path)
-    finally:
-        _armed["on"] = False
-        assert _armed["events"] == [], _armed["events"]
 
 
 def assert_mutants_fail_cleanly(open_source, paths, seed: int, per_file: int = 60) -> None:

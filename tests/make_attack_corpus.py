@@ -482,4 +482,97 @@ def build(out: Path) -> list[Case]:
     header += b" " * (-len(header) % 8)
     add("safetensors/lying_header.safetensors", struct.pack("<Q", len(header)) + header + bytes(16),
         "file.unparseable", "high", source="safetensors offsets out of range")
+
+    _issue14_sections(add, inner, torch)
     return cases
+
+
+# --- issue 14: the classes a wider corpus exposed ---------------------------------------------------
+def billion_laughs(levels: int = 60, memo: bool = False) -> bytes:
+    """A pickle of ~2^levels elements in a few hundred bytes: each level is a pair of the same
+    object (DUP, or BINPUT/BINGET through the memo), so a copy or repr materialises them all."""
+    body = b"N"
+    for i in range(levels):
+        if memo:
+            body += b"q" + bytes([i % 256]) + b"h" + bytes([i % 256]) + b"\x86"   # BINPUT i; BINGET i; TUPLE2
+        else:
+            body += b"2\x86"                                                    # DUP; TUPLE2
+    return b"\x80\x02" + body + b"."
+
+
+def _safetensors_with_metadata(meta: dict[str, str]) -> bytes:
+    import json
+    header = json.dumps({"__metadata__": meta, "w": {"dtype": "F32", "shape": [2],
+                                                     "data_offsets": [0, 8]}}).encode()
+    header += b" " * (-len(header) % 8)
+    return struct.pack("<Q", len(header)) + header + bytes(8)
+
+
+def _issue14_sections(add, inner: bytes, torch) -> None:
+    import base64
+    import pickle as _pickle
+
+    import numpy as np
+
+    # Class 1: payloads carried as data. Loading runs nothing; pickle.loads(obj[key]) in the
+    # consumer runs the payload (fickling "pickle in pickle" / modelscan nested-pickle notes).
+    src1 = "issue 14 class 1: a complete pickle stored as data (fickling/modelaudit nested payloads)"
+    add("carrier/bytes_value.pkl", _pickle.dumps({"blob": inner}, protocol=2),
+        "pickle.dangerous-global", trigger="os.system", source=src1)
+    add("carrier/bytes_value_flag.pkl", _pickle.dumps({"blob": inner}, protocol=4),
+        "data.embedded-pickle", "low", source=src1)
+    add("carrier/base64_value.pkl", _pickle.dumps({"blob": base64.b64encode(inner).decode()}, protocol=4),
+        "pickle.dangerous-global", trigger="os.system", source=src1)
+    add("carrier/hex_value.pkl", _pickle.dumps({"blob": inner.hex()}, protocol=2),
+        "pickle.dangerous-global", trigger="os.system", source=src1)
+    add("carrier/extra_state.pt", _torch_zip_bytes({"w": torch.zeros(2), "layer._extra_state": inner}),
+        "pickle.dangerous-global", trigger="os.system",
+        source=src1 + "; nn.Module get_extra_state() bytes saved in a state_dict")
+    add("carrier/metadata.safetensors",
+        _safetensors_with_metadata({"format": "pt", "config": base64.b64encode(inner).decode()}),
+        "pickle.dangerous-global", trigger="os.system",
+        source=src1 + "; safetensors __metadata__ is free text that consumers may decode")
+    # Class 2: a second stream after STOP, wherever it starts (fickling's "multiple pickles";
+    # picklescan reads only the first stream).
+    src2 = "issue 14 class 2: a stream after STOP behind a separator or padding (fickling issue #95)"
+    benign = _pickle.dumps({"ok": 1}, protocol=2)
+    for name, gap in (("newline", b"\n"), ("padding", b"\x00" * 100), ("junk", b"JUNK\xff\xfe\x01"),
+                      ("space", b" ")):
+        add(f"streams/after_stop_{name}.pkl", benign + gap + inner, "pickle.dangerous-global",
+            trigger="os.system", source=src2)
+    add("streams/after_stop_proto0.pkl", benign + b"\n" + payload("os", "system", 0, "global-reduce"),
+        "pickle.dangerous-global", trigger="os.system", source=src2)
+    # Class 3: reference bombs ("billion laughs" through DUP and the memo).
+    src3 = "issue 14 class 3: memo/DUP billion laughs (CPython bpo-31624 style, XML billion laughs)"
+    add("bombs/dup_2e60.pkl", billion_laughs(60), "pickle.reference-bomb", "high", source=src3)
+    add("bombs/memo_2e60.pkl", billion_laughs(60, memo=True), "pickle.reference-bomb", "high", source=src3)
+    # Class 4: what the real loader rejects is never clean.
+    src4 = "issue 14 class 4: input the real loader rejects"
+    buf = io.BytesIO()
+    np.save(buf, np.arange(64, dtype=np.float32))
+    add("rejects/truncated_by_5.npy", buf.getvalue()[:-5], "file.loader-rejects", "medium",
+        source=src4 + " (np.load: cannot reshape array)")
+    add("rejects/unhashable_key.pkl", b"\x80\x02}]Ns.", "pickle.loader-rejects", "medium",
+        source=src4 + " (CPython: TypeError: unhashable type: 'list')")
+    zbuf = io.BytesIO()
+    with zipfile.ZipFile(zbuf, "w", zipfile.ZIP_STORED) as z:
+        z.writestr("model.pkl", b"\x80\x04\x95" + bytes(range(7, 200)))
+    add("rejects/corrupt_pkl_member.zip", zbuf.getvalue(), "file.unparseable", "high",
+        source=src4 + " (the zip's one .pkl member is corrupt)")
+    # Class 6: terminal injection through names, globals, metadata keys and member names
+    # (CVE-2021-42574 "Trojan Source" bidi overrides; OSC/CSI escapes in output of CLI tools).
+    src6 = "issue 14 class 6: escape sequences and bidi controls in text from the file (CVE-2021-42574)"
+    evil_mod, evil_name = "os\x1b]0;pwned\x07", "sys\u202etem\x1b[2J"
+    add("terminal/global_escapes.pkl",
+        b"\x80\x04" + _stack_global(evil_mod, evil_name) + _unicode(CMD, 4) + b"\x85R.",
+        "pickle.unknown-call-string", "high", source=src6)
+    tz = io.BytesIO()
+    with zipfile.ZipFile(tz, "w", zipfile.ZIP_STORED) as z:
+        z.writestr("x\x1b[2J\u202e/data.pkl", inner)
+    add("terminal/member_escapes.zip", tz.getvalue(), "pickle.dangerous-global", trigger="os.system",
+        source=src6)
+    add("terminal/metadata_key_escapes.safetensors",
+        _safetensors_with_metadata({"k\x1b]0;t\x07\u202e": base64.b64encode(inner).decode()}),
+        "pickle.dangerous-global", trigger="os.system", source=src6)
+    add("terminal/name\x1b[31m\u202eevil.pkl", inner, "pickle.dangerous-global", trigger="os.system",
+        source=src6)

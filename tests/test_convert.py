@@ -9,7 +9,6 @@ import json
 import os
 import random
 import struct
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -26,6 +25,7 @@ from tensorscope.convert import UnsafeSource, Unconvertible, convert, parse_size
 from tensorscope.model import Chunk, ModelFile, TensorInfo
 
 from torch_oracle import FIXTURES, flatten
+from helpers import audit
 
 # dtypes safetensors cannot hold: the oracle side of "refused, naming them"
 UNSUPPORTED_TORCH = {torch.complex128, torch.complex32, torch.qint8, torch.quint8, torch.qint32,
@@ -546,19 +546,6 @@ def _malicious(tmp_path: Path) -> tuple[Path, dict[str, torch.Tensor], Path]:
     return src, weights, marker
 
 
-_FORBIDDEN = {"exec", "compile", "os.system", "os.exec", "os.posix_spawn", "os.spawn",
-              "subprocess.Popen", "socket.connect", "pty.spawn", "ctypes.dlopen", "os.fork"}
-_armed: dict = {"on": False, "events": []}
-
-
-def _hook(event, args):
-    if _armed["on"] and (event in _FORBIDDEN or (event == "import" and args[0] not in sys.modules)):
-        _armed["events"].append((event, repr(args)[:200]))
-
-
-sys.addaudithook(_hook)
-
-
 def test_malicious_source_is_refused_by_default(tmp_path, capsys):
     src, _, marker = _malicious(tmp_path)
     out = tmp_path / "out.safetensors"
@@ -578,12 +565,8 @@ def test_malicious_source_converts_without_executing_when_allowed(tmp_path):
     src, weights, marker = _malicious(tmp_path)
     out = tmp_path / "out.safetensors"
     convert(src, tmp_path / "warm.safetensors", allow_unsafe_source=True, verify=True)  # lazy imports
-    _armed.update(on=True, events=[])
-    try:
+    with audit():
         report = convert(src, out, allow_unsafe_source=True, verify=True)
-    finally:
-        _armed["on"] = False
-    assert _armed["events"] == []
     assert not marker.exists()
     assert report.allowed_unsafe and report.scan.unsafe
     _assert_same(load_file(str(out)), weights)

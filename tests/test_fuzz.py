@@ -21,7 +21,6 @@ CI runs a small derandomized profile (the whole file in well under 2 minutes on 
 """
 from __future__ import annotations
 
-import ast
 import json
 import os
 import random
@@ -42,6 +41,7 @@ from tensorscope import TensorscopeError
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "fuzz"))
 import fuzzlib  # noqa: E402
+from helpers import audit  # noqa: E402
 
 EXAMPLES = int(os.environ.get("TENSORSCOPE_FUZZ_EXAMPLES", "50"))
 DEADLINE_S = 2.0     # hypothesis deadline per input (the target)
@@ -57,29 +57,6 @@ FUZZ = settings.get_profile("tensorscope-fuzz")
 # The audit hook (same idea as tests/test_no_execution.py: hooks cannot be removed, so it is armed
 # only around an exercise; modules are warmed up before, so any import it sees is the input's).
 
-_FORBIDDEN = {"exec", "compile", "os.system", "os.exec", "os.posix_spawn", "os.spawn",
-              "subprocess.Popen", "socket.connect", "socket.bind", "pty.spawn", "ctypes.dlopen",
-              "os.fork", "os.forkpty", "webbrowser.open", "urllib.Request"}
-_AST_PARSE = ast.parse.__code__
-_armed: dict = {"on": False, "allowed": "", "events": []}
-
-
-def _hook(event, args):
-    if not _armed["on"]:
-        return
-    if event == "compile" and sys._getframe(1).f_code is _AST_PARSE:
-        return  # ast.parse makes a syntax tree, never a code object (the scanner reads TorchScript)
-    if event in _FORBIDDEN:
-        _armed["events"].append((event, repr(args)[:200]))
-    elif event == "import" and args[0] not in sys.modules:
-        _armed["events"].append((event, args[0]))
-    elif event == "open" and isinstance(args[0], (str, bytes, os.PathLike)):
-        real = os.path.realpath(os.fsdecode(args[0]))
-        if not real.startswith(_armed["allowed"]):
-            _armed["events"].append((event, real))
-
-
-sys.addaudithook(_hook)
 fuzzlib.warm()
 
 
@@ -94,7 +71,7 @@ def _alarm(signum, frame):
 def check(path: Path | None, *, target: str | None = None, data: bytes | None = None) -> str:
     """The exercise under the audit hook and the hard deadline; returns its outcome."""
     allowed = os.path.realpath(path.parent if path is not None else ROOT / "fuzz")
-    _armed.update(on=True, allowed=allowed, events=[])
+    armed = audit(allowed_dir=allowed, allow_ast_compile=True).__enter__()
     old = signal.signal(signal.SIGALRM, _alarm)
     signal.setitimer(signal.ITIMER_REAL, HARD_S)
     t0 = time.monotonic()
@@ -106,9 +83,8 @@ def check(path: Path | None, *, target: str | None = None, data: bytes | None = 
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, old)
-        _armed["on"] = False
+        armed.__exit__(None, None, None)   # asserts no forbidden event
     elapsed = time.monotonic() - t0
-    assert _armed["events"] == [], f"forbidden audit events: {_armed['events'][:5]}"
     assert outcome in ("ok", "ok+", "error")
     check.worst = max(getattr(check, "worst", 0.0), elapsed)
     return outcome

@@ -4,7 +4,6 @@
 """
 from __future__ import annotations
 
-import importlib.util
 import io
 import mmap
 import struct
@@ -23,7 +22,6 @@ from tensorscope.source import ByteSource
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures" / "formats"
 NPY_FILES = sorted(p.name for p in FIXTURES.glob("*.npy"))
-HAVE_VM = importlib.util.find_spec("tensorscope.parsers.pickle_vm") is not None
 
 
 def _open(path, **kw) -> tensorscope.ModelFile:
@@ -88,12 +86,9 @@ def test_zero_copy_and_read_only():
 def test_object_array_pickle_goes_to_evidence():
     model = _open(FIXTURES / "object.npy")
     t = model.tensors[0]
-    if HAVE_VM:
-        [rec] = model.evidence.pickles
-        assert (rec.role, rec.offset, rec.length) == ("npy.object", t.byte_offset, t.nbytes)
-        assert rec.member is None and rec.file == str(FIXTURES / "object.npy")
-    else:
-        assert [a.kind for a in model.evidence.anomalies] == ["npy.pickle_not_analysed"]
+    [rec] = model.evidence.pickles
+    assert (rec.role, rec.offset, rec.length) == ("npy.object", t.byte_offset, t.nbytes)
+    assert rec.member is None and rec.file == str(FIXTURES / "object.npy")
 
 
 @pytest.mark.parametrize("name", ["plain.npz", "compressed.npz"])
@@ -247,11 +242,8 @@ def test_npz_object_member(tmp_path):
         o = model.tensor("o")
         assert o.dtype == "object" and o.shape == (2,)
         assert model.read("f").tolist() == [1.0, 1.0]
-        if HAVE_VM:
-            [rec] = model.evidence.pickles
-            assert (rec.role, rec.member) == ("npy.object", "o.npy")
-        else:
-            assert "npy.pickle_not_analysed" in [a.kind for a in model.evidence.anomalies]
+        [rec] = model.evidence.pickles
+        assert (rec.role, rec.member) == ("npy.object", "o.npy")
 
 
 def test_malicious_object_array_is_recorded_not_run(tmp_path):
@@ -263,8 +255,6 @@ def test_malicious_object_array_is_recorded_not_run(tmp_path):
     model = _open(path)
     t = model.tensors[0]
     assert (t.dtype, t.byte_offset, t.nbytes) == ("object", 10 + len(header), len(payload) + 6)
-    if not HAVE_VM:
-        pytest.skip("pickle VM not available")
     [rec] = model.evidence.pickles
     assert rec.role == "npy.object" and rec.offset == t.byte_offset
     assert [g.dotted for g in rec.result.globals] == ["os.system"]

@@ -12,7 +12,6 @@ import io
 import pickle
 import pickletools
 import struct
-import sys
 import zipfile
 
 import pytest
@@ -25,6 +24,8 @@ from tensorscope.parsers.pickle_vm import (
     CONTAINER_HOOKS, NOTSET, BuildStates, Call, Extension, Global, Limits, OutOfBandBuffer,
     PersistentRef, PickleError, UnhashableKey, run,
 )
+
+from helpers import audit
 
 PROTOCOLS = range(pickle.HIGHEST_PROTOCOL + 1)
 CALL_OPS = {"REDUCE", "NEWOBJ", "NEWOBJ_EX", "INST", "OBJ", "BUILD"}
@@ -61,29 +62,9 @@ def ops(*parts) -> bytes:
 
 # --- audit hook: proves that nothing is imported or executed ------------------------------------
 
-_AUDIT_EVENTS: list[str] | None = None
-_FORBIDDEN = ("os.system", "import", "exec", "compile", "subprocess.", "os.exec", "os.spawn",
-              "os.posix_spawn", "pickle.find_class", "builtins.input", "open", "ctypes.")
-
-
-def _audit(event, args):
-    if _AUDIT_EVENTS is not None:
-        _AUDIT_EVENTS.append(event)
-
-
-sys.addaudithook(_audit)
-
-
 def run_audited(data: bytes, **kw):
-    global _AUDIT_EVENTS
-    _AUDIT_EVENTS = []
-    try:
-        result = run(data, **kw)
-    finally:
-        events, _AUDIT_EVENTS = _AUDIT_EVENTS, None
-    bad = [e for e in events if e.startswith(_FORBIDDEN)]
-    assert bad == [], f"the VM raised audit events {bad}"
-    return result
+    with audit(forbid_open=True):
+        return run(data, **kw)
 
 
 # --- round trips of stdlib pickles ---------------------------------------------------------------

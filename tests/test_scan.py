@@ -11,10 +11,11 @@ import pytest
 
 from tensorscope import policy
 from tensorscope.cli import main
-from tensorscope.scanner import Finding, ScanLimits, ScanReport, Severity, scan_paths
+from tensorscope.scan import Finding, ScanLimits, ScanReport, Severity, scan_paths
 
 sys.path.insert(0, str(Path(__file__).parent))
 import make_attack_corpus  # noqa: E402
+from helpers import audit  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 FIXTURES = sorted(p for p in (ROOT / "fixtures").rglob("*")
@@ -124,39 +125,14 @@ def test_whole_module_pickle_names_the_user_class():
 
 
 # --- nothing executes ----------------------------------------------------------------------------
-_AUDIT = {"active": False, "events": []}
-_FORBIDDEN_PREFIXES = ("os.system", "os.exec", "os.spawn", "os.posix_spawn", "os.fork",
-                       "subprocess.Popen", "socket.", "exec", "ctypes.", "webbrowser.open",
-                       "pty.spawn")
-
-
-def _audit_hook(event, args):
-    if not _AUDIT["active"]:
-        return
-    if event == "compile":  # not even ast.parse: code files are tokenized, npy headers hand-parsed
-        _AUDIT["events"].append((event, repr(args)[:200]))
-    elif event == "import":
-        if args[0] not in sys.modules:
-            _AUDIT["events"].append((event, args[0]))
-    elif event.startswith(_FORBIDDEN_PREFIXES):
-        _AUDIT["events"].append((event, repr(args)[:200]))
-
-
-sys.addaudithook(_audit_hook)  # cannot be removed: it only acts while _AUDIT["active"]
-
-
 def test_scanning_executes_and_imports_nothing(corpus):
     for case in corpus:        # warm-up: the scanner's own lazy imports happen here
         _scan_case(case)
-    _AUDIT["events"].clear()
-    _AUDIT["active"] = True
-    try:
+    # not even ast.parse: code files are tokenized, npy headers hand-parsed
+    with audit():
         for case in corpus:
             _scan_case(case)
         scan_paths(*FIXTURES)
-    finally:
-        _AUDIT["active"] = False
-    assert not _AUDIT["events"], _AUDIT["events"][:10]
 
 
 # --- policy ---------------------------------------------------------------------------------------
@@ -329,8 +305,8 @@ def test_cli_never_interprets_markup_from_files(tmp_path, capsys):
     p.write_bytes(make_attack_corpus.payload("os", "system", 2, "global-reduce", "[bold red]hi[/]"))
     assert main(["scan", str(p)]) == 1
     out = capsys.readouterr().out
-    assert "[bold red]" in out.replace("\n", "").replace("│", "").replace(" ", "") or \
-        "bold" in out
+    # the markup reaches the output as text (a table cell may fold it across lines)
+    assert "'[boldred]hi[/]'" in out.replace("\n", "").replace("│", "").replace(" ", "")
 
 
 def test_cli_help_has_example():
@@ -342,3 +318,74 @@ def test_pre_commit_hook():
     text = (ROOT / ".pre-commit-hooks.yaml").read_text()
     assert "id: tensorscope-scan" in text and "entry: tensorscope scan" in text
     assert "types: [file]" in text
+
+
+# --- issue 14 ------------------------------------------------------------------------------------------
+def test_hostile_text_never_reaches_the_terminal_raw(corpus, capsys):
+    from tensorscope import safetext
+    hostile = [c for c in corpus if c.name.startswith("terminal/")]
+    assert len(hostile) == 4
+    for case in hostile:
+        for extra in ([], ["--min-severity", "info"]):
+            code = main(["scan", str(case.path), *extra])
+            out, err = capsys.readouterr()
+            assert code == 1
+            assert safetext.is_clean(out) and safetext.is_clean(err), case.name
+            assert "\\x1b" in out or "\\u202e" in out, case.name   # shown, escaped
+    # the CLI's error path quotes the file name: escaped too
+    garbage = hostile[0].path.parent / "bad\x1b]0;t\x07\u202e.safetensors"
+    garbage.write_bytes(b"\x10\x00\x00\x00\x00\x00\x00\x00{not json at all")
+    for cmd in (["inspect", str(garbage)], ["scan", str(garbage) + "missing"]):
+        assert main(cmd) == 2
+        out, err = capsys.readouterr()
+        assert err and safetext.is_clean(err) and safetext.is_clean(out), (cmd, err)
+
+
+def test_empty_folder_is_an_error_not_a_pass(tmp_path, capsys):
+    assert main(["scan", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert "nothing to scan" in err and str(tmp_path) in err
+    (tmp_path / "README.md").write_text("# only a readme\n")
+    assert main(["scan", str(tmp_path)]) == 2
+    assert "no model file" in capsys.readouterr().err
+
+
+def test_trailing_stream_is_judged_wherever_it_starts(tmp_path):
+    import pickle
+    inner = make_attack_corpus.payload("os", "system", 2, "global-reduce")
+    for gap in (b"", b"\n", b"\x00" * 4096, b"junk"):
+        p = tmp_path / "x.pkl"
+        p.write_bytes(pickle.dumps([1, 2], protocol=2) + gap + inner)
+        f = next(f for f in scan_paths(p).findings if f.rule == "pickle.dangerous-global")
+        assert f.severity == Severity.CRITICAL and f.offset == len(pickle.dumps([1, 2], protocol=2)) + len(gap) + 2
+
+
+def test_reference_bomb_reports_its_size(tmp_path):
+    p = tmp_path / "b.pkl"
+    p.write_bytes(make_attack_corpus.billion_laughs(40))
+    f = next(f for f in scan_paths(p).findings if f.rule == "pickle.reference-bomb")
+    assert "2^40" in f.message
+    small = tmp_path / "s.pkl"
+    small.write_bytes(make_attack_corpus.billion_laughs(10))   # 2^11 elements: an ordinary value
+    assert scan_paths(small).exit_code() == 0
+
+
+def test_embedded_clean_pickle_is_only_a_note(tmp_path):
+    import pickle
+    p = tmp_path / "x.pkl"
+    p.write_bytes(pickle.dumps({"blob": pickle.dumps({"a": [1, 2, 3]}, protocol=4)}, protocol=4))
+    r = scan_paths(p)
+    assert [f.rule for f in r.findings] == ["data.embedded-pickle"] and r.severity == Severity.LOW
+
+
+def test_loader_rejections_are_never_clean(corpus):
+    import numpy as np
+    for case in (c for c in corpus if c.name.startswith("rejects/")):
+        assert scan_paths(case.path).exit_code() == 1, case.name
+    truncated = next(c for c in corpus if c.name == "rejects/truncated_by_5.npy")
+    with pytest.raises(ValueError):
+        np.load(truncated.path)              # the oracle: the real loader rejects it
+    unhashable = next(c for c in corpus if c.name == "rejects/unhashable_key.pkl")
+    with pytest.raises(TypeError):
+        import pickle
+        pickle.loads(unhashable.path.read_bytes())   # a plain dict keyed by a list: inert bytes

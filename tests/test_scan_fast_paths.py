@@ -8,8 +8,9 @@ import zipfile
 
 import pytest
 
-from tensorscope import policy, scanner
-from tensorscope.scanner import Severity, scan_paths
+from tensorscope import policy
+from tensorscope.scan import loader, pickles, walk
+from tensorscope.scan import Severity, scan_paths
 
 EVIL_P0 = b"cos\nsystem\n(S'echo pwned'\ntR."   # protocol 0: GLOBAL reads two lines
 
@@ -25,7 +26,7 @@ EVIL_P0 = b"cos\nsystem\n(S'echo pwned'\ntR."   # protocol 0: GLOBAL reads two l
     (b"\x93", False), (b"\x82\x01", False), (b"\x83", False), (b"\x84", False),  # STACK_GLOBAL, EXT*
 ])
 def test_cannot_import(data, cannot):
-    assert scanner._cannot_import(data) is cannot
+    assert loader._cannot_import(data) is cannot
 
 
 def _torch_like_zip(path, extra_name: str, extra: bytes):
@@ -76,14 +77,14 @@ def test_classify_memo_is_transparent_and_bounded(monkeypatch):
 
 
 def test_call_facts_memo_is_bounded(monkeypatch):
-    monkeypatch.setattr(scanner, "_FACTS", {})
-    assert scanner._call_facts("copy_reg", "_reconstructor")[0] is True
-    assert scanner._call_facts("_pickle", "loads")[1] is True
-    assert scanner._call_facts("torch._utils", "_rebuild_tensor_v2") == (
+    monkeypatch.setattr(pickles, "_FACTS", {})
+    assert pickles._call_facts("copy_reg", "_reconstructor")[0] is True
+    assert pickles._call_facts("_pickle", "loads")[1] is True
+    assert pickles._call_facts("torch._utils", "_rebuild_tensor_v2") == (
         False, False, "torch._utils._rebuild_tensor_v2")
     for i in range(5000):
-        scanner._call_facts("m", f"n{i}")
-    assert len(scanner._FACTS) <= 4096
+        pickles._call_facts("m", f"n{i}")
+    assert len(pickles._FACTS) <= 4096
 
 
 @pytest.mark.skipif(not hasattr(os, "symlink"), reason="needs symlinks")
@@ -95,7 +96,7 @@ def test_walk_real_paths_scan_each_file_once(tmp_path):
     _torch_like_zip(top / "sub" / "m.pt", "extra", EVIL_P0)
     os.symlink(top / "sub", top / "alias")          # a folder link inside the tree
     os.symlink(top / "sub" / "m.pt", top / "z.pt")  # a file link inside the tree
-    walked = list(scanner._walk(str(top), True, True, []))
+    walked = list(walk._walk(str(top), True, True, []))
     assert all(real == os.path.realpath(path) for path, real in walked)
     report = scan_paths(top)
     assert len(report.files) == 1

@@ -65,13 +65,44 @@ def test_state_dict_matches_jit_load(name):
         assert model.evidence.anomalies == []
 
 
+def _attribute_tensors(m) -> dict[str, torch.Tensor]:
+    """Tensor attributes of a loaded ScriptModule that are neither parameters nor buffers, with
+    tensors inside Dict/List attributes, named as dotted paths. TorchScript attributes are not
+    Python attributes: their names come from torch's own dump of each module's first
+    ``attributes {`` block."""
+    out = {}
+    for prefix, sm in m.named_modules():
+        own = {n for n, _ in sm.named_parameters(recurse=False)} | \
+            {n for n, _ in sm.named_buffers(recurse=False)}
+        lines = sm._c.dump_to_str(False, True, False).splitlines()
+        start = next(i for i, line in enumerate(lines) if line.strip() == "attributes {")
+        indent = len(lines[start]) - len(lines[start].lstrip()) + 2
+        names = [line.split(" = ", 1)[0].strip() for line in lines[start + 1:]
+                 if len(line) - len(line.lstrip()) == indent and " = " in line]
+        names = [n for n in names if n.isidentifier()]  # not "(2,.,.)" rows of a printed tensor
+        for a in names:
+            if a in own:
+                continue
+            v = sm._c.getattr(a)
+            items = v.items() if isinstance(v, dict) else enumerate(v) if isinstance(v, list) else \
+                [(None, v)]
+            for k, x in items:
+                if isinstance(x, torch.Tensor):
+                    out[".".join(str(p) for p in (prefix, a, k) if p not in ("", None))] = x
+    return out
+
+
 @pytest.mark.parametrize("name", SCRIPTS)
 def test_attribute_tensors_match_the_module(name):
     m = _jit(DIR / name)
+    expected = _attribute_tensors(m)
     with tensorscope.open(DIR / name) as model:
-        for info in model.tensors:
-            if info.role == "attribute":
-                _same(model, info, _resolve(m, info.path))
+        ours = {t.name: t for t in model.tensors if t.role == "attribute"}
+        assert sorted(ours) == sorted(expected)   # the same attributes, none missed, none invented
+        for info in ours.values():
+            _same(model, info, _resolve(m, info.path))
+    if name == "ts_scripted.pt":
+        assert expected  # the fixture made to hold attribute tensors holds them
 
 
 def test_attribute_roles_and_names():

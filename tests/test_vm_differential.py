@@ -630,8 +630,8 @@ def test_regressions(name, data):
     ("container hook with an int", REGRESSIONS[1][1], "pickle.dangerous-global"),
 ])
 def test_scanner_judges_gaps_critical(tmp_path, name, data, rule):
-    from tensorscope.scanner import Severity, scan_file
+    from tensorscope.scan import Severity, scan_file
     path = tmp_path / "x.pkl"
     path.write_bytes(data)
-    findings, _, _ = scan_file(str(path))
+    findings = scan_file(str(path)).findings
     assert any(f.rule == rule and f.severity == Severity.CRITICAL for f in findings), findings

@@ -124,8 +124,12 @@ class TensorscopeApp(App):
 
         reports = []
         try:
+            from tensorscope.scan import scan_opened
+            # the models already parsed for browsing are scanned without a second parse
+            opened = dict(zip(self.paths, self._opened))
             for p in self.paths:
-                reports.append((p, tensorscope.scan(p)))
+                m = opened.get(p)
+                reports.append((p, scan_opened(p, m) if m is not None else tensorscope.scan(p)))
         except ImportError as err:
             self.post_message(ScanFinished([], f"scanner not available ({err})"))
             return

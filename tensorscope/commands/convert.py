@@ -4,6 +4,7 @@ from __future__ import annotations
 import os
 import sys
 
+from ..remote import is_url, with_cost
 from ..render import emit_json, error_line, human_bytes, progress, stderr_console, stdout_console
 
 HELP = "convert a checkpoint (torch, ONNX, NumPy ...) to safetensors without executing it"
@@ -68,35 +69,32 @@ def add_arguments(p):
 
 def run(args) -> int:
     from ..convert import UnsafeSource, Unconvertible, convert, parse_size
-    from ..scanner import scan_paths
 
-    if not os.path.exists(args.input):
+    if not is_url(args.input) and not os.path.exists(args.input):
         return error_line("convert", f"{args.input}: no such file or directory")
     try:
         limit = parse_size(args.max_shard_size) if args.max_shard_size is not None else None
     except ValueError as e:
         return error_line("convert", f"--max-shard-size: {e}")
-    scan = scan_paths(args.input)
-    if not args.json:
-        _print_scan(scan)
     total = _planned_bytes(args) if sys.stderr.isatty() else 0  # only a progress bar needs it
     try:
         with progress(total, "convert") as advance:
             report = convert(args.input, args.output, max_shard_size=limit,
                              allow_unsafe_source=args.allow_unsafe_source, refuse_at=args.refuse_on,
                              verify=args.verify, force=args.force, include_all=args.include_all,
-                             skip_unsupported=args.skip_unsupported, scan_report=scan,
+                             skip_unsupported=args.skip_unsupported,
+                             on_scan=None if args.json else _print_scan,
                              progress=advance)
     except (UnsafeSource, Unconvertible) as e:
         if args.json:
-            emit_json(e.report.to_dict())
+            emit_json(with_cost(e.report.to_dict()))
         elif isinstance(e, Unconvertible):
             error_line("convert", str(e))
         else:
             _say(stderr_console(), f"tensorscope convert: {e}")
         return 1 if isinstance(e, UnsafeSource) else 2
     if args.json:
-        emit_json(report.to_dict())
+        emit_json(with_cost(report.to_dict()))
     else:
         _print_report(report)
     return 0
@@ -122,7 +120,7 @@ def _print_scan(scan) -> None:
     parts = ", ".join(f"{v} {k}" for k, v in sorted(counts.items(),
                                                       key=lambda kv: -SEVERITIES.index(kv[0])))
     _say(out, f"scan: {len(scan.findings)} finding(s) ({parts}); worst: {scan.severity}")
-    from ..scanner import Severity
+    from ..scan import Severity
     serious = [f for f in scan.findings if f.severity >= Severity.MEDIUM]
     for f in serious[:_SHOWN]:
         _say(out, f"  {f}")

@@ -5,6 +5,7 @@ import argparse
 from typing import TYPE_CHECKING
 
 from .. import open as open_model
+from ..remote import with_cost
 from ..render import emit_json, progress, stdout_console
 
 if TYPE_CHECKING:
@@ -78,7 +79,7 @@ def run(args) -> int:
     if args.json:
         doc = result.to_dict()
         doc["entries"] = [e.to_dict() for e in shown]
-        emit_json(doc)
+        emit_json(with_cost(doc))
     else:
         _print_human(result, shown, len(entries))
     return result.exit_code

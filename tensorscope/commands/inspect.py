@@ -8,6 +8,7 @@ from collections import OrderedDict
 
 from .. import open as open_model
 from ..errors import TensorscopeError
+from ..remote import with_cost
 from ..render import emit_json, human_bytes, human_count, progress, stdout_console
 
 HELP = "list the tensors of a model file (any format)"
@@ -76,7 +77,7 @@ def run(args) -> int:
         tensors = _selected(model, args.filter)
         stats = _compute_stats(model, tensors) if args.stats else {}
         if args.json:
-            emit_json(_as_json(model, tensors, stats, args.group))
+            emit_json(with_cost(_as_json(model, tensors, stats, args.group)))
         else:
             _print_human(model, tensors, stats, args)
     return 0

@@ -1,7 +1,9 @@
 """`tensorscope scan PATH...`: static safety scan of untrusted model files."""
 from __future__ import annotations
 
+from ..remote import is_url, with_cost
 from ..render import emit_json, error_line, stdout_console
+from ..safetext import shown
 
 HELP = "statically scan model files for code that loading would run (nothing is executed)"
 DESCRIPTION = """\
@@ -12,7 +14,11 @@ zip tricks that make readers disagree; misleading extensions; TorchScript code c
 torch; ONNX external data leaving the model's folder and custom-op domains. Nothing from the
 files is executed or imported. A file that cannot be parsed is never reported clean.
 
-Exit status: 0 no finding at or above --fail-on, 1 findings, 2 usage error (bad path).
+Every rule (id, severity, why) is listed by --list-rules; the JSON schema is in
+tensorscope/scan/report.py.
+
+Exit status: 0 no finding at or above --fail-on, 1 findings, 2 error (a path that does not
+exist, or nothing to scan: an empty folder, a folder without model files).
 
 Example:
   tensorscope scan model.pt
@@ -20,6 +26,11 @@ Example:
   tensorscope scan checkpoints/ --fail-on high
   tensorscope scan model.bin --json > report.json
   tensorscope scan . --sarif > scan.sarif
+  tensorscope scan --list-rules
+  tensorscope scan https://example.org/model.safetensors hf://org/name s3://bucket/model.pt
+  tensorscope scan registry/ --jobs 8 --jsonl report.jsonl
+  tensorscope scan registry/ --jobs 8 --jsonl report.jsonl --resume report.jsonl
+  tensorscope scan s3://bucket/models --dask tcp://scheduler:8786 --jsonl report.jsonl
 """
 
 SEVERITY_STYLES = {"info": "dim", "low": "cyan", "medium": "yellow", "high": "bold red",
@@ -27,7 +38,10 @@ SEVERITY_STYLES = {"info": "dim", "low": "cyan", "medium": "yellow", "high": "bo
 
 
 def add_arguments(p):
-    p.add_argument("paths", nargs="+", metavar="PATH", help="files or folders to scan")
+    p.add_argument("paths", nargs="*", metavar="PATH", help="files or folders to scan")
+    p.add_argument("--list-rules", action="store_true",
+                   help="print every rule (id, default severity, title) and exit; with --json, "
+                        "with the rationale and references")
     out = p.add_mutually_exclusive_group()
     out.add_argument("--json", action="store_true",
                      help="machine-readable report (schema: tensorscope.scan/1)")
@@ -40,19 +54,51 @@ def add_arguments(p):
                    help="hide findings below this severity in the table (default: low; "
                         "info lists every framework global seen)")
     p.add_argument("--no-recursive", action="store_true", help="do not descend into sub-folders")
+    fleet = p.add_argument_group("many files (tensorscope.scan.fleet)")
+    fleet.add_argument("--jobs", type=int, default=1, metavar="N",
+                       help="scan on N processes (default 1); verdicts as a sequential scan")
+    fleet.add_argument("--dask", metavar="ADDRESS",
+                       help="scan on the Dask cluster at ADDRESS ('local': start a LocalCluster; "
+                            "needs tensorscope[distributed])")
+    fleet.add_argument("--jsonl", metavar="FILE",
+                       help="write one JSON object per file as it finishes ('-': stdout, "
+                            "instead of the table)")
+    fleet.add_argument("--resume", metavar="REPORT.jsonl",
+                       help="skip files whose size and ETag/mtime equal their line in this "
+                            "report (give the same FILE to --jsonl to append to it)")
 
 
 def run(args) -> int:
     import os
 
-    from ..scanner import Severity, scan_paths
+    from ..scan import Severity, scan_paths
+    if args.list_rules:
+        return _list_rules(args.json)
+    if not args.paths:
+        return error_line("scan", "no PATH given (or use --list-rules)")
     for p in args.paths:
-        if not os.path.lexists(p):
+        if not is_url(p) and not os.path.lexists(p):
             return error_line("scan", f"{p}: no such file or directory")
-    report = scan_paths(*args.paths, recursive=not args.no_recursive)
+    if args.jobs < 1:
+        return error_line("scan", "--jobs must be at least 1")
+    if args.jobs > 1 or args.dask or args.jsonl or args.resume:
+        from ..scan.fleet import scan_fleet
+        report = scan_fleet(args.paths, recursive=not args.no_recursive, jobs=args.jobs,
+                            dask=args.dask, jsonl=args.jsonl, resume=args.resume)
+    else:
+        report = scan_paths(*args.paths, recursive=not args.no_recursive)
+    if not report.files:
+        # Nothing was scanned (an empty or mistyped folder): that must not pass a CI gate.
+        skipped = "" if not report.findings else \
+            f" ({len(report.findings)} walk finding{'s' if len(report.findings) != 1 else ''}: " \
+            + "; ".join(str(f) for f in report.findings[:3]) + ")"
+        return error_line("scan", f"nothing to scan in {', '.join(args.paths)}: no model file "
+                                  f"found{skipped}")
     fail_on = Severity.parse(args.fail_on)
-    if args.json:
-        emit_json(report.to_dict())
+    if args.jsonl == "-":
+        pass  # the JSON lines are the output
+    elif args.json:
+        emit_json(with_cost(report.to_dict()))
     elif args.sarif:
         emit_json(report.to_sarif())
     else:
@@ -60,25 +106,46 @@ def run(args) -> int:
     return report.exit_code(fail_on)
 
 
+def _list_rules(as_json: bool) -> int:
+    from rich.table import Table
+    from rich.text import Text
+
+    from ..scan.rules import RULES, listing
+    if as_json:
+        emit_json({"schema": "tensorscope.scan-rules/1", "rules": [
+            {"id": r.id, "severity": str(r.severity), "title": r.title, "rationale": r.rationale,
+             "references": list(r.references), "variants": {k: str(v) for k, v in r.variants.items()}}
+            for r in sorted(RULES.values(), key=lambda r: r.id)]})
+        return 0
+    table = Table(show_header=True, header_style="bold", box=None, pad_edge=False)
+    for col in ("rule", "severity", "title", "context"):
+        table.add_column(col, overflow="fold")
+    for rid, sev, title, var in listing():
+        table.add_row(Text(rid), Text(sev, style=SEVERITY_STYLES.get(sev, "")), Text(title), Text(var))
+    stdout_console().print(table)
+    return 0
+
+
 def _print_table(report, min_severity) -> None:
     from rich.table import Table
     from rich.text import Text
 
     console = stdout_console()
-    shown = [f for f in report.findings if f.severity >= min_severity]
-    if shown:
+    rows = [f for f in report.findings if f.severity >= min_severity]
+    if rows:
         table = Table(show_header=True, header_style="bold", expand=False, show_lines=False,
                       box=None, pad_edge=False)
         for col in ("severity", "rule", "where", "trigger", "reason"):
             table.add_column(col, overflow="fold")
-        for f in shown:
+        for f in rows:
             sev = str(f.severity)
-            where = f.file + (f":{f.member}" if f.member else "")
+            where = shown(f.file + (f":{f.member}" if f.member else ""))
             if f.offset is not None:
                 where += f" @{f.offset}" + ("" if f.offset_base == "file" else " (in member)")
             # Text objects: names and messages come from the file and are never read as markup.
+            # and control characters in them are shown escaped (safetext), never sent raw.
             table.add_row(Text(sev, style=SEVERITY_STYLES.get(sev, "")), Text(f.rule),
-                          Text(where), Text(f.trigger or ""), Text(f.message))
+                          Text(where), Text(shown(f.trigger or "")), Text(shown(f.message)))
         console.print(table)
     n = len(report.files)
     summary = Text()
@@ -94,7 +161,7 @@ def _print_table(report, min_severity) -> None:
         summary.append(" — review before loading", style="yellow")
     else:
         summary.append(" — nothing found that loading would run", style="green")
-    hidden = len(report.findings) - len(shown)
+    hidden = len(report.findings) - len(rows)
     if hidden:
         summary.append(f" ({hidden} below {min_severity} hidden)", style="dim")
     console.print(summary)

@@ -1,0 +1,208 @@
+"""Scanning fleets of files: one pure, picklable function per file, fanned out by engines we do
+not write (a process pool, a Dask cluster), with results streamed as JSON lines.
+
+`scan_record` is the unit of work: it takes a path (or URL) and plain arguments, reads the file,
+and returns a JSON-ready dict; it touches no shared state, so it maps onto any engine as is
+(``client.map(scan_record, paths)`` on Dask, ``ray.remote(scan_record)``, a Spark ``map``).
+`scan_fleet` plans the files exactly as `scan_paths` does (`walk.plan`: same walk, same
+de-duplication, ONNX models first), runs the records on ``jobs`` processes or a Dask cluster,
+writes each record as it finishes, and folds them into the same `ScanReport` (`report.merge`):
+the verdicts are those of a sequential scan.
+
+A JSON line: ``{"path", "size", "version" (ETag or content hash for a URL, else null),
+"mtime_ns" (local files), "scanned", "error", "severity" (worst, null when none), "findings"
+[...], "fetched" {"bytes", "requests", "objects"}, "seconds", "cpu_seconds"}``. ``--resume REPORT.jsonl`` skips a file whose
+size and version/mtime equal its last line there (later lines win), and keeps that line's
+findings in the report.
+"""
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from typing import Any, Callable, Iterable, Iterator
+
+from .. import remote
+from ..errors import TensorscopeError
+from .loader import DEFAULT_SCAN_LIMITS, ScanLimits, scan_file
+from .report import FileReport, Finding, ScanReport, merge, sort_findings
+from .walk import plan
+
+__all__ = ["identity", "scan_record", "scan_fleet", "load_resume", "file_report"]
+
+
+def identity(path: str) -> dict[str, Any]:
+    """``{"size", "version", "mtime_ns"}``: what says the file is still the one scanned.
+    A URL costs one small request (its ETag); a local file one stat."""
+    if remote.is_url(path):
+        try:
+            with remote.RemoteSource(path) as src:
+                return {"size": src.size, "version": src.version, "mtime_ns": None}
+        except (OSError, TensorscopeError):
+            return {"size": None, "version": None, "mtime_ns": None}
+    try:
+        st = os.stat(path)
+    except OSError:
+        return {"size": None, "version": None, "mtime_ns": None}
+    return {"size": st.st_size, "version": None, "mtime_ns": st.st_mtime_ns}
+
+
+def scan_record(path: str, explicit: bool = True, limits: ScanLimits | None = None,
+                ident: dict | None = None) -> dict[str, Any]:
+    """Scan one file; the JSON-ready record (see the module doc). Pure and picklable."""
+    start, cpu = time.perf_counter(), time.process_time()
+    before = remote.totals()
+    url = remote.is_url(path)
+    if ident is None and not url:
+        ident = identity(path)
+    r = scan_file(path, limits=limits or DEFAULT_SCAN_LIMITS, explicit=explicit)
+    if ident is None:  # a URL: the version the scan itself read, no extra request
+        got = remote.seen(path) or {"size": None, "version": None}
+        ident = {"size": got["size"], "version": got["version"], "mtime_ns": None}
+    after = remote.totals()
+    worst = r.severity
+    return {"path": path, **ident, "scanned": r.scanned, "error": r.error,
+            "severity": str(worst) if worst is not None else None,
+            "findings": [f.to_dict() for f in sort_findings(r.findings)],
+            "fetched": {k: after[k] - before[k] for k in ("bytes", "requests", "objects")},
+            "seconds": round(time.perf_counter() - start, 6),
+            "cpu_seconds": round(time.process_time() - cpu, 6)}
+
+
+def file_report(rec: dict[str, Any]) -> FileReport:
+    """The `FileReport` a record was made from."""
+    return FileReport(rec["path"], [Finding.from_dict(f) for f in rec.get("findings", ())],
+                      bool(rec.get("scanned")), bool(rec.get("error")))
+
+
+def load_resume(path: str) -> dict[str, dict[str, Any]]:
+    """``{path: last record}`` of a JSON-lines report (a missing file is an empty report; a
+    line cut short by an interrupted run is ignored)."""
+    out: dict[str, dict[str, Any]] = {}
+    try:
+        with open(path, encoding="utf-8") as f:
+            for line in f:
+                try:
+                    rec = json.loads(line)
+                except ValueError:
+                    continue
+                if isinstance(rec, dict) and isinstance(rec.get("path"), str):
+                    out[rec["path"]] = rec
+    except FileNotFoundError:
+        pass
+    return out
+
+
+def _unchanged(prev: dict[str, Any] | None, ident: dict[str, Any]) -> bool:
+    if prev is None or ident["size"] is None or prev.get("size") != ident["size"]:
+        return False
+    if ident["version"] is not None:
+        return prev.get("version") == ident["version"]
+    return ident["mtime_ns"] is not None and prev.get("mtime_ns") == ident["mtime_ns"]
+
+
+def _run_processes(items, jobs: int, limits) -> Iterator[dict[str, Any]]:
+    import multiprocessing
+    import threading
+    from concurrent.futures import ProcessPoolExecutor, as_completed
+    methods = multiprocessing.get_all_start_methods()
+    # fork starts workers with everything imported, and is safe while this process has no other
+    # thread; otherwise forkserver/spawn: a clean interpreter, not a copy of one whose threads
+    # (fetch pools, progress bars) may hold locks.
+    if "fork" in methods and threading.active_count() == 1:
+        method = "fork"
+    else:
+        method = "forkserver" if "forkserver" in methods else "spawn"
+    ctx = multiprocessing.get_context(method)
+    # Small batches: one task per file would spend as much on inter-process traffic as on
+    # scanning a small file; a few batches per worker still stream results as they finish.
+    batches = _batches(items, jobs)
+    with ProcessPoolExecutor(jobs, mp_context=ctx) as pool:
+        futures = [pool.submit(_scan_batch, batch, limits) for batch in batches]
+        for fut in as_completed(futures):
+            yield from fut.result()
+
+
+def _batches(items: list, workers: int) -> list[list]:
+    size = max(1, min(16, len(items) // (workers * 8)))
+    return [items[i:i + size] for i in range(0, len(items), size)]
+
+
+def _scan_batch(batch, limits) -> list[dict[str, Any]]:
+    return [scan_record(path, explicit, limits, ident) for path, explicit, ident in batch]
+
+
+def _run_dask(items, address: str, limits) -> Iterator[dict[str, Any]]:
+    try:
+        from distributed import Client, LocalCluster, as_completed
+    except ImportError:
+        raise TensorscopeError("--dask needs dask.distributed: pip install "
+                                      "'tensorscope[distributed]'") from None
+    cluster = None
+    if address == "local":
+        # one thread per worker: the scan is CPU-bound Python (the GIL), so processes scale
+        cluster = LocalCluster(n_workers=os.cpu_count() or 1, threads_per_worker=1,
+                               processes=True, dashboard_address=None)
+        client = Client(cluster)
+    else:
+        client = Client(address)
+    try:
+        workers = max(1, len(client.scheduler_info().get("workers", {})))
+        futures = client.map(_scan_batch, _batches(items, workers), limits=limits, pure=False)
+        for fut in as_completed(futures):
+            yield from fut.result()
+    finally:
+        client.close()
+        if cluster is not None:
+            cluster.close()
+
+
+def scan_fleet(paths: Iterable[str | os.PathLike], *, recursive: bool = True, jobs: int = 1,
+               dask: str | None = None, jsonl: str | None = None, resume: str | None = None,
+               limits: ScanLimits | None = None,
+               on_record: Callable[[dict[str, Any]], None] | None = None) -> ScanReport:
+    """Scan files and folders on ``jobs`` processes (or the Dask cluster at ``dask``, ``"local"``
+    for a LocalCluster), writing a JSON line per file to ``jsonl`` (``"-"``: stdout) as each
+    finishes; the `ScanReport` equals `scan_paths`' on the same input."""
+    order, walk_findings = plan(*paths, recursive=recursive)
+    previous = load_resume(resume) if resume else {}
+    done: dict[str, dict[str, Any]] = {}
+    items = []
+    for path, explicit in order:
+        ident = identity(path) if resume else None
+        if ident is not None and _unchanged(previous.get(path), ident):
+            done[path] = previous[path]
+        else:
+            items.append((path, explicit, ident))
+    out = None
+    if jsonl == "-":
+        out = sys.stdout
+    elif jsonl:
+        out = open(jsonl, "a" if jsonl == resume else "w", encoding="utf-8")
+    try:
+        if dask:
+            results = _run_dask(items, dask, limits)
+        elif jobs > 1 and len(items) > 1:
+            results = _run_processes(items, jobs, limits)
+        else:
+            results = (scan_record(p, e, limits, i) for p, e, i in items)
+        for rec in results:
+            done[rec["path"]] = rec
+            if out is not None:
+                out.write(json.dumps(rec) + "\n")  # ASCII: no raw bidi controls
+                out.flush()
+            if on_record is not None:
+                on_record(rec)
+    finally:
+        if out is not None and out is not sys.stdout:
+            out.close()
+    # as scan_paths merges: the walk's findings first, then each file in plan order
+    report = merge([FileReport(f.file, [f], False, f.rule == "file.unreadable")
+                    for f in walk_findings] + [file_report(done[path]) for path, _ in order])
+    ran = {p for p, _, _ in items}
+    if dask or (jobs > 1 and len(items) > 1):
+        # the workers' counters are not this process's: fold them in for --json and -v
+        remote.add_totals(*(sum((done[p].get("fetched") or {}).get(k, 0) for p in ran)
+                            for k in ("bytes", "requests", "objects")))
+    return report

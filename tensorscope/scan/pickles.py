@@ -1,0 +1,665 @@
+"""Pickle rules: every stream in a byte range read as its loader reads it, judged by the policy
+(`tensorscope.policy`), plus what the value tree says (embedded pickles carried as data, reference
+bombs, keys the real loader rejects)."""
+from __future__ import annotations
+
+import base64
+import binascii
+import re
+
+from .. import policy
+from . import loader
+from .report import Severity
+from .rules import severity_of
+
+# =================================================================================================
+# Pickle streams
+
+def _looks_like_pickle(r) -> bool:
+    return bool(r.stopped or r.globals or r.protocol is not None and r.opcodes > 2)
+
+
+def vm_run(ctx: "loader._Ctx", data, start: int, member: str | None, base: int, joblib: bool = True):
+    """One pickle as its loader reads it: joblib's array placeholders are followed by raw array
+    bytes that joblib.load reads (parsers/joblib_arrays.py); ``joblib=False`` reads as pickle.load."""
+    from ..parsers import joblib_arrays, pickle_vm
+    kwargs = {} if ctx.vm_limits is None else {"limits": ctx.vm_limits}
+    if joblib:
+        kwargs["build_hooks"] = joblib_arrays.build_hooks(data)
+    return pickle_vm.run(data, start=start, hooks=pickle_vm.CONTAINER_HOOKS, file=ctx.path,
+                         member=member, base_offset=base, **kwargs)
+
+
+def _check_joblib_bytes(ctx: "loader._Ctx", data, r, member: str | None, base: int,
+                        offset_base: str) -> None:
+    """A joblib file read by pickle.load instead: the inline array bytes become opcodes. Bytes
+    crafted to import something dangerous that way hide from a joblib-only reading, so that
+    reading is judged too (denied names only: real array bytes decode as junk, never as them)."""
+    from ..parsers import joblib_arrays
+    if not any((g.module, g.name) in joblib_arrays.ARRAY_WRAPPERS for g in r.globals):
+        return
+    seen = {g.pos for g in r.globals}
+    plain = vm_run(ctx, data, 0, member, base, joblib=False)
+    for g in plain.globals:
+        v = policy.classify(g.module, g.name)
+        if g.pos not in seen and v.category == policy.DENIED:
+            ctx.add("pickle.dangerous-global",
+                    f"read by pickle.load instead of joblib.load, the bytes after a joblib array "
+                    f"placeholder are opcodes that import {v.dotted}: {v.reason}", member,
+                    base + g.pos, v.dotted, offset_base)
+
+
+def scan_stream(ctx: "loader._Ctx", data, member: str | None, base: int, absolute: bool,
+                      depth: int, lenient: bool, keys: set | None = None,
+                      require_stop: bool = False) -> tuple[bool, bool]:
+    """Read pickles from ``data[0]`` as loaders do. Returns (is a pickle, fully understood).
+
+    ``lenient``: the content is expected to be a pickle (its name says so, or the user named it),
+    so a broken first pickle still counts as one.
+    """
+    offset_base = "file" if absolute else "member"
+    cached = ctx.reused.get((member, base))
+    r = cached if cached is not None else vm_run(ctx, data, 0, member, base)
+    if not _looks_like_pickle(r) or (require_stop and not r.stopped) or \
+            (not lenient and not (r.stopped or r.globals)):
+        if r.opcodes >= 1 and lenient and len(data) < (1 << 20) and r.error is not None and \
+                plausible_start(data):
+            # a pickle the VM cannot read at all: never clean
+            ctx.fail(f"pickle{(' ' + member) if member else ''}: {r.error.reason if hasattr(r.error, 'reason') else r.error}")
+            return True, False
+        if lenient and member and member.lower().endswith(_NAMED_PICKLE):
+            # the loader that reads this member by its name (pickle/joblib.load) would fail
+            ctx.fail(f"member {member} is named as a pickle but does not parse as one")
+            return True, False
+        return False, True
+    understood = True
+    _check_joblib_bytes(ctx, data, r, member, base, offset_base)
+    results = [(0, r)]
+    legacy = r.stopped and r.value == loader.LEGACY_MAGIC
+    pos = r.end
+    n = 1
+    if legacy:
+        # torch's legacy stream: magic, protocol, sys_info, main, storage keys, then raw data.
+        while n < 5 and r.stopped and pos < len(data):
+            r = vm_run(ctx, data, pos, member, base)
+            results.append((pos, r))
+            pos = r.end
+            n += 1
+    else:
+        while r.stopped and pos < len(data) and n < ctx.limits.max_streams:
+            nxt = vm_run(ctx, data, pos, member, base)
+            gap = 0
+            if not _looks_like_pickle(nxt):
+                hidden = _hidden_stream(ctx, data, pos, member, base)
+                if hidden is None:
+                    tail = len(data) - pos
+                    if bytes(data[pos:pos + 64]).strip(b"\x00 \n\r\t"):
+                        ctx.add("pickle.trailing-data",
+                                f"{tail} bytes follow the pickle's STOP (pickle.load ignores them; "
+                                "no pickle stream starts anywhere in them)", member, base + pos,
+                                None, offset_base)
+                    break
+                gap, (pos, nxt) = hidden[0] - pos, hidden
+            ctx.add("pickle.multiple-streams",
+                    f"another pickle starts after STOP at byte {base + pos}"
+                    + (f" (behind {gap} bytes of padding or separator)" if gap else "")
+                    + ": pickle.load reads only the first, torch.load's legacy path and other "
+                    "readers read on (scanned)", member, base + pos, None, offset_base)
+            results.append((pos, nxt))
+            r = nxt
+            pos = r.end
+            n += 1
+    for start, res in results:
+        ctx.judged.add((member, base + start))
+        if not judge_result(ctx, res, member, base, offset_base, depth, keys=keys,
+                             role="legacy" if legacy else "pickle"):
+            understood = False
+    return True, understood
+
+
+# Where a pickle can start: PROTO 2..5, or a protocol 0/1 GLOBAL line ("cmodule\nname\n").
+_STREAM_START = re.compile(rb"\x80[\x02-\x05]|c[A-Za-z_][\w.]{0,200}\n[A-Za-z_][\w.]{0,200}\n")
+_HIDDEN_SEARCH = 16 << 20   # bytes of a tail searched for a stream start
+_HIDDEN_TRIES = 64          # candidate starts run through the VM per tail
+
+
+def _hidden_stream(ctx: "loader._Ctx", data, pos: int, member, base: int):
+    """(start, result) of the first complete pickle that starts anywhere in ``data[pos:]`` (after
+    a separator byte, padding or junk) and imports something, or None."""
+    tail = bytes(data[pos:pos + _HIDDEN_SEARCH])
+    for i, m in enumerate(_STREAM_START.finditer(tail)):
+        if i >= _HIDDEN_TRIES:
+            break
+        r = vm_run(ctx, data, pos + m.start(), member, base)
+        if r.stopped and (r.globals or r.calls):
+            return pos + m.start(), r
+    return None
+
+
+_NAMED_PICKLE = (".pkl", ".pickle", ".joblib")
+
+
+def plausible_start(data) -> bool:
+    b = bytes(data[:2])
+    return b[:1] == b"\x80" or b[:1] in (b"(", b"c", b"}", b"]", b")", b"\x95")
+
+
+def judge_result(ctx: "loader._Ctx", r, member: str | None, base: int, offset_base: str, depth: int,
+                  keys: set | None = None, role: str = "pickle") -> bool:
+    """Findings for one VM result. Returns False when the pickle broke (partial results kept)."""
+    from ..parsers.pickle_vm import DYNAMIC, Call, Global, PersistentRef
+    out: list[tuple] = []
+
+    # how each global is used: calls keyed by the Global object's position
+    uses: dict[int, list] = {}
+    module_calls: set[int] = set()
+    # Calls of allowlisted plain callables (torch's rebuild functions, OrderedDict: one per tensor)
+    # need no judging: they are set aside once, by the identity of their Global.
+    plain: dict[int, bool] = {}
+    to_judge = []
+    for c in r.calls:
+        f = c.func
+        if type(f) is Global:
+            p = plain.get(id(f))
+            if p is None:
+                p = plain[id(f)] = _plain_callable(f.module, f.name)
+            if p and (p is _REBUILD or not _bytes_arg(c.args)):
+                continue
+        to_judge.append(c)
+    for c in to_judge:
+        if c.opcode in _CONTAINER_OPS:
+            continue
+        f = c.func
+        cls = _module_pid_class(f) if isinstance(f, PersistentRef) else None
+        if cls is not None:
+            # torch's legacy format saves a module class as the persistent id ('module', cls,
+            # source_file, source); persistent_load returns cls and the pickle instantiates it.
+            uses.setdefault(cls.pos, []).append(_Instantiate(c.pos))
+            module_calls.add(id(c))
+            continue
+        if isinstance(f, Global):
+            uses.setdefault(f.pos, []).append(c)
+            if _call_facts(f.module, f.name)[0]:
+                if c.args and isinstance(c.args[0], Global):
+                    uses.setdefault(c.args[0].pos, []).append(_Instantiate(c.pos))
+
+    # 1. globals
+    per_name: dict[str, list] = {}
+    for g in r.globals:
+        if DYNAMIC in (g.module, g.name):
+            out.append(("pickle.dynamic-global",
+                        f"imports {g.module}.{g.name}: a name computed while loading (only running "
+                        "the pickle would tell what it imports)", base + g.pos, None))
+            continue
+        v = policy.classify(g.module, g.name)
+        if v.category == policy.ALLOWED:
+            continue
+        calls = uses.get(g.pos, [])
+        at = base + g.pos
+        if v.category == policy.DENIED:
+            if calls and _is_loader(g.module, g.name):
+                continue  # reported once, as the second stage it starts
+            what = _usage_text(calls)
+            out.append(("pickle.dangerous-global",
+                        f"{'calls' if calls else 'imports'} {v.dotted}{what}: {v.reason}"
+                        + (f" (written as {g.module} {g.name})" if v.dotted != f"{g.module}.{g.name}" else ""),
+                        at, v.dotted))
+            continue
+        per_name.setdefault((v.category, v.dotted, v.reason), []).append((g, calls))
+    for (category, dotted, reason), occurrences in per_name.items():
+        g0 = occurrences[0][0]
+        at = base + g0.pos
+        times = f" ({len(occurrences)} times)" if len(occurrences) > 1 else ""
+        calls = [c for _, cs in occurrences for c in cs]
+        if category == policy.FRAMEWORK:
+            out.append(("pickle.framework-class",
+                        f"names {dotted}{times}: {reason}", at, dotted))
+            continue
+        string_call = next((c for c in calls if not isinstance(c, _Instantiate) and _has_string(c)), None)
+        if string_call is not None:
+            out.append(("pickle.unknown-call-string",
+                        f"calls {dotted} (outside the allowlist) with a string from the file"
+                        f"{_usage_text([string_call])}{times}", base + string_call.pos, dotted))
+        elif calls and all(isinstance(c, _Instantiate) or not c.args and not c.kwargs for c in calls):
+            out.append(("pickle.user-class",
+                        f"loading imports user code: {dotted} is instantiated{times} (a class "
+                        "outside torch and the allowlist)", at, dotted))
+        elif calls:
+            out.append(("pickle.unknown-call",
+                        f"calls {dotted} (outside the allowlist){_usage_text(calls[:1])}{times}",
+                        base + calls[0].pos, dotted))
+        elif _is_user_module(dotted):
+            out.append(("pickle.user-class",
+                        f"loading imports user code: module {dotted.rsplit('.', 1)[0]} is imported "
+                        f"for {dotted}{times} (its top-level code runs on import)", at, dotted))
+        else:
+            out.append(("pickle.unknown-import",
+                        f"imports {dotted} (outside the allowlist) without calling it{times}",
+                        at, dotted))
+
+    for at, what in r.reader_disagreements:
+        out.append(("pickle.reader-disagreement",
+                    f"CPython's readers disagree on these bytes ({what}): opcodes can hide from "
+                    "this scan's reading", base + at, None))
+
+    # 2. calls of things that are not globals; second stages
+    for c in to_judge:
+        f = c.func
+        if c.opcode in _CONTAINER_OPS or id(c) in module_calls:
+            continue
+        if isinstance(f, Call):
+            inner = f.func.dotted if isinstance(f.func, Global) else type(f.func).__name__
+            out.append(("pickle.indirect-call",
+                        f"calls the result of another call ({inner}(...)(...)): a gadget chain",
+                        base + c.pos, inner))
+        elif not isinstance(f, Global):
+            out.append(("pickle.indirect-call",
+                        f"calls a {type(f).__name__} object pushed by the pickle itself", base + c.pos,
+                        None))
+        if isinstance(f, Global):
+            _, loader, dotted = _call_facts(f.module, f.name)
+            if loader:
+                payloads = [p for p in (_unwrap_bytes(a) for a in c.args) if p]
+                findings_before, failures_before = len(ctx.findings), len(ctx.failures)
+                for p in payloads:
+                    scan_second_stage(ctx, p, member, c.pos, depth)
+                inner_clean = bool(payloads) and len(ctx.failures) == failures_before and all(
+                    x.severity <= Severity.INFO for x in ctx.findings[findings_before:])
+                if dotted == "torch.storage._load_from_bytes" and inner_clean:
+                    # What torch itself writes for pickle.dumps(tensor) (Storage.__reduce__): the
+                    # nested torch.load runs a checkpoint we scanned completely and found clean.
+                    out.append(("pickle.torch-storage-bytes",
+                                f"torch's own tensor pickling: hands a {len(payloads[0])}-byte legacy "
+                                f"checkpoint to {dotted} (torch.load without weights_only); that "
+                                "checkpoint was scanned and is clean", base + c.pos, dotted))
+                    continue
+                out.append(("pickle.second-stage",
+                            f"hands {'a ' + str(len(payloads[0])) + '-byte payload' if payloads else 'data'} "
+                            f"to {dotted}: a second stage"
+                            + (" (scanned too)" if payloads else ""), base + c.pos, dotted))
+                continue
+        for a in c.args if isinstance(c.args, tuple) else ():
+            if isinstance(a, (bytes, bytearray)) and len(a) >= 8 and a[:1] == b"\x80" and a[1:2] and a[1] <= 5:
+                scan_second_stage(ctx, bytes(a), member, c.pos, depth)
+
+    # 3. persistent ids (torch storages) -> keys of records (data/K, constants/K,
+    # traced_inputs/K) that torch reads as raw bytes
+    if keys is not None:
+        keys.update(str(pid[2]) for pid, _pos in r.persistent_ids
+                    if type(pid) is tuple and len(pid) >= 3 and pid[0] == "storage")
+
+    # 4. a broken pickle: what ran before the break counts
+    ok = True
+    if r.error is not None:
+        ok = False
+        err = r.error
+        reason = getattr(err, "reason", str(err))
+        at = getattr(err, "offset", None)
+        out.append(("pickle.parse-error",
+                    f"the pickle breaks ({reason}); a loader runs every opcode before the break, "
+                    f"so the {len(r.globals)} globals and {len(r.calls)} calls before it are reported",
+                    at if at is not None else base + r.end, None))
+    elif not r.stopped:
+        ok = False
+        out.append(("pickle.parse-error", "the pickle ends without STOP",
+                    base + r.end, None))
+
+    if r.value is not None:
+        out.extend(_value_findings(ctx, r.value, member, depth))
+    cap = ctx.limits.max_findings_per_pickle
+    listed: dict[str, int] = {}
+    for rule, msg, at, trig in out:
+        n = listed[rule] = listed.get(rule, 0) + 1
+        if n <= cap:
+            ctx.add(rule, msg, member, at, trig, offset_base)
+    for rule, n in listed.items():
+        if n > cap:
+            ctx.add("pickle.findings-capped", f"{n - cap} more {rule} findings in this pickle "
+                    "(not listed)", member, None, None, offset_base, variant=str(severity_of(rule)))
+    return ok
+
+
+_REBUILD = "rebuild"  # a truthy marker: torch's rebuild functions and OrderedDict, one per tensor
+
+
+def _plain_callable(module, name):
+    """An allowlisted global that neither constructs by its argument nor loads bytes: False, True,
+    or `_REBUILD` for the per-tensor callables whose arguments are storage references, integers,
+    shape tuples and dicts (never raw bytes; the torch parser checks them)."""
+    transparent, loader, _ = _call_facts(module, name)
+    if transparent or loader or policy.classify(module, name).category != policy.ALLOWED:
+        return False
+    return _REBUILD if module == "torch._utils" or (module, name) == ("collections", "OrderedDict") \
+        else True
+
+
+def _bytes_arg(args) -> bool:
+    """Whether a call's arguments hold bytes that could be an inline pickle (scanned in step 2)."""
+    if type(args) is not tuple:
+        return False
+    for a in args:
+        if type(a) is bytes or type(a) is bytearray:
+            return True
+    return False
+
+
+def _is_loader(module: str, name: str) -> bool:
+    return _call_facts(module, name)[1]
+
+
+# Opcodes recorded as calls that only fill containers (no callable runs).
+_CONTAINER_OPS = frozenset({"BUILD", "APPEND", "APPENDS", "SETITEM", "SETITEMS", "ADDITEMS"})
+_COPYREG_CONSTRUCTORS = (("copyreg", "_reconstructor"), ("copyreg", "__newobj__"),
+                         ("copyreg", "__newobj_ex__"))
+_FACTS: dict[tuple, tuple[bool, bool, str]] = {}
+
+
+def _call_facts(module, name) -> tuple[bool, bool, str]:
+    """(transparent constructor, loader, normalised dotted name) of a called global; memoised,
+    since a checkpoint calls the same few rebuild functions thousands of times."""
+    key = (module, name)
+    try:
+        hit = _FACTS.get(key)
+    except TypeError:  # an unhashable name (never from our VM; be safe)
+        hit, key = None, None
+    if hit is not None:
+        return hit
+    norm = policy.normalize(module, name)
+    dotted = ".".join(norm)
+    transparent = f"{module}.{name}" in policy.TRANSPARENT_CONSTRUCTORS or \
+        norm in _COPYREG_CONSTRUCTORS
+    loader = dotted in policy.LOADER_CALLS or f"{module}.{name}" in policy.LOADER_CALLS or \
+        dotted.replace("_pickle.", "pickle.", 1) in policy.LOADER_CALLS
+    hit = (transparent, loader, dotted)
+    if key is not None:
+        if len(_FACTS) >= 4096:  # hostile pickles name many globals: keep the memo bounded
+            _FACTS.clear()
+        _FACTS[key] = hit
+    return hit
+
+
+def _module_pid_class(f):
+    from ..parsers.pickle_vm import Global, PersistentRef
+    if isinstance(f, PersistentRef) and isinstance(f.pid, tuple) and len(f.pid) >= 2 and \
+            f.pid[0] in ("module", b"module") and isinstance(f.pid[1], Global):
+        return f.pid[1]
+    return None
+
+
+class _Instantiate:
+    """A use of a class through copyreg._reconstructor / __newobj__ (an instantiation)."""
+
+    __slots__ = ("pos",)
+    args = ()
+    kwargs = None
+
+    def __init__(self, pos: int):
+        self.pos = pos
+
+
+# Top-level packages whose import runs only library code (a LOW finding when merely imported).
+_KNOWN_PACKAGES = frozenset({"torch", "numpy", "scipy", "pandas", "sklearn", "transformers",
+                             "safetensors", "onnx", "ml_dtypes", "collections", "typing"})
+
+
+def _is_user_module(dotted: str) -> bool:
+    import sys
+    root = dotted.split(".", 1)[0]
+    return root not in sys.stdlib_module_names and root not in _KNOWN_PACKAGES and \
+        root not in ("builtins", "__builtin__", "copy_reg")
+
+
+def _has_string(c) -> bool:
+    def walk(v, depth=0):
+        if depth > 4:
+            return False
+        if isinstance(v, str):
+            return True
+        if isinstance(v, (tuple, list)):
+            return any(walk(x, depth + 1) for x in v[:64])
+        return False
+    return walk(c.args) or bool(c.kwargs and walk(tuple(c.kwargs.values())))
+
+
+def _usage_text(calls) -> str:
+    for c in calls:
+        if isinstance(c, _Instantiate):
+            return " (instantiated)"
+        parts = []
+        for a in (c.args if isinstance(c.args, tuple) else ())[:3]:
+            parts.append(short_repr(a))
+        return f"({', '.join(parts)}{', ...' if len(c.args) > 3 else ''})"
+    return ""
+
+
+def short_repr(v) -> str:
+    if isinstance(v, (str, bytes, int, float, bool)) or v is None:
+        s = repr(v)
+    else:
+        s = type(v).__name__ if not hasattr(v, "dotted") else v.dotted
+        if type(v).__name__ == "Call":
+            f = v.func
+            s = f"{getattr(f, 'dotted', type(f).__name__)}(...)"
+    return s if len(s) <= 60 else s[:57] + "..."
+
+
+def _unwrap_bytes(v, depth: int = 0) -> bytes | None:
+    """The bytes a loader would read from an argument: plain bytes, or bytes behind wrappers
+    (``io.BytesIO(...)``, ``_codecs.encode(s, 'latin1')``, ``base64.b64decode(...)``)."""
+    from ..parsers.pickle_vm import Call, Global
+    if depth > 6:
+        return None
+    if isinstance(v, (bytes, bytearray, memoryview)):
+        return bytes(v)
+    if isinstance(v, str):
+        return v.encode("latin-1", "replace")
+    if isinstance(v, Call) and isinstance(v.func, Global) and v.args:
+        dotted = ".".join(policy.normalize(v.func.module, v.func.name))
+        inner = _unwrap_bytes(v.args[0], depth + 1)
+        if inner is None:
+            return None
+        try:
+            if "b64decode" in dotted or "decodebytes" in dotted or "a2b_base64" in dotted:
+                return base64.b64decode(inner, validate=False)
+            if "b85decode" in dotted:
+                return base64.b85decode(inner)
+            if "a85decode" in dotted:
+                return base64.a85decode(inner)
+            if "b32decode" in dotted:
+                return base64.b32decode(inner)
+            if "unhexlify" in dotted or "a2b_hex" in dotted:
+                return binascii.unhexlify(inner)
+            if dotted in ("zlib.decompress", "gzip.decompress", "bz2.decompress", "lzma.decompress"):
+                kind = {"lzma": "xz", "gzip": "gzip"}.get(dotted.split(".")[0], dotted.split(".")[0])
+                return loader.decompress(inner, kind, 64 << 20)
+            if dotted in ("codecs.decode",) and len(v.args) > 1 and "base64" in str(v.args[1]):
+                return base64.b64decode(inner, validate=False)
+        except (ValueError, binascii.Error, loader.FormatError):
+            return None
+        return inner
+    return None
+
+
+def scan_second_stage(ctx: "loader._Ctx", payload: bytes, member: str | None, pos: int, depth: int) -> None:
+    if depth + 1 > ctx.limits.max_depth:
+        ctx.add("file.unparseable", "second stages nest deeper than the scan limit",
+                member, pos, base="member")
+        return
+    name = loader.join(member, f"<second stage at byte {pos}>")
+    loader.scan_blob(ctx, memoryview(payload), name, 0, False, depth + 1, strict=False)
+
+
+
+
+# =================================================================================================
+# What the value tree says: embedded pickles, reference bombs, keys the real loader rejects
+
+_BOMB_ELEMENTS = 10 ** 8      # materialised elements past which shared references are a bomb
+_WALK_NODES = 32_768          # distinct containers visited per pickle (bounded work and memory)
+_CANDIDATES = 64              # embedded payloads tried per pickle
+_B64 = re.compile(rb"[A-Za-z0-9+/]{16,}={0,2}\s*")
+_HEX = re.compile(rb"(?:[0-9a-fA-F]{2}){8,}")
+
+
+def _value_findings(ctx: "loader._Ctx", value, member, depth: int) -> list[tuple]:
+    """Findings from the inert value a pickle returns (see the rules pickle.reference-bomb,
+    pickle.loader-rejects, data.embedded-pickle)."""
+    size, distinct, unhashable, candidates = _walk_value(value)
+    out: list[tuple] = []
+    if size >= _BOMB_ELEMENTS:
+        out.append(("pickle.reference-bomb",
+                    f"shared references expand to {_approx(size)} elements from {distinct} distinct "
+                    "containers: copying, printing or re-pickling the loaded object materialises "
+                    "them all", None, None))
+    if unhashable:
+        out.append(("pickle.loader-rejects",
+                    f"a dict key or set item is an unhashable {unhashable}: CPython's unpickler "
+                    "raises TypeError there", None, None))
+    for where, payload in candidates:
+        out.extend(embedded_payload(ctx, payload, member, where, depth))
+    return out
+
+
+def embedded_payload(ctx: "loader._Ctx", blob, member, where: str, depth: int) -> list[tuple]:
+    """A bytes/text value that may hold a pickle (raw, base64, hex): when it decodes to a complete
+    pickle, one data.embedded-pickle finding, and the payload is scanned like a second stage."""
+    if len(blob) > ctx.limits.max_decompressed:
+        return []   # larger than any payload the scan would decompress: raw data, not read twice
+    raw = blob.encode("latin-1", "replace") if isinstance(blob, str) else bytes(blob)
+    for how, payload in _decodings(raw):
+        if not _looks_pickled(payload):
+            continue
+        r = vm_run(ctx, payload, 0, member, 0)
+        if not (r.stopped and r.opcodes > 1):
+            continue
+        if depth + 1 > ctx.limits.max_depth:
+            return [("file.unparseable", "embedded pickles nest deeper than the scan limit", None, None)]
+        name = loader.join(member, f"<embedded pickle in {where}>")
+        loader.scan_blob(ctx, memoryview(payload), name, 0, False, depth + 1, strict=False)
+        return [("data.embedded-pickle",
+                  f"{where} holds a complete {len(payload)}-byte pickle ({how}): loading this file "
+                  "does not run it, a consumer that unpickles the value does (scanned, findings "
+                  "under the member " + name + ")", None, None)]
+    return []
+
+
+def _decodings(raw: bytes):
+    yield "raw bytes", raw
+    stripped = raw.strip()
+    if _HEX.fullmatch(stripped):
+        try:
+            yield "hex text", binascii.unhexlify(stripped)
+        except (binascii.Error, ValueError):
+            pass
+    elif _B64.fullmatch(stripped) or _B64.fullmatch(stripped.replace(b"\n", b"")):
+        try:
+            yield "base64 text", base64.b64decode(stripped, validate=False)
+        except (binascii.Error, ValueError):
+            pass
+
+
+def _looks_pickled(b: bytes) -> bool:
+    """A pickle's first and last opcodes: PROTO 2..5 (or a protocol 0/1 opener) and STOP."""
+    if len(b) < 4 or b[-1:] != b".":
+        return False
+    return (b[0] == 0x80 and 2 <= b[1] <= 5) or b[:1] in (b"c", b"(", b"}", b"]", b"\x8c", b"X")
+
+
+def _approx(n: int) -> str:
+    return f"{n:,}" if n < 10 ** 12 else f"about 2^{n.bit_length() - 1}"
+
+
+def _walk_value(root):
+    """(materialised element count, distinct containers, type of an unhashable key or None,
+    [(where, bytes-or-str payload candidate)]).
+
+    Shared containers are counted once per reference (what a copy or repr builds), computed over
+    the DAG with a memo, so the walk itself costs one visit per distinct container; objects the
+    parsers made (tensor references) and atoms are leaves. Calls to torch's rebuild functions are
+    leaves too: their arguments are storage references, integers and shape tuples that the torch
+    parser checks. Only values are payload candidates, never dict keys (tensor names)."""
+    from ..parsers.pickle_vm import BuildStates, Call, Global, UnhashableKey
+    containers = (dict, list, tuple, set, frozenset, Call, UnhashableKey)
+    sizes: dict[int, int] = {}
+    unhashable = None
+    candidates: list[tuple[str, object]] = []
+    visited = 0
+    on_path: set[int] = set()
+    stack: list = [(root, None, 0)]
+
+    def value(v, where, kids):
+        """Classify one child in value position: 1 if a leaf, 0 if pushed as a container.
+        ``where`` is a label, or a 1-tuple holding the dict key the value sits under."""
+        t = type(v)
+        if t is str or t is bytes or t is bytearray:
+            if len(v) >= 16 and len(candidates) < _CANDIDATES:
+                if type(where) is tuple:
+                    where = f"the value of key {short_repr(where[0])}"
+                candidates.append((where, v))
+            return 1
+        if isinstance(v, containers):
+            kids.append(v)
+            return 0
+        return 1
+
+    while stack:
+        node, kids, atoms = stack.pop()
+        if kids is not None:   # post-visit: every child's size is known
+            total = 1 + atoms
+            for k in kids:
+                total += sizes.get(id(k), 1)
+            sizes[id(node)] = total
+            on_path.discard(id(node))
+            continue
+        key = id(node)
+        if key in sizes or key in on_path or not isinstance(node, containers):
+            continue
+        visited += 1
+        if visited > _WALK_NODES:
+            break
+        kids = []
+        atoms = 0
+        t = type(node)
+        if t is dict or isinstance(node, dict):
+            for k, v in node.items():
+                if type(k) is UnhashableKey:
+                    unhashable = unhashable or type(k.value).__name__
+                    kids.append(k)
+                elif type(k) is tuple:
+                    kids.append(k)
+                else:
+                    atoms += 1
+                atoms += value(v, (k,), kids)
+        elif t is UnhashableKey:
+            atoms += value(node.value, "a dict key", kids)
+        elif t is Call:
+            f = node.func
+            if isinstance(f, Global) and f.module == "torch._utils":
+                sizes[key] = 1
+                continue
+            where = f"an argument of {getattr(f, 'dotted', type(f).__name__)}"
+            for v in node.args if isinstance(node.args, tuple) else ():
+                atoms += value(v, where, kids)
+            for v in (node.kwargs or {}).values():
+                atoms += value(v, where, kids)
+            if isinstance(node.state, (dict, list, tuple, BuildStates)):
+                kids.append(node.state)
+            for v in node.items:
+                atoms += value(v, "a list item", kids)
+            for k, v in node.dictitems:
+                if type(k) is UnhashableKey:
+                    unhashable = unhashable or type(k.value).__name__
+                atoms += 1
+                atoms += value(v, (k,), kids)
+            for v in node.setitems:
+                atoms += value(v, "a set item", kids)
+        else:  # list, tuple, set, frozenset, BuildStates
+            for v in node:
+                if type(v) is UnhashableKey:
+                    unhashable = unhashable or type(v.value).__name__
+                atoms += value(v, "a list item", kids)
+        on_path.add(key)
+        stack.append((node, kids, atoms))
+        for k in reversed(kids):
+            stack.append((k, None, 0))
+    return sizes.get(id(root), 1), visited, unhashable, candidates

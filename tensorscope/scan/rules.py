@@ -1,0 +1,266 @@
+"""The rule registry: every finding the scanner can report, declared once.
+
+Each `Rule` has a stable id, a default severity, a one-line title, a rationale (why that severity)
+and references (the public advisory or loader source it follows). A rule whose severity depends on
+context declares each case as a named variant here; judge functions name the rule (and variant),
+never a severity. Every anomaly kind a parser can emit (``model.evidence.anomalies``) is declared in
+`ANOMALIES` (kind -> rule); ``tests/test_scan_rules.py`` fails on an undeclared one.
+
+``tensorscope scan --list-rules`` prints this table; SARIF output carries it as
+``tool.driver.rules`` (``fullDescription``, ``help``).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from .report import Severity
+
+__all__ = ["Rule", "RULES", "ANOMALIES", "severity_of", "anomaly_rule"]
+
+C, H, M, L, I = Severity.CRITICAL, Severity.HIGH, Severity.MEDIUM, Severity.LOW, Severity.INFO
+
+_PICKLESCAN = "https://github.com/mmaitre314/picklescan/security/advisories"
+_WEIGHTS_ONLY = "https://github.com/pytorch/pytorch/blob/main/torch/_weights_only_unpickler.py"
+_PICKLE = "https://docs.python.org/3/library/pickle.html"
+_FICKLING = "https://github.com/trailofbits/fickling"
+
+
+@dataclass(frozen=True)
+class Rule:
+    id: str
+    severity: Severity
+    title: str
+    rationale: str
+    references: tuple[str, ...] = ()
+    variants: dict[str, Severity] = field(default_factory=dict)  # context -> severity
+
+
+RULES: dict[str, Rule] = {}
+
+
+def _rule(id: str, severity: Severity, title: str, rationale: str, *references: str,
+          **variants: Severity) -> None:
+    assert id not in RULES, id
+    RULES[id] = Rule(id, severity, title, rationale, tuple(references), variants)
+
+
+# --- pickles ---------------------------------------------------------------------------------------
+_rule("pickle.dangerous-global", C, "The pickle imports a callable that can run code",
+      "A denylisted callable or module (os.system, eval, subprocess, pickle.loads, getattr ...): "
+      "loading imports it and usually calls it, so loading runs the attacker's code.",
+      _PICKLE, _PICKLESCAN)
+_rule("pickle.dynamic-global", C, "A STACK_GLOBAL imports a name computed while loading",
+      "What it imports (a call's result, a global such as os.name) cannot be known without running "
+      "the pickle, so it is judged as the worst it could be.", _FICKLING)
+_rule("pickle.reader-disagreement", C, "CPython's own readers read these bytes differently",
+      "An opcode across a FRAME end: pickle.loads reads on, torch.load's io.BytesIO reads from after "
+      "the frame. Opcodes can hide from any one reading, and no writer produces this.", _PICKLE)
+_rule("pickle.second-stage", C, "The pickle hands bytes to a deserializer",
+      "pickle.loads, torch.load, numpy.load, marshal.loads... called at load time run a second "
+      "payload; it is scanned recursively, and the hand-over alone is code execution.", _PICKLESCAN)
+_rule("pickle.torch-storage-bytes", L, "torch's own pickling of a tensor (pickle.dumps(tensor))",
+      "Storage.__reduce__ writes torch.storage._load_from_bytes(bytes): a nested torch.load of a "
+      "checkpoint that was scanned completely and found clean. LOW: it still needs "
+      "weights_only=False.")
+_rule("pickle.unknown-call-string", H, "A call of a global outside the allowlist with a string",
+      "Strings from the file handed to an unknown callable are how commands and paths reach code; "
+      "not proven dangerous, so HIGH rather than CRITICAL.")
+_rule("pickle.indirect-call", H, "The pickle calls the result of another call",
+      "getattr chains and methodcaller gadgets call something no name in the file names.",
+      _PICKLESCAN)
+_rule("pickle.parse-error", H, "The pickle is broken",
+      "Loaders run every opcode before the break, so what precedes it counts, and what follows it "
+      "was not read: never reported clean.")
+_rule("pickle.user-class", M, "Loading instantiates or imports user code",
+      "A class outside torch and the allowlist (whole-module pickles, sklearn estimators): importing "
+      "its module runs that module's top-level code.")
+_rule("pickle.unknown-call", M, "The pickle calls a global outside the allowlist",
+      "Not known to be dangerous and not known to be safe: review before loading.", _WEIGHTS_ONLY)
+_rule("pickle.multiple-streams", M, "Another pickle follows STOP",
+      "pickle.load reads only the first stream; torch's legacy reader and other consumers read on. "
+      "Each stream found after STOP, wherever it starts, is also judged on its own.", _FICKLING)
+_rule("pickle.unknown-import", L, "The pickle imports a global outside the allowlist without calling it",
+      "An import runs the module's top-level code only for user modules (reported as user-class); "
+      "a library name merely imported is a note.")
+_rule("pickle.trailing-data", L, "Bytes follow the pickle's STOP that are not a pickle",
+      "pickle.load ignores them and no pickle stream was found anywhere in them; kept as a note "
+      "because a consumer may read them.")
+_rule("pickle.framework-class", I, "The pickle names a torch framework class",
+      "nn modules, TorchScript classes, DCP metadata: torch's own code.")
+_rule("pickle.object-array", I, "A NumPy object array",
+      "np.load needs allow_pickle=True and unpickles its data; that pickle is scanned.")
+_rule("pickle.reference-bomb", H, "Shared references expand to a huge object (billion laughs)",
+      "Memo GETs and DUPs let a small pickle build a tree that shares its branches; loading is cheap "
+      "but copying, printing or re-serialising materialises every element (2^60 from a few hundred "
+      "bytes), exhausting memory of whatever handles the object. Reported with the size it would "
+      "materialise to.", "https://en.wikipedia.org/wiki/Billion_laughs_attack")
+_rule("pickle.loader-rejects", M, "The real loader raises on this pickle",
+      "CPython fails where the inert VM kept going (a dict keyed by an unhashable list): the file "
+      "is broken or crafted for readers that do not fail, and is never reported clean.", _PICKLE)
+_rule("pickle.findings-capped", I, "More findings of a rule in one pickle than are listed",
+      "A hostile pickle can name a global a million times; each rule's first findings are listed "
+      "and the rest counted in one line. The listed ones carry the severity.",
+      **{str(s): s for s in Severity})
+
+# --- data that carries a pickle ---------------------------------------------------------------------
+_rule("data.embedded-pickle", L, "A complete pickle stored as data",
+      "A bytes value, base64 or hex text, an extra_state blob or a safetensors __metadata__ value "
+      "holds a pickle. Loading the file does not run it, but one pickle.loads(obj[key]) in the "
+      "consumer does: it is scanned recursively and its findings are reported at the severity of "
+      "what it would do (LOW here: the carrier itself).", _FICKLING)
+
+# --- files -----------------------------------------------------------------------------------------
+_rule("file.unparseable", H, "The file could not be parsed completely",
+      "What could not be read cannot be called safe: a parser failure, a content no reader "
+      "recognises, nesting past the scan limit.")
+_rule("file.loader-rejects", M, "The format's real loader rejects this file",
+      "tensorscope.open fails where a loader also fails (a .npy cut short, a corrupt .pkl member): "
+      "a truncated or crafted file is never reported clean, whatever the byte-level view saw.")
+_rule("file.unsupported-archive", H, "An archive the standard library cannot open",
+      "7z, rar and zstd content (possibly a pickle, as in the nullifAI models) is not scanned.",
+      "https://www.reversinglabs.com/blog/rl-identifies-malware-ml-model-hosted-on-hugging-face")
+_rule("file.decompression-limit", H, "A compressed stream exceeds the decompression cap",
+      "The rest is not scanned (a decompression bomb or a huge payload).")
+_rule("file.extension-mismatch", M, "The content does not match the extension",
+      "Pickle-bearing content (a zip, a compressed pickle) behind an unrelated name hides from tools "
+      "that dispatch on names. HIGH when the name promises a format without code (a pickle named "
+      ".safetensors); LOW when both name and content carry pickles.",
+      misleads=H, differs=L)
+_rule("file.polyglot", H, "Different readers see different content",
+      "A zip hidden behind another head: Python's zipfile and other scanners see it, the loader does "
+      "not (or the other way round).", _PICKLESCAN)
+_rule("file.not-a-model", I, "A text file that is not a pickle",
+      "No loader runs code from it.")
+_rule("file.symlink-outside", L, "A symlink leaving the scanned tree",
+      "It was not followed; a link inside a tar is MEDIUM (extracting it writes outside the folder).",
+      link_in_tar=M)
+_rule("file.unreadable", H, "The file or folder could not be opened",
+      "Not read, so not known to be safe.")
+
+# --- zip archives (reader checks; the rest are parser anomalies below) -------------------------------
+_rule("zip.member-unreadable", H, "An archive member cannot be read",
+      "Its content is not scanned (a bad CRC makes picklescan skip the member: CVE-2025-10156).",
+      "https://nvd.nist.gov/vuln/detail/CVE-2025-10156")
+_rule("zip.torch-refuses", M, "PyTorch's zip reader (miniz) would refuse this archive",
+      "While other readers open it: they disagree on what the file holds.")
+
+# --- TorchScript code ---------------------------------------------------------------------------------
+_rule("torchscript.foreign-call", H, "TorchScript code calls outside torch, ops and the builtins",
+      "torch.jit.load compiles and runs code/ files; a call outside the TorchScript vocabulary is "
+      "user code. CRITICAL for os/sys/subprocess/eval/open/load_library.", dangerous=C)
+_rule("torchscript.custom-op", M, "TorchScript code calls a custom operator namespace",
+      "Loading needs a native library for it.")
+_rule("torchscript.code-unparseable", H, "A TorchScript code/ file does not tokenize",
+      "Not read, so not known to be safe.")
+
+# --- ONNX ---------------------------------------------------------------------------------------------
+_rule("onnx.external-data-escape", H, "ONNX external data points outside the model's folder",
+      "An absolute path, '..' or a symlink lets a model read any file when loaded.",
+      "https://github.com/onnx/onnx/security/advisories/GHSA-cx5q-jgpv-4w84")
+_rule("onnx.custom-domain", M, "ONNX nodes use operators from a non-standard domain",
+      "Runtimes load native custom-op libraries to run them. Only domains that a node uses count: "
+      "an opset import nobody uses loads nothing.")
+
+# --- parser anomalies: kind -> (severity, rationale) ---------------------------------------------------
+# Zip sources: picklescan advisories GHSA-w8jq-xcqf-f792 (flag bits), GHSA-7q5r-7gvp-wc82
+# (local/central name), CVE-2025-10156 (bad CRC), zipfile/miniz differences documented in zipfmt.
+_DISAGREE = "readers (zipfile, miniz, unzip, scanners) see different members"
+_LOADER_FAILS = "the format's loader fails on it: broken or crafted, never clean"
+_NOTE = "a compatibility note about a format that carries no code"
+_LAYOUT = "a layout detail of a file a normal writer can produce"
+_ANOMALY_TABLE: dict[str, tuple[Severity, str]] = {
+    "zip.duplicate_name": (H, f"two members share a name: {_DISAGREE}"),
+    "zip.local_name_mismatch": (H, f"local and central headers name a member differently: {_DISAGREE}"),
+    "zip.local_header_mismatch": (M, f"local and central headers disagree: {_DISAGREE}"),
+    "zip.compressed_member": (I, "a deflated member: torch writes stored members; still scanned"),
+    "zip.encrypted_member": (H, "an encrypted member cannot be scanned"),
+    "zip.data_out_of_range": (H, "a member's data lies outside the file"),
+    "zip.overlapping_members": (H, f"members share bytes: {_DISAGREE}"),
+    "zip.unaccounted_bytes": (M, "bytes that belong to no member can hide a payload"),
+    "zip.prepended_bytes": (H, "bytes before the first member: a polyglot head"),
+    "zip.trailing_bytes": (M, "bytes after the end record"),
+    "zip.multiple_eocd": (H, f"several end records: {_DISAGREE}"),
+    "zip.bad_crc": (M, "a CRC mismatch makes some scanners skip the member (CVE-2025-10156)"),
+    "zip.cd_count_mismatch": (H, f"the central directory count is wrong: {_DISAGREE}"),
+    "zip.non_utf8_name": (L, "a member name that is not UTF-8"),
+    "zip.absolute_or_parent_path": (H, "a member path that escapes on extraction"),
+    "zip.comment": (L, "an archive comment (room for hidden bytes)"),
+    "zip.bad_local_header": (H, f"a local header that does not parse: {_DISAGREE}"),
+    "zip.bad_zip64": (M, f"inconsistent zip64 records: {_DISAGREE}"),
+    "zip.bad_extra_field": (M, f"a malformed extra field: {_DISAGREE}"),
+    "zip.nul_in_name": (H, f"a NUL in a member name: {_DISAGREE}"),
+    "zip.stored_size_mismatch": (H, f"stored sizes disagree: {_DISAGREE}"),
+    "npy.trailing_bytes": (L, "bytes after the array data (np.load ignores them)"),
+    "npz.bad_member": (H, "an npz member that np.load cannot read"),
+    "onnx.duplicate_name": (L, "two initializers share a name: runtimes disagree on which is used"),
+    "onnx.ignored_data_field": (I, _NOTE), "onnx.ignored_external_data": (I, _NOTE),
+    "onnx.no_graph": (I, _NOTE), "onnx.repeated_raw_data": (I, _NOTE), "onnx.segment": (I, _NOTE),
+    "onnx.unknown_external_key": (I, _NOTE), "onnx.unknown_field": (I, _NOTE),
+    "gguf.invalid_utf8": (I, _NOTE), "gguf.nested_array": (I, _NOTE), "gguf.long_name": (I, _NOTE),
+    "gguf.overlap": (L, "two tensors share bytes: readers may disagree"),
+    "gguf.trailing_bytes": (I, _NOTE), "gguf.unexpected_offset": (I, _NOTE),
+    "safetensors.duplicate_name": (L, "a JSON key given twice: parsers disagree on which wins"),
+    "safetensors.duplicate_metadata_key": (L, "a JSON key given twice: parsers disagree on which wins"),
+    "safetensors.unknown_field": (I, _NOTE),
+    "torch.storage_unreadable": (I, "a storage record that is not read (data-less traced inputs)"),
+    "torch.tensor_out_of_storage": (M, f"a tensor past its storage: {_LOADER_FAILS}"),
+    "pickle.trailing_bytes": (L, "bytes after the last pickle"),
+    "pickle.tensor_out_of_storage": (M, f"a tensor past its storage: {_LOADER_FAILS}"),
+    "pickle.tensor_not_rebuilt": (L, "a tensor rebuild the reader could not follow"),
+    "pickle.numpy_size_mismatch": (M, f"array bytes do not match the shape: {_LOADER_FAILS}"),
+    "pickle.nested_unreadable": (H, "a nested payload could not be read, so it is not scanned"),
+    "pickle.numpy_unreadable": (L, "an array whose data the reader cannot locate (listed without it)"),
+    "joblib.sibling_array": (M, "a joblib < 0.10 sibling array file that is missing, compressed or "
+                                "outside the pickle's folder: joblib.load fails or reads elsewhere"),
+    "torch.unknown_dtype": (I, "a dtype a newer torch writes, listed with its raw bytes"),
+    "legacy.duplicate_storage_key": (L, "two storages share a key: the last one wins"),
+    "legacy.object_missing": (M, f"a referenced object is missing: {_LOADER_FAILS}"),
+    "legacy.storage_missing": (M, f"a referenced storage is missing: {_LOADER_FAILS}"),
+    "legacy.storage_size_mismatch": (M, f"a storage record's size disagrees: {_LOADER_FAILS}"),
+    "legacy.big_endian": (I, _LAYOUT),
+    "legacy.sys_info": (I, _LAYOUT), "legacy.trailing_bytes": (L, "bytes after the last record"),
+    "dcp.chunk_coverage": (L, "checkpoint chunks do not cover the tensor"),
+    "dcp.trailing_bytes": (L, "bytes after the last checkpoint item"),
+    "dcp.transformed_blob": (I, _LAYOUT),
+    "pt2.archive_format": (I, _LAYOUT), "pt2.signature_mismatch": (L, "the export signature disagrees"),
+    "pt2.storage_dtype_mismatch": (L, "a storage typed twice: readers disagree on its values"),
+    "sharded.duplicate_key": (L, "an index key given twice"),
+    "sharded.duplicate_tensor": (M, "a tensor in two shards: loaders disagree on which is used"),
+    "sharded.extra_shard": (I, _LAYOUT), "sharded.total_size_mismatch": (L, "the index's total size is wrong"),
+    "sharded.unmapped_tensor": (L, "a tensor the index does not map"),
+    "torchscript.class_without_code": (L, "a TorchScript class without its code"),
+    "torchscript.code_unreadable": (H, "a TorchScript code file that cannot be read, so not scanned"),
+    "torchscript.module_cycle": (M, "a module hierarchy with a cycle: loaders recurse forever"),
+    "torchscript.too_many_modules": (M, "more modules than the reader follows: the rest are not read"),
+    "onnx.external_path_escape": (H, "see onnx.external-data-escape"),
+}
+
+
+def anomaly_rule(kind: str) -> str:
+    """The rule id of a parser anomaly kind (``zip.bad_crc`` -> ``zip.bad-crc``)."""
+    return _ANOMALY_RULE_IDS.get(kind) or kind.replace("_", "-")
+
+
+_ANOMALY_RULE_IDS = {"onnx.external_path_escape": "onnx.external-data-escape"}
+
+ANOMALIES: dict[str, str] = {}
+for _kind, (_sev, _why) in _ANOMALY_TABLE.items():
+    _rid = anomaly_rule(_kind)
+    ANOMALIES[_kind] = _rid
+    if _rid not in RULES:
+        _rule(_rid, _sev, f"Reader anomaly {_kind}", _why[:1].upper() + _why[1:] + ".")
+
+
+def severity_of(rule: str, variant: str | None = None) -> Severity:
+    """The declared severity of ``rule`` (in context ``variant``). KeyError for an undeclared rule."""
+    r = RULES[rule]
+    return r.variants[variant] if variant is not None else r.severity
+
+
+def listing() -> list[tuple[str, str, str, str]]:
+    """(id, severity, title, variants) of every rule, worst first then by id."""
+    out = []
+    for r in sorted(RULES.values(), key=lambda r: (-int(r.severity), r.id)):
+        var = ", ".join(f"{k}={v}" for k, v in r.variants.items()) if r.id != "pickle.findings-capped" else ""
+        out.append((r.id, str(r.severity), r.title, var))
+    return out

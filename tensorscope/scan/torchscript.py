@@ -1,0 +1,119 @@
+"""TorchScript code rules: calls in a ``code/`` file must stay within torch, ops and the
+TorchScript builtins. The code is tokenized (pure Python), never compiled."""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from . import loader
+
+# =================================================================================================
+# TorchScript code
+
+_TS_OK_ROOTS = {"torch", "ops", "__torch__", "CONSTANTS", "annotate", "uninitialized",
+                "unchecked_cast", "isinstance", "getattr", "hasattr", "len", "int", "float", "bool",
+                "str", "range", "enumerate", "zip", "min", "max", "abs", "round", "print", "list",
+                "dict", "tuple", "sorted", "sum", "divmod", "chr", "ord", "hash", "id", "math",
+                "warnings", "RuntimeError", "AssertionError", "ValueError", "Exception",
+                "NotImplementedError", "IndexError", "KeyError", "TypeError", "StopIteration",
+                "ZeroDivisionError", "fork", "wait", "_unwrap_optional", "complex", "all", "any",
+                "reversed", "divmod", "bin", "hex", "oct", "super", "Tensor", "Optional", "List",
+                "Dict", "Tuple", "Union", "Future", "Any", "NoneType", "Device", "__is__",
+                "__isnot__", "__not__", "__contains__", "__getitem__", "__range_length",
+                "__derive_index", "__interpolate", "_list_with_default", "uninitialized", "self"}
+_TS_DANGER_ROOTS = {"os", "sys", "subprocess", "builtins", "eval", "exec", "open", "__import__",
+                    "compile", "socket", "importlib", "pickle", "marshal", "ctypes", "shutil"}
+_STANDARD_OP_NAMESPACES = {"aten", "prim", "quantized", "_quantized", "quantized_decomposed",
+                           "profiler", "_caffe2", "sparse", "prepacked", "_test", "cuda", "mkldnn",
+                           "mkldnn_prepacked", "xnnpack", "_nnapi", "vulkan", "metal", "onednn"}
+
+
+_TS_SAFE_IMPORT_ROOTS = ("torch", "__torch__", "typing", "__future__", "math", "warnings")
+
+
+def _code_tokens(text: str):
+    """Python tokens of a code file, via the pure-Python tokenizer: nothing is compiled (the
+    `compile` audit event never fires) and deep nesting cannot exhaust the C parser's stack."""
+    import io
+    import tokenize
+    skip = (tokenize.COMMENT, tokenize.NL, tokenize.NEWLINE, tokenize.INDENT, tokenize.DEDENT,
+            tokenize.ENCODING)
+    return [t for t in tokenize.generate_tokens(io.StringIO(text).readline) if t.type not in skip]
+
+
+def _code_calls_and_bindings(tokens):
+    """(calls, bound, imports): dotted call targets with their line, locally bound names, and
+    imported module names. A call is ``NAME(.NAME)* (`` not preceded by ``.`` or ``def``/``class``."""
+    import keyword
+    import tokenize
+    calls, bound, imports = [], set(), []
+    n = len(tokens)
+    for i, tok in enumerate(tokens):
+        if tok.type != tokenize.NAME:
+            continue
+        prev = tokens[i - 1].string if i else ""
+        nxt = tokens[i + 1].string if i + 1 < n else ""
+        if prev in ("def", "class"):
+            bound.add(tok.string)
+            continue
+        if prev == "." or (keyword.iskeyword(tok.string) and tok.string not in ("import", "from")):
+            continue  # the middle of a dotted chain (handled from its root), or `return (`
+        if tok.string in ("import", "from"):
+            j, parts = i + 1, []
+            while j < n and (tokens[j].type == tokenize.NAME or tokens[j].string == "."):
+                if tokens[j].string in ("import", "as"):
+                    break
+                parts.append(tokens[j].string)
+                j += 1
+            imports.append(("".join(parts), tok.start[0]))
+            continue
+        if nxt in ("=", ":", ",", ")") and prev in ("(", ",", "for", "as", "") or nxt in ("=", ":"):
+            bound.add(tok.string)  # assignment targets, parameters, loop and `as` names
+        if prev in ("for", "as"):
+            bound.add(tok.string)
+        j, parts = i, [tok.string]
+        while j + 2 < n and tokens[j + 1].string == "." and tokens[j + 2].type == tokenize.NAME:
+            parts.append(tokens[j + 2].string)
+            j += 2
+        if j + 1 < n and tokens[j + 1].string == "(":
+            calls.append((".".join(parts), tok.start[0]))
+    return calls, bound, imports
+
+
+def check_code(ctx: "loader._Ctx", member: str, text: str) -> None:
+    """Calls in a TorchScript ``code/`` file must stay within torch, ops and the builtins."""
+    import tokenize
+    try:
+        tokens = _code_tokens(text)
+    except (tokenize.TokenError, SyntaxError, ValueError, MemoryError) as e:
+        ctx.add("torchscript.code-unparseable", f"code file does not tokenize: {e}", member)
+        return
+    calls, bound, imports = _code_calls_and_bindings(tokens)
+    for module, _line in imports:
+        root = module.split(".")[0]
+        if root and root not in _TS_SAFE_IMPORT_ROOTS:
+            ctx.add("torchscript.foreign-call",
+                    f"TorchScript code imports {module}: outside torch", member, None, module, "member",
+                    variant="dangerous" if root in _TS_DANGER_ROOTS else None)
+    seen = set()
+    for dotted, line in calls:
+        root = dotted.split(".")[0]
+        if dotted in seen:
+            continue
+        if root in _TS_DANGER_ROOTS and root not in bound or \
+                dotted in ("torch.ops.load_library", "torch.classes.load_library"):
+            seen.add(dotted)
+            ctx.add("torchscript.foreign-call",
+                    f"TorchScript code calls {dotted} (line {line})", member, None, dotted, "member",
+                    variant="dangerous")
+        elif root == "ops" and dotted.count(".") >= 2 and dotted.split(".")[1] not in _STANDARD_OP_NAMESPACES:
+            seen.add(dotted)
+            ctx.add("torchscript.custom-op",
+                    f"TorchScript code calls custom operator {dotted} (line {line}): loading needs "
+                    "its native library", member, None, dotted, "member")
+        elif root not in bound and root not in _TS_OK_ROOTS:
+            seen.add(dotted)
+            ctx.add("torchscript.foreign-call",
+                    f"TorchScript code calls {dotted} (line {line}): outside torch, ops and the "
+                    "TorchScript builtins", member, None, dotted, "member")
+
