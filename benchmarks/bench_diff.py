@@ -2,6 +2,21 @@
 
     python benchmarks/bench_diff.py              # generate once into benchmarks/.cache/, then measure
     python benchmarks/bench_diff.py --runs 5 --formats safetensors
+    python benchmarks/bench_diff.py --cases finetune many --baseline ../main   # issue 17 / 13 cases
+
+Cases (``--cases``, default all):
+
+- ``pair``: the ~2 GB, 500-tensor pair below (4 tensors differ, identical copy, all differ);
+- ``finetune``: a ~2 GB float16 Llama-shaped pair (48 layers x {q,k,v,o,gate,up,down} projections,
+  two layer norms and the rotary ``inv_freq`` buffer, embeddings, final norm, lm_head: 483 tensors)
+  where EVERY tensor differs by ~1e-3 noise (a fine-tune): tensorscope, the torch loop, and the
+  read-once floor ``cat A B > /dev/null`` (warm cache), measured in the same run;
+- ``many``: a 100,000-tensor torch zip (``model.layers.L.mlp.experts.E.{gate,up,down}_proj.weight``,
+  bfloat16 [4, 4]) against itself and against a copy where every 100th tensor changed; the peer
+  loads both with ``torch.load(mmap=True)`` and runs ``torch.equal`` and max |a - b| per key.
+
+``--baseline DIR`` also runs ``python -m tensorscope`` from another checkout (DIR) on the
+finetune and many cases: the before/after figures of a change.
 
 Inputs: two ~2 GB float16 state dicts of 500 tensors (480 of 1024x2048 and 20 of 2048) that differ
 in 4 tensors (a slice moved by 1e-3), as ``.pt`` (torch.save) and ``.safetensors``, plus a byte copy
@@ -49,6 +64,78 @@ print(worst)
 """
 
 
+TORCH_MANY = """
+import sys, torch
+a = torch.load(sys.argv[1], mmap=True, weights_only=True)
+b = torch.load(sys.argv[2], mmap=True, weights_only=True)
+n = sum(1 for k in a if not torch.equal(a[k], b[k]))
+m = max(float((a[k].double() - b[k].double()).abs().max()) for k in a)
+print(n, m)
+"""
+
+LLAMA = {"hidden": 1280, "inter": 3456, "layers": 48, "vocab": 32000}
+MANY = 100_000
+
+
+def generate_finetune(cache: Path) -> tuple[Path, Path]:
+    """The Llama-shaped base and its "fine-tune" (every tensor + N(0, 1e-3))."""
+    a, b = cache / "llama_a.pt", cache / "llama_b.pt"
+    if a.exists() and b.exists():
+        return a, b
+    import torch
+    print(f"generating the ~2 GB Llama-shaped pair in {cache} (once) ...", file=sys.stderr)
+    cache.mkdir(parents=True, exist_ok=True)
+    h, i_, n_layers, v = (LLAMA[k] for k in ("hidden", "inter", "layers", "vocab"))
+    g = torch.Generator().manual_seed(0)
+
+    def w(*shape):
+        return torch.randn(shape, generator=g, dtype=torch.float16) * 0.02
+
+    sd = {"model.embed_tokens.weight": w(v, h)}
+    for layer in range(n_layers):
+        p = f"model.layers.{layer}."
+        for n in ("q", "k", "v", "o"):
+            sd[p + f"self_attn.{n}_proj.weight"] = w(h, h)
+        sd[p + "self_attn.rotary_emb.inv_freq"] = (1.0 / 10000 ** (torch.arange(0, 128, 2) / 128)).half()
+        sd[p + "mlp.gate_proj.weight"] = w(i_, h)
+        sd[p + "mlp.up_proj.weight"] = w(i_, h)
+        sd[p + "mlp.down_proj.weight"] = w(h, i_)
+        sd[p + "input_layernorm.weight"] = torch.ones(h, dtype=torch.float16)
+        sd[p + "post_attention_layernorm.weight"] = torch.ones(h, dtype=torch.float16)
+    sd["model.norm.weight"] = torch.ones(h, dtype=torch.float16)
+    sd["lm_head.weight"] = w(v, h)
+    torch.save(sd, a)
+    for k in sd:
+        sd[k] = sd[k] + torch.randn(sd[k].shape, generator=g, dtype=torch.float16) * 1e-3
+    torch.save(sd, b)
+    return a, b
+
+
+def generate_many(cache: Path) -> tuple[Path, Path]:
+    """100,000 bf16 [4, 4] experts; B changes every 100th tensor."""
+    a, b = cache / f"moe{MANY}_a.pt", cache / f"moe{MANY}_b.pt"
+    if a.exists() and b.exists():
+        return a, b
+    import torch
+    cache.mkdir(parents=True, exist_ok=True)
+    g = torch.Generator().manual_seed(0)
+    sd: dict = {}
+    layer = 0
+    while len(sd) < MANY:
+        for e in range(256):
+            for p in ("gate", "up", "down"):
+                if len(sd) < MANY:
+                    sd[f"model.layers.{layer}.mlp.experts.{e}.{p}_proj.weight"] = \
+                        torch.randn((4, 4), generator=g).to(torch.bfloat16)
+        layer += 1
+    torch.save(sd, a)
+    for j, k in enumerate(sd):
+        if j % 100 == 7:
+            sd[k] = sd[k] + 0.5
+    torch.save(sd, b)
+    return a, b
+
+
 def generate(cache: Path) -> None:
     cache.mkdir(parents=True, exist_ok=True)
     base = ("a.pt", "b.pt", "a_copy.pt", "a.safetensors", "b.safetensors", "a_copy.safetensors")
@@ -83,11 +170,11 @@ def generate(cache: Path) -> None:
     torch.save({k: v + 1e-3 for k, v in a.items()}, cache / "c.pt")
 
 
-def measure(argv: list[str]) -> tuple[float, float, int]:
+def measure(argv: list[str], cwd: str | None = None) -> tuple[float, float, int]:
     """Wall seconds, peak RSS in MB, exit status of one child process."""
     t0 = time.perf_counter()
     with open(os.devnull, "wb") as null:
-        proc = subprocess.Popen(argv, stdout=null, stderr=subprocess.PIPE)
+        proc = subprocess.Popen(argv, stdout=null, stderr=subprocess.PIPE, cwd=cwd)
         _, status, usage = os.wait4(proc.pid, 0)
         wall = time.perf_counter() - t0
         err = proc.stderr.read().decode(errors="replace")
@@ -106,17 +193,71 @@ def bench(label: str, argv: list[str], runs: int) -> dict:
     return {"label": label, "wall_s": wall, "rss_mb": rss, "exit": results[0][2]}
 
 
+def bench_round(commands: dict[str, tuple[list[str], str | None]], runs: int) -> dict:
+    """The commands measured in turn, round after round (each round measures every command once,
+    so a load change on the shared machine hits all of them alike); medians per command."""
+    for argv, cwd in commands.values():
+        measure(argv, cwd)  # warm-up: page cache, bytecode
+    got: dict[str, list] = {k: [] for k in commands}
+    for _ in range(runs):
+        for k, (argv, cwd) in commands.items():
+            got[k].append(measure(argv, cwd))
+    return {k: {"label": k, "wall_s": statistics.median(r[0] for r in v),
+                "rss_mb": statistics.median(r[1] for r in v), "exit": v[0][2],
+                "walls": [round(r[0], 2) for r in v]} for k, v in got.items()}
+
+
+def issue_cases(args, py: str) -> list[tuple[str, dict]]:
+    """The fine-tune pair (every tensor differs) and the 100,000-tensor checkpoint."""
+    out = []
+    base = os.path.abspath(args.baseline) if args.baseline else None
+    me = [py, "-m", "tensorscope"]
+    if "finetune" in args.cases:
+        a, b = map(str, generate_finetune(args.cache))
+        cmds = {"tensorscope diff --json": (me + ["diff", a, b, "--json"], None),
+                "torch mmap + max|a-b|": ([py, "-c", TORCH_PT, a, b], None),
+                "read-once floor (cat A B)": (["sh", "-c", f"cat '{a}' '{b}' > /dev/null"], None)}
+        if base:
+            cmds["before (baseline checkout)"] = (me + ["diff", a, b, "--json"], base)
+        size = os.path.getsize(a) / 1e9
+        out.append((f"fine-tune pair, 2 x {size:.2f} GB fp16, all 483 tensors differ",
+                    bench_round(cmds, args.runs)))
+    if "many" in args.cases:
+        a, b = map(str, generate_many(args.cache))
+        for case, other in (("identical (A A)", a), ("1,000 of 100,000 changed", b)):
+            cmds = {"tensorscope diff --json": (me + ["diff", a, other, "--json"], None),
+                    "torch mmap + equal/max per key": ([py, "-c", TORCH_MANY, a, other], None)}
+            if base:
+                cmds["before (baseline checkout)"] = (me + ["diff", a, other, "--json"], base)
+            out.append((f"100,000-tensor torch zip, {case}", bench_round(cmds, args.runs)))
+    return out
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--formats", nargs="+", default=["pt", "safetensors"],
                     choices=["pt", "safetensors"])
     ap.add_argument("--cache", type=Path, default=CACHE)
+    ap.add_argument("--cases", nargs="+", default=["pair", "finetune", "many"],
+                    choices=["pair", "finetune", "many"])
+    ap.add_argument("--baseline", metavar="DIR",
+                    help="also run `python -m tensorscope` from this checkout (before/after)")
     args = ap.parse_args(argv)
-    generate(args.cache)
     py = sys.executable
     rows = []
-    for fmt in args.formats:
+    if set(args.cases) & {"finetune", "many"}:
+        for label, res in issue_cases(args, py):
+            print(f"\n{label}")
+            ours = res["tensorscope diff --json"]
+            for k, r in res.items():
+                ratio = r["wall_s"] / ours["wall_s"]
+                print(f"  {k:32} {r['wall_s']:7.2f} s {r['rss_mb']:7.0f} MB  "
+                      f"(x{ratio:.2f} of tensorscope's time; runs {r['walls']})", flush=True)
+                rows.append((label, r))
+    if "pair" in args.cases:
+        generate(args.cache)
+    for fmt in (args.formats if "pair" in args.cases else []):
         a, b, same = (str(args.cache / f"{n}.{fmt}") for n in ("a", "b", "a_copy"))
         peer = TORCH_PT if fmt == "pt" else TORCH_ST
         size = os.path.getsize(a) / 2**30

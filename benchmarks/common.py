@@ -52,12 +52,14 @@ SHARD_BYTES = 5 * 10**9   # transformers' default max_shard_size ("5GB")
 # -- measurement ----------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class Sample:
-    """One child process: wall seconds, peak RSS in bytes, exit code, captured stdout/stderr."""
+    """One child process: wall seconds, peak RSS in bytes, exit code, captured stdout/stderr,
+    CPU seconds (user + system: steadier than wall time on a loaded machine)."""
     wall: float
     rss: int
     code: int
     out: str
     err: str
+    cpu: float = 0.0
 
 
 @dataclass
@@ -67,6 +69,7 @@ class Result:
     rss: int = 0
     code: int = 0
     runs: list[Sample] = field(default_factory=list)
+    cpu: float = 0.0
     error: str | None = None
 
     @property
@@ -75,7 +78,7 @@ class Result:
 
 
 # Spawns argv[2:] (its stdin/stdout/stderr are the launcher's), reaps it with wait4, writes
-# "wall maxrss_kib exit_code" to argv[1]. posix_spawnp: vfork+exec, the child starts from the
+# "wall maxrss_kib exit_code cpu_seconds" to argv[1]. posix_spawnp: vfork+exec, the child starts from the
 # launcher's small image.
 LAUNCHER = """
 import os, sys, time
@@ -84,7 +87,8 @@ pid = os.posix_spawnp(sys.argv[2], sys.argv[2:], os.environ)
 _, status, usage = os.wait4(pid, 0)
 wall = time.perf_counter() - t0
 with open(sys.argv[1], "w") as f:
-    f.write(f"{wall!r} {usage.ru_maxrss} {os.waitstatus_to_exitcode(status)}")
+    f.write(f"{wall!r} {usage.ru_maxrss} {os.waitstatus_to_exitcode(status)} "
+            f"{usage.ru_utime + usage.ru_stime!r}")
 """
 
 
@@ -98,14 +102,14 @@ def run_once(argv: Sequence[str], *, env: dict | None = None, capture: bool = Fa
         subprocess.run([sys.executable, "-S", "-c", LAUNCHER, report, *argv], stdout=out,
                        stderr=err, stdin=subprocess.DEVNULL, env=env, cwd=cwd, check=True)
         with open(report) as f:
-            wall, maxrss, code = f.read().split()
+            wall, maxrss, code, cpu = f.read().split()
         err.seek(0)
         text_err = err.read().decode(errors="replace")
         text_out = ""
         if capture:
             out.seek(0)
             text_out = out.read().decode(errors="replace")
-    return Sample(float(wall), int(maxrss) * 1024, int(code), text_out, text_err)
+    return Sample(float(wall), int(maxrss) * 1024, int(code), text_out, text_err, float(cpu))
 
 
 def measure(argv: Sequence[str], runs: int, *, warmup: bool = True, ok_codes=(0,),
@@ -129,7 +133,7 @@ def measure(argv: Sequence[str], runs: int, *, warmup: bool = True, ok_codes=(0,
             samples.append(s)
     return Result(wall=statistics.median(s.wall for s in samples),
                   rss=int(statistics.median(s.rss for s in samples)), code=samples[-1].code,
-                  runs=samples)
+                  runs=samples, cpu=statistics.median(s.cpu for s in samples))
 
 
 def generate_in_child(calls: Sequence[tuple[str, tuple]]) -> None:

@@ -24,7 +24,8 @@ are installed (on PATH, next to this Python, or in a venv at ``benchmarks/.cache
 A tensorscope command that does not exist yet, or a peer that is not installed, gives a
 "not available" row instead of failing the run.
 
-Cases (``--only``): inspect, scale, read, scan, diff, convert, tui.
+Cases (``--only``): inspect, scale, read, scan, diff, convert, tui, pertensor (every command on
+1k / 10k / 100k / 1M tiny tensors, `bench_scale.py`; ``--skip-1m`` leaves out the 1M listing).
 Output: the results table with the machine it ran on, in BENCHMARKS.md (``--out``), and the raw
 samples in ``<cache>/results.json``.
 """
@@ -48,7 +49,7 @@ from common import CACHE, SHARD_BYTES, Result, measure, run_once  # noqa: E402
 ROOT = HERE.parent
 PY = sys.executable
 TS = [PY, "-m", "tensorscope"]
-CASES = ("inspect", "scale", "read", "scan", "diff", "convert", "tui")
+CASES = ("inspect", "scale", "read", "scan", "diff", "convert", "tui", "pertensor")
 READ_NAME = "layer.250.weight"          # a tensor in the middle of the 2 GB state dict
 ONNX_READ_NAME = "model.layers.25.mlp.w0.weight"
 
@@ -437,6 +438,14 @@ class Bench:
                                  if mode == "-" else ""))
         clean()
 
+    def case_pertensor(self) -> None:
+        import bench_scale
+        sizes = [100, 300] if self.quick else [1_000, 10_000, 100_000] + (
+            [] if self.args.skip_1m else [1_000_000])
+        print("pertensor (cost per tensor)", flush=True)
+        self.pertensor = bench_scale.run(sizes, self.runs, root=self.cache / "scale",
+                                         commands={"inspect --json"} if self.quick else None)
+
     def case_tui(self) -> None:
         import bench_tui   # only strings and constants at import time
         p = self.paths()
@@ -528,6 +537,10 @@ class Bench:
                   "convert": "Convert to safetensors",
                   "tui": "TUI: time to first screen"}
         for case in cases:
+            if case == "pertensor" and getattr(self, "pertensor", None):
+                import bench_scale
+                lines += [bench_scale.render(self.pertensor)]
+                continue
             rows = [r for r in self.rows if r.case == case]
             if not rows:
                 continue
@@ -578,6 +591,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", type=Path, default=None,
                     help="where to write the table (default BENCHMARKS.md; with --quick "
                          "benchmarks/.cache/quick/BENCHMARKS.md)")
+    ap.add_argument("--skip-1m", action="store_true",
+                    help="pertensor: leave out the 1,000,000-tensor listing (slow to generate)")
     ap.add_argument("--note", action="append", default=[],
                     help="a line to add under Machine (e.g. other load on the machine)")
     args = ap.parse_args(argv)

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator
 
 from tensorscope.errors import FormatError, brief
-from tensorscope.model import TensorInfo
+from tensorscope.model import FrozenDict, TensorInfo
 
 from . import pickle_vm
 from .pickle_vm import Call, Global
@@ -133,7 +133,14 @@ def _int(value, what: str, pos: int, *, minimum: int = 0) -> int:
     return value
 
 
+_INT_ONLY = frozenset((int,))
+
+
 def _int_tuple(value, what: str, pos: int) -> tuple[int, ...]:
+    # Fast path (every tensor of a checkpoint): a short tuple of non-negative plain ints.
+    if type(value) is tuple and len(value) <= 64 and (
+            not value or ({*map(type, value)} <= _INT_ONLY and min(value) >= 0)):
+        return value
     if not isinstance(value, (tuple, list)):
         raise _err(f"{what} must be a tuple of integers, got {type(value).__name__}", pos)
     if len(value) > 64:
@@ -168,6 +175,12 @@ def parse_storage_pid(pid, pos: int, *, allow_unknown: bool = False
     ``allow_unknown`` (containers whose records carry their own size: zip archives): a storage
     class of a torch module that is not in the table (a newer torch's ``Float3Storage``) gives the
     dtype ``unknown:Float3Storage`` instead of an error; the container may refine its itemsize."""
+    if type(pid) is tuple and len(pid) == 5 and type(pid[1]) is Global and type(pid[2]) is str \
+            and type(pid[3]) is str and type(pid[4]) is int and pid[4] >= 0 and pid[0] == "storage":
+        # Fast path: the form torch.save writes (checked field by field as below).
+        cls = pid[1]
+        if cls.module in _STORAGE_MODULES and cls.name in STORAGE_DTYPES:
+            return STORAGE_DTYPES[cls.name], pid[2], pid[3], pid[4], cls.name
     if not isinstance(pid, tuple) or len(pid) not in (5, 6) or pid[0] != "storage":
         raise _err(f"unsupported persistent id {brief(pid, 80)}", pos)
     cls, key, location, numel = pid[1], pid[2], pid[3], pid[4]
@@ -202,8 +215,10 @@ def _storage(value, pos: int) -> StorageRef:
 
 
 def _dense(storage, offset, size, stride, pos, dtype=None, requires_grad=False) -> TensorRef:
-    storage = _storage(storage, pos)
-    offset = _int(offset, "storage_offset", pos)
+    if type(storage) is not StorageRef:
+        storage = _storage(storage, pos)
+    if type(offset) is not int or offset < 0:
+        offset = _int(offset, "storage_offset", pos)
     shape = _int_tuple(size, "size", pos)
     strides = _int_tuple(stride, "stride", pos)
     if len(strides) != len(shape):
@@ -228,8 +243,9 @@ def _rebuild_tensor(args, pos):
 
 
 def _rebuild_tensor_v2(args, pos):
-    a = _args(args, 6, 7, "_rebuild_tensor_v2", pos)
-    return _dense(a[0], a[1], a[2], a[3], pos, requires_grad=a[4] is True)
+    a = args if type(args) is tuple and 6 <= len(args) <= 7 else _args(
+        args, 6, 7, "_rebuild_tensor_v2", pos)
+    return _dense(a[0], a[1], a[2], a[3], pos, None, a[4] is True)
 
 
 def _rebuild_tensor_v3(args, pos):
@@ -461,6 +477,15 @@ def named_tensors(root, *, max_items: int = 10_000_000, max_depth: int = 1000,
         if not isinstance(obj, (dict, list, tuple, Call)) or id(obj) in seen or len(raw) > max_depth:
             continue
         seen.add(id(obj))
+        if type(obj) is dict and role is None and {*map(type, obj.values())} == _TENSOR_ONLY and \
+                {*map(type, obj)} == _STR_ONLY and emitted + len(obj) <= max_items:
+            # A flat state dict (string keys, tensors only): what the general walk would yield,
+            # without a stack entry and two path tuples per tensor.
+            emitted += len(obj)
+            for k, v in obj.items():
+                p = path + (k,)
+                yield p, (raw + (k,) if raw else p), v
+            continue
         children: list[tuple[Any, tuple, tuple, str | None]] = []
         if isinstance(obj, dict):
             for k, v in obj.items():
@@ -486,6 +511,10 @@ def named_tensors(root, *, max_items: int = 10_000_000, max_depth: int = 1000,
             for k, v in obj.dictitems:
                 children.append((v, path + (_key(k),), raw + (_key(k),), role))
         stack.extend(reversed(children))
+
+
+_TENSOR_ONLY = {TensorRef}
+_STR_ONLY = {str}
 
 
 def _module_children(state: dict, path: tuple, raw: tuple):
@@ -525,29 +554,42 @@ def to_tensor_info(path: tuple[str, ...], raw: tuple[str, ...], t: TensorRef, *,
                    file: str = "") -> TensorInfo:
     """A TensorInfo from a TensorRef whose storage the container has resolved."""
     s = t.storage
-    extras = dict(t.extras)
+    extras = dict(t.extras) if t.extras else {}
     if t.requires_grad:
         extras["requires_grad"] = True
     if raw and raw != path:
         extras["raw_path"] = ".".join(raw)
     byte_offset = storage_nbytes = None
     storage_key = None
+    dtype = t.dtype
     if s is not None:
         storage_key = s.key
         extras["location"] = s.location
         if s.data_offset is not None and s.error is None:
-            byte_offset = s.data_offset + _offset_bytes(t.dtype, t.storage_offset)
+            offset = t.storage_offset
+            byte_offset = s.data_offset + (offset * _cached_bits(dtype) // 8 if offset else 0)
             storage_nbytes = s.nbytes
         if s.error:
             extras["error"] = s.error
         if s.member:
             extras["member"] = s.member
     return TensorInfo(
-        name=dotted(path), dtype=t.dtype, shape=t.shape, stride=t.stride,
-        storage_offset=t.storage_offset, byte_offset=byte_offset,
-        file=s.file if s is not None and s.file else file, storage_key=storage_key,
-        storage_nbytes=storage_nbytes, path=path or (ROOT_NAME,), source_format=fmt,
-        role=t.role, extras=extras)
+        dotted(path), dtype, t.shape, t.stride, t.storage_offset, byte_offset, -1,
+        s.file if s is not None and s.file else file, storage_key, storage_nbytes,
+        path or (ROOT_NAME,), fmt, t.role, (), FrozenDict(extras))
+
+
+_BITS: dict[str, int] = {}
+
+
+def _cached_bits(dtype: str) -> int:
+    """`_bits`, looked up once per dtype (it runs for every tensor)."""
+    bits = _BITS.get(dtype)
+    if bits is None:
+        bits = _bits(dtype)
+        if not dtype.startswith("unknown:"):  # an unknown dtype's itemsize may be refined
+            _BITS[dtype] = bits
+    return bits
 
 
 def note_unknown_dtype(model, info: TensorInfo) -> None:
@@ -560,7 +602,11 @@ def note_unknown_dtype(model, info: TensorInfo) -> None:
 def tensor_fits(t: TensorRef) -> bool:
     """True when the tensor's last addressed element lies inside its storage record."""
     s = t.storage
-    if s is None or s.nbytes is None or math.prod(t.shape) == 0:
+    if s is None or s.nbytes is None:
         return True
-    last = t.storage_offset + sum((d - 1) * st for d, st in zip(t.shape, t.stride))
-    return -(-(last + 1) * _bits(t.dtype) // 8) <= s.nbytes
+    last = t.storage_offset
+    for d, st in zip(t.shape, t.stride):
+        if d == 0:
+            return True
+        last += (d - 1) * st
+    return -(-(last + 1) * _cached_bits(t.dtype) // 8) <= s.nbytes

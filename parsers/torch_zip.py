@@ -22,7 +22,7 @@ from tensorscope.source import ByteSource
 
 from . import pickle_vm, torch_pickle
 from .torch_pickle import StorageRef
-from .zipfmt import ZipArchive
+from .zipfmt import METHOD_STORED, ZipArchive
 
 __all__ = ["FORMAT", "open_zip", "archive_metadata", "load_pickle_member", "SMALL_RECORD_MAX"]
 
@@ -80,7 +80,7 @@ def make_storage_resolver(archive: ZipArchive, prefix: str, data_dir: str = "dat
             storage.error = f"record {name} is missing"
         elif member.error:
             storage.error = member.error
-        elif not member.is_stored:
+        elif member.method != METHOD_STORED:
             storage.error = f"record {name} is compressed (method {member.method}): not readable in place"
         else:
             storage.data_offset = member.data_offset

@@ -61,6 +61,7 @@ from __future__ import annotations
 
 import bz2
 import lzma
+import operator
 import struct
 import zlib
 from dataclasses import dataclass, field
@@ -99,6 +100,8 @@ MAGIC_LOCAL = b"PK\x03\x04"
  _LH_CSIZE, _LH_USIZE, _LH_NAME_LEN, _LH_EXTRA_LEN) = range(12)
 # 4.3.9 data descriptor
 MAGIC_DESCRIPTOR = b"PK\x07\x08"
+# signature, crc, csize, usize: zip64 (8-byte sizes) and 4-byte sizes
+_DESCRIPTORS = (struct.Struct("<4sLQQ"), struct.Struct("<4sLLL"))
 EXTRA_HEADER = struct.Struct("<HH")      # id, size
 EXTRA_ZIP64 = 0x0001
 
@@ -113,6 +116,7 @@ U16_MAX = 0xFFFF
 MAX_COMMENT = 0xFFFF
 SMALL_CRC_LIMIT = 1 << 20               # check_small_crc reads STORED members up to 1 MiB
 _CHUNK = 1 << 20                         # decompression input chunk
+SPARSE_SPAN = 256 << 10                  # bytes per member above which headers are pread
 
 
 def sniff(head: bytes, size: int) -> bool:
@@ -220,9 +224,12 @@ class ZipArchive:
         `read_zip`. Returns None when miniz would not find the name.
         """
         raw = name.encode("utf-8", "surrogateescape") if isinstance(name, str) else bytes(name)
-        raw = raw.split(b"\0", 1)[0]  # miniz takes a C string
+        if b"\0" in raw:
+            raw = raw.split(b"\0", 1)[0]  # miniz takes a C string
         key = raw.lower()
-        index = self._miniz_lookup_table()
+        index = self._miniz_index
+        if index is None:
+            index = self._miniz_lookup_table()
         candidates = index.get(key)
         if not candidates:
             return None
@@ -417,6 +424,9 @@ def _decompress(method: int, raw: memoryview, cap: int, member: ZipMember, archi
             return
 
 
+_span_key = operator.itemgetter(0, 1)
+
+
 def _torch_compresses(raw_name: bytes, method: int) -> bool:
     """torch.jit.save DEFLATEs the TorchScript sources and debug pickles under ``<prefix>/code/``
     (``writeRecord(..., compress=true)``): that is normal and not reported."""
@@ -533,6 +543,7 @@ class _Reader:
         self.check_small_crc = check_small_crc
         self.anomalies: list[Anomaly] = []
         self.miniz_error: str | None = None
+        self.sparse = False     # set once the member count is known (see `peek`)
 
     def add(self, kind: str, message: str, member: str | None = None,
             offset: int | None = None) -> None:
@@ -550,7 +561,16 @@ class _Reader:
         return 0 <= offset and 0 <= length and length <= self.size - offset
 
     def bytes_at(self, offset: int, length: int) -> bytes:
-        return self.src.read(offset, length, fmt=FORMAT)
+        return bytes(self.peek(offset, length))
+
+    def peek(self, offset: int, length: int) -> bytes | memoryview:
+        """Up to ``length`` bytes at ``offset``: a view when records are dense, with
+        `ByteSource.pread` when they are sparse in a local file (members of 256 KiB and more on
+        average), so that listing a 2 GB archive does not make the pages around every header
+        resident (the kernel maps 64 KiB around each touch of a map)."""
+        if self.sparse:
+            return self.src.pread(offset, length)
+        return self.src.view(offset, max(0, min(length, self.size - offset)), fmt=FORMAT)
 
     # -- EOCD ------------------------------------------------------------------------------------
     def find_eocd(self) -> tuple[int, list[int]]:
@@ -638,6 +658,8 @@ class _Reader:
         if cd_size < n_total * CENTRAL.size:
             self.miniz_fails("central directory smaller than its entry count allows")
 
+        self.sparse = (hasattr(self.src, "pread")   # a local map (remote sources fetch ranges)
+                       and self.size // max(n_total, 1) >= SPARSE_SPAN)
         members = self.read_cd(start_dir, cd_size, n_total, prepended)
         if len(members) != n_total:
             self.add("zip.cd_count_mismatch", f"EOCD declares {n_total} entries, the central "
@@ -654,10 +676,14 @@ class _Reader:
                           eocd_end, prepended)
         self.check_other_eocds(others, eocd_pos)
         if self.check_small_crc:
+            view, crc32 = self.src.view, zlib.crc32
             for m in members:
-                if (m.error is None and m.is_stored and not m.is_encrypted
+                if (m.error is None and m.method == METHOD_STORED and not m.is_encrypted
                         and m.compressed_size <= SMALL_CRC_LIMIT):
-                    archive.verify_crc(m)
+                    start, n = m.data_offset, m.compressed_size
+                    # verify_crc again only to record a mismatch (it bounds-checks the data)
+                    if start + n > self.size or crc32(view(start, n, fmt=FORMAT)) != m.crc32:
+                        archive.verify_crc(m)
         archive.miniz_error = self.miniz_error
         return archive
 
@@ -700,7 +726,7 @@ class _Reader:
         while pos < cd_size:
             i = len(members)
             at = start + pos
-            if cd_size - pos < CENTRAL.size or bytes(cd[pos:pos + 4]) != MAGIC_CENTRAL:
+            if cd_size - pos < CENTRAL.size or cd[pos:pos + 4] != MAGIC_CENTRAL:
                 what = ("truncated" if cd_size - pos < CENTRAL.size else
                         f"bad signature {bytes(cd[pos:pos + 4])!r} in")
                 if i >= n_total:  # miniz never looks past its count; zipfile fails here
@@ -720,7 +746,7 @@ class _Reader:
             p = pos + CENTRAL.size
             raw_name = bytes(cd[p:p + fields[_CD_NAME_LEN]])
             p += fields[_CD_NAME_LEN]
-            extra = bytes(cd[p:p + fields[_CD_EXTRA_LEN]])
+            extra = bytes(cd[p:p + fields[_CD_EXTRA_LEN]]) if fields[_CD_EXTRA_LEN] else b""
             members.append(self.make_member(i, at, fields, raw_name, extra, prepended,
                                             (start, start + cd_size)))
             pos += CENTRAL.size + var_len
@@ -750,14 +776,14 @@ class _Reader:
         if b"\0" in raw_name:
             self.add("zip.nul_in_name", f"name {raw_name!r} contains a NUL byte: Python's zipfile "
                      f"truncates it to {name.split(chr(0))[0]!r}", member=name, offset=at)
-        parts = name.replace("\\", "/").split("/")
-        if name.startswith(("/", "\\")) or (len(name) > 1 and name[1] == ":") or ".." in parts:
+        if name.startswith(("/", "\\")) or (len(name) > 1 and name[1] == ":") or (
+                ".." in name and ".." in name.replace("\\", "/").split("/")):
             self.add("zip.absolute_or_parent_path", f"name {name!r} is absolute or climbs out of "
                      "the extraction folder (path traversal when extracted, CWE-22)",
                      member=name, offset=at)
 
         usize, csize, offset, disk = f[_CD_USIZE], f[_CD_CSIZE], f[_CD_OFFSET], f[_CD_DISK]
-        fields64 = self.parse_extra(extra, name, at, "central")
+        fields64 = self.parse_extra(extra, name, at, "central") if extra else {}
         needs = [usize == U32_MAX, csize == U32_MAX, offset == U32_MAX, disk == U16_MAX]
         if any(needs):
             z = fields64.get(EXTRA_ZIP64)
@@ -818,7 +844,8 @@ class _Reader:
             self.add("zip.data_out_of_range", error, member=name, offset=at)
             self.miniz_fails(f"entry #{i} points outside the file")
         else:
-            lf = LOCAL.unpack(self.bytes_at(header_offset, LOCAL.size))
+            head = self.peek(header_offset, LOCAL.size + len(raw_name))  # header + name
+            lf = LOCAL.unpack_from(head, 0)
             if lf[_LH_SIG] != MAGIC_LOCAL:
                 error = (f"no local file header at byte {header_offset} "
                          f"(found {lf[_LH_SIG]!r})")
@@ -831,15 +858,24 @@ class _Reader:
                              f"the end of the file")
                     self.add("zip.data_out_of_range", error, member=name, offset=header_offset)
                 else:
-                    local_name = self.bytes_at(header_offset + LOCAL.size, lname_len)
-                    if local_name != raw_name:
+                    start = header_offset + LOCAL.size
+                    if lname_len == len(raw_name) and head[LOCAL.size:] == raw_name:
+                        local_name = raw_name   # the same bytes: share the object
+                    else:
+                        local_name = self.bytes_at(start, lname_len)
                         self.add("zip.local_name_mismatch", f"local header names {local_name!r}, "
                                  f"the central directory {raw_name!r}: PyTorch uses the central "
                                  "name, Python's zipfile refuses the member", member=name,
                                  offset=header_offset)
-                    lextra = self.bytes_at(header_offset + LOCAL.size + lname_len, lextra_len)
-                    self.compare_local(lf, lextra, flags, method, crc, csize, usize, name,
-                                       header_offset)
+                    l_crc, l_csize, l_usize = lf[_LH_CRC], lf[_LH_CSIZE], lf[_LH_USIZE]
+                    if lf[_LH_METHOD] != method or lf[_LH_FLAGS] != flags or not (
+                            (l_crc == crc and l_csize == csize and l_usize == usize)
+                            or (flags & FLAG_DESCRIPTOR and not (l_crc or l_csize or l_usize))):
+                        # Only a header that is not plainly equal (or deferred to a data
+                        # descriptor, as torch writes it) needs the full comparison.
+                        lextra = self.bytes_at(start + lname_len, lextra_len)
+                        self.compare_local(lf, lextra, flags, method, crc, csize, usize, name,
+                                           header_offset)
                 if error is None and not self.fits(data_offset, csize):
                     error = (f"data ({csize} bytes at byte {data_offset}) runs past the end of "
                              f"the file ({self.size} bytes)")
@@ -905,6 +941,10 @@ class _Reader:
     # -- cross-member checks --------------------------------------------------------------------
     def check_duplicates(self, archive: ZipArchive) -> None:
         visible = archive.members[:archive._visible()]
+        names = [m.name for m in archive.members]
+        if (len(set(names)) == len(names) and "\0" not in "".join(names)
+                and len({m.raw_name.lower() for m in visible}) == len(visible)):
+            return  # no two names alike for either reader (the usual case, checked in C loops)
         groups: dict[bytes, list[int]] = {}
         for m in visible:
             groups.setdefault(m.raw_name.lower(), []).append(m.index)
@@ -940,6 +980,13 @@ class _Reader:
         if not m.flags & FLAG_DESCRIPTOR:
             return 0
         end = m.data_end
+        raw = self.peek(end, _DESCRIPTORS[0].size)
+        for form in _DESCRIPTORS:   # the signed forms in one unpack each (what writers use)
+            if len(raw) >= form.size:
+                sig, crc, cs, us = form.unpack_from(raw, 0)
+                if sig == MAGIC_DESCRIPTOR and crc == m.crc32 and cs == m.compressed_size \
+                        and us == m.size:
+                    return form.size
         for sig, width in ((True, 8), (True, 4), (False, 8), (False, 4)):
             length = (4 if sig else 0) + 4 + 2 * width
             if not self.fits(end, length):
@@ -983,7 +1030,7 @@ class _Reader:
         if loc_pos >= 0:
             spans.append((loc_pos, eocd_pos, "zip64 locator", "struct", None))
         spans.append((eocd_pos, eocd_end, "end-of-central-directory record", "struct", None))
-        spans.sort(key=lambda s: (s[0], s[1]))
+        spans.sort(key=_span_key)
 
         # Overlaps, against the span reaching furthest so far.
         reach = spans[0]

@@ -49,9 +49,14 @@ Per aligned pair:
 Statistics (over positions where both values are finite; NaN and Inf are counted apart):
 
 - ``max_abs`` = max |a-b| (equals torch's ``(a.double()-b.double()).abs().max()`` without NaN/Inf);
-- ``max_rel`` = max |a-b|/|b|, where a position with a == b counts 0 and b == 0 != a counts inf
-  (torch.testing.assert_close's "relative difference", taken over all positions);
+- ``max_rel`` = max |a-b|/|b| over the positions where b != 0. Exact zeros of the reference B are
+  left out (|a-b|/0 is inf on every pruned or zero-initialised tensor and says nothing) and
+  counted apart: ``zero_ref`` = positions where b == 0 and a != 0 (torch.testing likewise
+  documents its own choice for zeros). 0.0 when nothing differs; None when B is 0 wherever they
+  differ;
 - ``mean_abs`` = mean |a-b|; ``rms`` = sqrt(mean |a-b|^2);
+- ``norm_a``, ``norm_b``, ``norm_diff`` = ‖A‖₂, ‖B‖₂, ‖B−A‖₂; ``rel_change`` = ‖B−A‖₂ / ‖A‖₂ (0.0
+  when nothing differs, None when A is all zero): "how much did this tensor change";
 - ``cosine`` = sum(a*b) / (|a| |b|) (complex: the real part of sum(conj(a)*b)); None when a side is
   all zero or nothing is finite;
 - ``mismatched`` = positions where ``torch.isclose(a, b, rtol, atol, equal_nan=False)`` is false in
@@ -61,33 +66,60 @@ Statistics (over positions where both values are finite; NaN and Inf are counted
 - the status is "changed" with "values" in ``changes`` when ``mismatched > 0`` (or, for bytes-only
   dtypes, when the bytes differ). Bytes that differ within tolerance (-0.0 against 0.0, a tiny
   perturbation) keep the status "same", with ``identical_bytes=False`` and the statistics shown.
+  `reason` says why a pair is listed as it is, in words, for the CLI and the TUI alike.
+
+Identical bytes are not converted: their differences are 0 and their norms and cosine are None,
+unless ``norms=True`` (then they are read once more for ‖A‖, and cosine is 1.0).
+
+How it runs. Every numeric pair whose bytes differ goes through one fused pass per piece of
+`FLOAT_ELEMS` elements: both sides converted once into float64 (exact from every stored dtype, so
+max_abs and the counts equal torch's float64 figures exactly, the sums to ~1e-12), then four BLAS
+dot products (a·a, b·b, a·b, d·d) and |d| reused for the max, the sum, the relative difference and
+the tolerance test. float32 would halve the arithmetic's memory traffic, but the conversion from
+float16/bfloat16 dominates the pass, and float64 keeps max_abs and the counts exact, so the pass
+stays float64. Pairs of `PARALLEL_ELEMS` elements or more are split into slices over a thread
+pool of one thread per core (numpy and BLAS release the GIL); each slice asks the kernel for its
+next `RELEASE_BYTES` (``MADV_WILLNEED``) while it computes the current ones and releases the pages
+behind it (``MADV_DONTNEED`` on the read-only map); the slices' sums are folded in slice order, so
+the figures do not depend on timing. Small pairs (under `SMALL_BYTES`) whose stored bytes are
+plain are compared as two byte strings with their pages released in batches: the per-pair cost
+that dominates checkpoints of 100,000 small expert tensors.
+
+Where it changed (`group_changes`): entries grouped by `tensorscope.grouping.layer_key`
+(``model.layers.3``) or `module_key` (``self_attn.q_proj``), norms added as sums of squares over
+the group's pairs (never a mean of ratios): ``rel_change`` = sqrt(Σ‖B−A‖²) / sqrt(Σ‖A‖²), ranked.
+Run the diff with ``norms=True`` so that identical tensors count in the denominators.
 
 Exit code: 0 when every tensor is "same" (after prefix stripping), 1 otherwise. Metadata
 differences (format names, versions, safetensors ``__metadata__``) are reported, never counted:
 ``model.metadata`` is flattened to dotted keys (``producer.version``); between two files of one
 format every key present on either side is compared, between two formats only the keys both have
-(plus a ``format`` row).
+(plus a ``format`` row). `PER_SAVE_KEYS` (torch's ``serialization_id`` and ``archive_prefix``)
+differ between any two saves: they are flagged ``per_save`` and the CLI shows them only with -v.
 
-Memory stays flat: values are read through zero-copy views chunk by chunk (``chunk_bytes`` of
-stored bytes for the byte compare; the float64 pass converts at most `FLOAT_ELEMS` elements at a
-time into buffers it reuses), and pages of the memory maps that were compared are handed back to
-the kernel as the walk goes (``MADV_DONTNEED``), so the resident set does not grow with the files:
-two 2 GB checkpoints diff in ~110 MB peak RSS (``benchmarks/bench_diff.py``).
+Memory stays flat: values are read through zero-copy views piece by piece into reused buffers,
+and pages of the memory maps that were compared are handed back to the kernel as the walk goes,
+so the resident set does not grow with the files (``benchmarks/bench_diff.py``).
 
 JSON schema (``DiffResult.to_dict()``; keys sorted by the CLI; non-finite floats as the strings
-``"inf"``, ``"-inf"``, ``"nan"``)::
+``"inf"``, ``"-inf"``, ``"nan"``). ``tensorscope.diff/2`` (from /1: ``max_rel`` leaves out zeros of
+B, counted in ``zero_ref``; norms and ``rel_change``; ``per_save``; ``by``/``groups``)::
 
     {
-      "schema": "tensorscope.diff/1",
+      "schema": "tensorscope.diff/2",
       "a_path": str, "b_path": str, "a_format": str, "b_format": str,
       "prefix_a": str, "prefix_b": str,          # detected wrapper prefixes ("" when none)
       "strip_prefix": [str], "maps": [[OLD, NEW]],
       "atol": float, "rtol": float, "values_compared": bool,
       "identical": bool, "exit_code": 0 | 1,
       "counts": {"same": int, "changed": int, "added": int, "removed": int, "renamed": int},
-      "metadata": [{"key": str, "a": any | null, "b": any | null}],   # null: key absent on that side
-      "entries": [{                                # the CLI's --only-changed/--limit filter these;
-                                                   # "counts" always covers every tensor
+      "metadata": [{"key": str, "a": any | null, "b": any | null,   # null: key absent on that side
+                    "per_save": bool}],          # differs between any two saves (-v shows it)
+      "by": "layer" | "module",                  # CLI --by only
+      "groups": [{"key": str, "tensors": int, "changed": int, "compared": int, "unknown": int,
+                  "norm_a": float, "norm_diff": float, "rel_change": float | null}],  # ranked
+      "entries": [{                                # the CLI's --only-changed/--limit/--top filter
+                                                   # these (ranked); "counts" covers every tensor
         "status": "same" | "changed" | "added" | "removed" | "renamed",
         "name": str,                               # name_a, or name_b for added tensors
         "name_a": str | null, "name_b": str | null,
@@ -97,8 +129,10 @@ JSON schema (``DiffResult.to_dict()``; keys sorted by the CLI; non-finite floats
                                                    # "stride [3, 1] -> [1, 2]", "values", "name x -> y"
         "values": null | {
           "numel": int, "identical_bytes": bool, "compared_as": "bytes" | "float64" | "complex128",
-          "max_abs": float | null, "max_rel": float | null, "mean_abs": float | null,
-          "rms": float | null, "cosine": float | null,
+          "max_abs": float | null, "max_rel": float | null, "zero_ref": int,
+          "mean_abs": float | null, "rms": float | null, "cosine": float | null,
+          "norm_a": float | null, "norm_b": float | null, "norm_diff": float | null,
+          "rel_change": float | null,
           "mismatched": int | null, "nan_mismatch": int, "inf_mismatch": int
         }
       }]
@@ -106,28 +140,39 @@ JSON schema (``DiffResult.to_dict()``; keys sorted by the CLI; non-finite floats
 """
 from __future__ import annotations
 
+import functools
+import gc
 import hashlib
 import math
+import mmap
 import os
+import threading
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator, Sequence
 
+import ml_dtypes
 import numpy as np
 
 from . import dequant, dtypes
 from .errors import TensorscopeError
-from .model import ModelFile, TensorInfo
+from .model import ModelFile, TensorInfo, contiguous_stride
 from .reader import PageReleaser, iter_flat_chunks
 
-__all__ = ["ValueDiff", "TensorDiff", "DiffResult", "diff_models", "compare_values", "detect_prefixes",
-           "STATUSES", "SCHEMA"]
+__all__ = ["ValueDiff", "TensorDiff", "DiffResult", "GroupChange", "diff_models", "compare_values",
+           "detect_prefixes", "group_changes", "ranked", "reason", "STATUSES", "SCHEMA", "GROUP_BY",
+           "PER_SAVE_KEYS"]
 
 STATUSES = ("same", "changed", "added", "removed", "renamed")
-SCHEMA = "tensorscope.diff/1"
+SCHEMA = "tensorscope.diff/2"
 
 # Kinds whose elements numpy can convert to float64 one by one.
 _NUMERIC_KINDS = ("float", "int", "uint", "bool", "complex")
-FLOAT_ELEMS = 1 << 16  # elements per float64 step: 512 KiB buffers that stay in cache
+FLOAT_ELEMS = 8192       # elements per float64 step: 64 KiB buffers that stay in L2, and below
+                         # OpenBLAS's threshold (10,000) for threading a dot product
+PARALLEL_ELEMS = 1 << 20  # pairs this large are split across the thread pool
+RELEASE_BYTES = 4 << 20   # read ahead / release behind in steps of this many stored bytes
+SMALL_BYTES = 64 << 10    # pairs below this compare as byte strings and release in batches
 
 
 # ------------------------------------------------------------------------------------------------
@@ -145,16 +190,21 @@ def _num(x: float | None):
     return x
 
 
-@dataclass
+@dataclass(slots=True)
 class ValueDiff:
     """How the values of one aligned pair differ (see the module docstring for each definition).
 
     Attributes:
         numel: elements compared.
         identical_bytes: the stored bytes of both sides are equal (same dtype and shape only).
-        max_abs, max_rel, mean_abs, rms: over positions where both sides are finite; 0.0 when the
-            bytes are identical; None for bytes-only dtypes or when no position is finite.
-        cosine: None when undefined (a zero side, nothing finite) or not computed (identical bytes).
+        max_abs, mean_abs, rms: over positions where both sides are finite; 0.0 when the bytes are
+            identical; None for bytes-only dtypes or when no position is finite.
+        max_rel: max |a-b|/|b| over finite positions where b != 0 (None when there is none).
+        zero_ref: positions where b is exactly 0 and a is not (left out of ``max_rel``).
+        cosine: None when undefined (a zero side, nothing finite) or not computed (identical bytes
+            whose norms were not asked for).
+        norm_a, norm_b, norm_diff: the 2-norms of A, B and B - A over the finite positions (None
+            when not computed).
         mismatched: positions outside ``atol + rtol*|b|`` as ``torch.isclose`` counts them (NaN and
             Inf mismatches included); None for bytes-only dtypes whose bytes differ.
         nan_mismatch: positions where either side is NaN.
@@ -173,6 +223,10 @@ class ValueDiff:
     nan_mismatch: int = 0
     inf_mismatch: int = 0
     compared_as: str = "bytes"
+    norm_a: float | None = None
+    norm_b: float | None = None
+    norm_diff: float | None = None
+    zero_ref: int = 0
 
     @property
     def differs(self) -> bool:
@@ -181,10 +235,22 @@ class ValueDiff:
             return False
         return self.mismatched is None or self.mismatched > 0
 
+    @property
+    def rel_change(self) -> float | None:
+        """‖B − A‖₂ / ‖A‖₂: 0.0 when nothing changed, None when unknown or when A is all zero."""
+        if self.norm_diff == 0.0:
+            return 0.0
+        if self.norm_diff is None or not self.norm_a:
+            return None
+        return self.norm_diff / self.norm_a
+
     def to_dict(self) -> dict[str, Any]:
         return {"numel": self.numel, "identical_bytes": self.identical_bytes,
                 "max_abs": _num(self.max_abs), "max_rel": _num(self.max_rel),
+                "zero_ref": self.zero_ref,
                 "mean_abs": _num(self.mean_abs), "rms": _num(self.rms), "cosine": _num(self.cosine),
+                "norm_a": _num(self.norm_a), "norm_b": _num(self.norm_b),
+                "norm_diff": _num(self.norm_diff), "rel_change": _num(self.rel_change),
                 "mismatched": self.mismatched, "nan_mismatch": self.nan_mismatch,
                 "inf_mismatch": self.inf_mismatch, "compared_as": self.compared_as}
 
@@ -195,7 +261,7 @@ def _brief(t: TensorInfo | None) -> dict[str, Any] | None:
     return {"dtype": t.dtype, "shape": list(t.shape), "stride": list(t.stride), "nbytes": t.nbytes}
 
 
-@dataclass
+@dataclass(slots=True)
 class TensorDiff:
     """One tensor of A, of B, or of both, and how they differ.
 
@@ -265,16 +331,19 @@ class DiffResult:
     def exit_code(self) -> int:
         return 0 if self.identical else 1
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self, entries: bool = True) -> dict[str, Any]:
+        """The JSON document (module docstring); ``entries=False`` leaves the entries out, for a
+        writer that streams them."""
         return {"schema": SCHEMA, "a_path": self.a_path, "b_path": self.b_path,
                 "a_format": self.a_format,
                 "b_format": self.b_format, "prefix_a": self.prefix_a, "prefix_b": self.prefix_b,
                 "strip_prefix": list(self.strip_prefix), "maps": [list(m) for m in self.maps],
                 "atol": self.atol, "rtol": self.rtol, "values_compared": self.values_compared,
                 "identical": self.identical, "exit_code": self.exit_code, "counts": self.counts,
-                "metadata": [{"key": k, "a": _jsonable(va), "b": _jsonable(vb)}
+                "metadata": [{"key": k, "a": _jsonable(va), "b": _jsonable(vb),
+                              "per_save": k in PER_SAVE_KEYS}
                              for k, va, vb in self.metadata],
-                "entries": [e.to_dict() for e in self.entries]}
+                "entries": [e.to_dict() for e in self.entries] if entries else None}
 
 
 def _jsonable(v):
@@ -287,6 +356,137 @@ def _jsonable(v):
     if isinstance(v, (str, int, bool)) or v is None:
         return v
     return str(v)
+
+
+# ------------------------------------------------------------------------------------------------
+# Where the model changed: relative change per layer / module kind
+# ------------------------------------------------------------------------------------------------
+
+@dataclass
+class GroupChange:
+    """The tensors of one layer (``model.layers.3``) or one module kind (``self_attn.q_proj``).
+
+    Norms add as sums of squares over the group's compared pairs (never a mean of per-tensor
+    ratios): ``rel_change`` = sqrt(Σ‖B−A‖²) / sqrt(Σ‖A‖²). ``unknown`` counts pairs whose norms
+    were not computed (identical bytes without ``norms=True``, bytes-only dtypes, shape changes);
+    ``added``/``removed`` tensors count in ``tensors`` and ``changed`` only.
+    """
+
+    key: str
+    tensors: int = 0
+    changed: int = 0
+    unknown: int = 0
+    compared: int = 0
+    sq_a: float = 0.0
+    sq_diff: float = 0.0
+
+    @property
+    def norm_a(self) -> float:
+        return math.sqrt(self.sq_a)
+
+    @property
+    def norm_diff(self) -> float:
+        return math.sqrt(self.sq_diff)
+
+    @property
+    def rel_change(self) -> float | None:
+        """None when no pair of the group has known norms, or when ‖A‖ is 0 and B differs."""
+        if not self.compared:
+            return None
+        if self.sq_diff == 0.0:
+            return 0.0
+        return self.norm_diff / self.norm_a if self.sq_a > 0 else None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"key": self.key, "tensors": self.tensors, "changed": self.changed,
+                "unknown": self.unknown, "compared": self.compared, "norm_a": _num(self.norm_a),
+                "norm_diff": _num(self.norm_diff), "rel_change": _num(self.rel_change)}
+
+
+GROUP_BY = ("layer", "module")
+
+
+def group_changes(entries: Sequence["TensorDiff"], by: str) -> list[GroupChange]:
+    """Aggregate entries per layer (``by="layer"``, `grouping.layer_key`) or per module kind
+    (``"module"``, `grouping.module_key`), ranked by relative change (largest first; groups whose
+    change is unknown last), ties in first-seen order."""
+    from . import grouping
+    keyf = {"layer": grouping.layer_key, "module": grouping.module_key}.get(by)
+    if keyf is None:
+        raise ValueError(f"group by one of {GROUP_BY}, not {by!r}")
+    groups: dict[str, GroupChange] = {}
+    for e in entries:
+        info = e.a if e.a is not None else e.b
+        key = keyf(e.name, info.path if info is not None and len(info.path) > 1 else ())
+        g = groups.get(key)
+        if g is None:
+            g = groups[key] = GroupChange(key)
+        g.tensors += 1
+        if e.status != "same":
+            g.changed += 1
+        v = e.values
+        if e.status in ("added", "removed"):
+            continue
+        if v is None or v.norm_a is None or v.norm_diff is None:
+            g.unknown += 1
+            continue
+        g.compared += 1
+        g.sq_a += v.norm_a * v.norm_a
+        g.sq_diff += v.norm_diff * v.norm_diff
+    order = sorted(enumerate(groups.values()),
+                   key=lambda ig: (ig[1].rel_change is None, -(ig[1].rel_change or 0.0), ig[0]))
+    return [g for _, g in order]
+
+
+def ranked(entries: Sequence["TensorDiff"]) -> list["TensorDiff"]:
+    """Largest change first: structural changes (added, removed, renamed, dtype, shape), then value
+    changes, then layout-only changes, then the rest; within each, by relative change
+    ‖B−A‖/‖A‖, then max_abs, both descending (NaN first); ties keep the model's order."""
+    def key(item):
+        i, e = item
+        if e.structural:
+            rank = 0
+        elif e.status == "changed":
+            rank = 1
+        elif e.changes:
+            rank = 2
+        else:
+            rank = 3
+        v = e.values
+        rel = v.rel_change if v is not None and v.rel_change is not None else -1.0
+        m = v.max_abs if v is not None and v.max_abs is not None else -1.0
+        return (rank, -(math.inf if rel != rel else rel), -(math.inf if m != m else m), i)
+    return [e for _, e in sorted(enumerate(entries), key=key)]
+
+
+def reason(e: "TensorDiff") -> str:
+    """Why a pair is listed as it is, in words, for every surface (CLI table, TUI):
+    ``"values: 12 of 4,096 outside tolerance; NaN 1"``, ``"dtype float32 -> bfloat16"``,
+    ``"identical"``, ``"within tolerance"``."""
+    if e.status == "added":
+        return f"only in B: {e.b.dtype} {list(e.b.shape)}"
+    if e.status == "removed":
+        return f"only in A: {e.a.dtype} {list(e.a.shape)}"
+    if e.status == "renamed":
+        return f"renamed to {e.name_b}"
+    parts = [c for c in e.changes if c != "values"]
+    v = e.values
+    if v is not None and "values" in e.changes:
+        if v.mismatched is None:
+            parts.append("stored bytes differ")
+        else:
+            parts.append(f"values: {v.mismatched:,} of {v.numel:,} outside tolerance")
+        if v.nan_mismatch:
+            parts.append(f"NaN on a side at {v.nan_mismatch:,}")
+        if v.inf_mismatch:
+            parts.append(f"Inf differs at {v.inf_mismatch:,}")
+    elif v is not None and v.identical_bytes:
+        parts.append("identical")
+    elif v is not None:
+        parts.append("within tolerance")
+    elif e.status == "same" and not parts:
+        parts.append("values not compared")
+    return "; ".join(parts)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -351,6 +551,80 @@ def _equal_bytes(pa: np.ndarray, pb: np.ndarray) -> bool:
     return bool(np.array_equal(ua, ub))
 
 
+@functools.lru_cache(maxsize=4096)
+def _plain(shape: tuple[int, ...], stride: tuple[int, ...]) -> bool:
+    """C-contiguous strides (cached: a checkpoint has few distinct shapes)."""
+    return all(d <= 1 or s == c for d, s, c in zip(shape, stride, contiguous_stride(shape)))
+
+
+class _Pages(PageReleaser):
+    """`PageReleaser` that also reads ahead (``MADV_WILLNEED`` on the next piece while this one is
+    computed, so a cold file is read by the kernel in parallel with the arithmetic), releases
+    small tensors in batches, and hands out a small tensor's stored bytes directly."""
+
+    def __init__(self, model: ModelFile):
+        super().__init__(model)
+        self.pending: dict[str, tuple[int, int, int]] = {}  # file -> (lo, hi, bytes) to release
+
+    def prefetch_range(self, file: str, offset: int, length: int) -> None:
+        got = self._map(file)
+        if got is None or length <= 0:
+            return
+        raw, _, size = got
+        lo = max(0, offset) // mmap.PAGESIZE * mmap.PAGESIZE
+        hi = min(size, offset + length)
+        if hi > lo:
+            try:
+                raw.madvise(mmap.MADV_WILLNEED, lo, hi - lo)
+            except (OSError, ValueError):
+                pass  # advice only
+
+    def prefetch_piece(self, file: str, piece: np.ndarray) -> None:
+        got = self._map(file)
+        if got is None or piece.size == 0:
+            return
+        _, base, size = got
+        addr = piece.__array_interface__["data"][0]
+        if base <= addr < base + size:
+            self.prefetch_range(file, addr - base, piece.nbytes)
+
+    def stored_bytes(self, info: TensorInfo) -> bytes | None:
+        """The bytes of a small tensor stored plainly (C order, one piece) in a local map, or
+        None when it is stored any other way (then the general path reads it)."""
+        if info.byte_offset is None or info.chunks or info.name in self.model.custom_readers:
+            return None
+        got = self._map(info.file)
+        if got is None:
+            return None
+        raw, _, size = got
+        end = info.byte_offset + info.nbytes
+        if end > size or not _plain(info.shape, info.stride):
+            return None
+        return raw[info.byte_offset:end]
+
+    def defer(self, info: TensorInfo) -> None:
+        """Release a small tensor's pages later, with its neighbours: one ``madvise`` per
+        `RELEASE_BYTES` of small tensors instead of one per tensor."""
+        if info.byte_offset is None or not info.file:
+            return
+        lo, hi, n = self.pending.get(info.file, (info.byte_offset, 0, 0))
+        lo, hi = min(lo, info.byte_offset), max(hi, info.byte_offset + info.nbytes)
+        if n + info.nbytes >= RELEASE_BYTES:
+            self.release_range(info.file, lo, hi - lo)
+            self.pending.pop(info.file, None)
+        else:
+            self.pending[info.file] = (lo, hi, n + info.nbytes)
+
+    def flush(self) -> None:
+        for file, (lo, hi, _) in self.pending.items():
+            self.release_range(file, lo, hi - lo)
+        self.pending.clear()
+
+    def prefetch_tensor(self, info: TensorInfo) -> None:
+        if info.byte_offset is not None and info.file:
+            self.prefetch_range(info.file, info.byte_offset, min(info.span_bytes, RELEASE_BYTES))
+
+
 class _Walker:
     """Streams the values of one pair of views, releasing map pages and reporting progress."""
 
@@ -360,6 +634,7 @@ class _Walker:
         self.progress = progress
         self.chunk_bytes = max(64, int(chunk_bytes))
         self.seen = 0
+        self.want_norms = False  # also read identical tensors for their norms (grouped views)
 
     def pieces(self, va, vb, ia: TensorInfo, ib: TensorInfo, chunk_bytes: int, skip: int = 0):
         """Aligned pieces of both views. Progress is reported as pieces are handed out, except for
@@ -383,13 +658,87 @@ class _Walker:
 
     def floats(self, va, vb, ia, ib, atol: float, rtol: float, skip: int = 0) -> ValueDiff:
         cplx = va.dtype.kind == "c" or vb.dtype.kind == "c"
-        # Pieces of at most FLOAT_ELEMS elements converted into reused float64 buffers: they stay
-        # in cache and no temporary is allocated per piece (fresh pages cost more than the math).
+        compared_as = "complex128" if cplx else "float64"
         elems = max(1, min(FLOAT_ELEMS, self.chunk_bytes // 32))
+        if (va.size >= PARALLEL_ELEMS and va.flags.c_contiguous and vb.flags.c_contiguous
+                and elems == FLOAT_ELEMS):
+            return self._parallel(va, vb, ia, ib, atol, rtol, skip, cplx).result(va.size,
+                                                                                  compared_as)
         acc = _Accumulator(atol, rtol, elems, cplx)
         for pa, pb in self.pieces(va, vb, ia, ib, elems * max(va.itemsize, vb.itemsize, 1), skip):
             acc.add(pa, pb)
-        return acc.result(va.size, "complex128" if cplx else "float64")
+        return acc.result(va.size, compared_as)
+
+    def _parallel(self, va, vb, ia, ib, atol, rtol, skip, cplx) -> _Accumulator:
+        """One large contiguous pair over the thread pool: numpy and BLAS release the GIL, so the
+        slices run on every core. Each slice reads ahead of itself and hands its pages back behind
+        itself; the partial sums are folded in slice order (the figures do not depend on timing)."""
+        fa, fb = va.reshape(-1), vb.reshape(-1)
+        n = fa.size
+        per = max(FLOAT_ELEMS, -(-n // (4 * _workers())))
+        per = -(-per // FLOAT_ELEMS) * FLOAT_ELEMS
+        bounds = [(lo, min(n, lo + per)) for lo in range(0, n, per)]
+        lock = threading.Lock()
+        reported = [0]
+        item = fa.itemsize + fb.itemsize
+
+        def advance(nbytes: int) -> None:
+            if self.progress is None:
+                return
+            with lock:  # bytes before ``skip`` were reported by the byte pass
+                before = reported[0]
+                reported[0] += nbytes
+                new = reported[0] - max(before, skip)
+                if new > 0:
+                    self.progress(min(new, nbytes))
+
+        def run(lo: int, hi: int) -> _Accumulator:
+            acc = _Accumulator(atol, rtol, FLOAT_ELEMS, cplx)
+            step = max(FLOAT_ELEMS, (RELEASE_BYTES // item) // FLOAT_ELEMS * FLOAT_ELEMS)
+            for s in range(lo, hi, step):
+                e = min(hi, s + step)
+                sa, sb = fa[s:e], fb[s:e]
+                nxt = slice(e, min(hi, e + step))
+                self.rel_a.prefetch_piece(ia.file, fa[nxt])
+                self.rel_b.prefetch_piece(ib.file, fb[nxt])
+                for i in range(0, e - s, FLOAT_ELEMS):
+                    acc.add(sa[i:i + FLOAT_ELEMS], sb[i:i + FLOAT_ELEMS])
+                self.rel_a.release_piece(ia.file, sa)
+                self.rel_b.release_piece(ib.file, sb)
+                advance((e - s) * item)
+            return acc
+
+        futures = [_pool().submit(run, lo, hi) for lo, hi in bounds]
+        total = None
+        for f in futures:
+            acc = f.result()
+            if total is None:
+                total = acc
+            else:
+                total.merge(acc)
+        self.seen = n * item
+        return total
+
+    def norms(self, va, ia, side: str) -> float:
+        """‖va‖₂ (for identical tensors, whose norms the grouped view needs)."""
+        rel = self.rel_a if side == "a" else self.rel_b
+        elems = max(1, min(FLOAT_ELEMS, self.chunk_bytes // 32))
+        x = np.empty(elems, np.complex128 if va.dtype.kind == "c" else np.float64)
+        u = np.empty(elems, np.uint32)
+        total = 0.0
+        for piece in iter_flat_chunks(va, elems * max(va.itemsize, 1)):
+            xs = x[:piece.size]
+            _to_float(piece, xs, u)
+            with np.errstate(invalid="ignore", over="ignore"):
+                if xs.dtype.kind == "c":
+                    total += float(np.vdot(xs, xs).real)
+                elif np.isfinite(v := float(xs @ xs)):
+                    total += v
+                else:
+                    fin = xs[np.isfinite(xs)]
+                    total += float((fin * fin).sum())
+            rel.release_piece(ia.file, piece)
+        return math.sqrt(total)
 
     def decoded(self, ma, ta, mb, tb, atol: float, rtol: float, skip: int = 0) -> ValueDiff:
         """Like `floats`, with either side decoded (`dequant.iter_decoded`) piece by piece.
@@ -426,8 +775,64 @@ def _released(pieces: Iterator[np.ndarray], rel: PageReleaser, file: str) -> Ite
         rel.release_piece(file, piece)
 
 
+_POOL: ThreadPoolExecutor | None = None
+_POOL_LOCK = threading.Lock()
+
+
+def _workers() -> int:
+    return max(1, min(8, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
+                      else (os.cpu_count() or 1)))
+
+
+def _pool() -> ThreadPoolExecutor:
+    """One pool per process, one thread per core (numpy and BLAS release the GIL in the loops)."""
+    global _POOL
+    with _POOL_LOCK:
+        if _POOL is None:
+            _POOL = ThreadPoolExecutor(_workers(), thread_name_prefix="tensorscope-diff")
+        return _POOL
+
+
+# fp8 and other one-byte float dtypes convert through a 256-entry table (ml_dtypes' own casts go
+# element by element); filled on first use.
+_TABLES: dict[str, np.ndarray] = {}
+_BF16 = np.dtype(ml_dtypes.bfloat16)
+
+
+def _table(piece: np.ndarray) -> np.ndarray:
+    key = str(piece.dtype)
+    t = _TABLES.get(key)
+    if t is None:
+        t = _TABLES[key] = np.arange(256, dtype=np.uint8).view(piece.dtype).astype(np.float64)
+    return t
+
+
+def _to_float(piece: np.ndarray, out: np.ndarray, scratch: np.ndarray) -> None:
+    """Convert ``piece`` into ``out`` (float64/complex128), exactly, by the fastest route numpy has:
+    bfloat16 is float32's upper half (a shift), one-byte floats go through a table, the rest through
+    numpy's own cast (float16 is converted in hardware where numpy can)."""
+    dt = piece.dtype
+    if dt == _BF16:
+        u = scratch[: piece.size]
+        np.left_shift(piece.view(np.uint16), 16, out=u, dtype=np.uint32)
+        np.copyto(out, u.view(np.float32))
+    elif dt.itemsize == 1 and dt.kind not in "iub":
+        np.take(_table(piece), piece.view(np.uint8), out=out)
+    else:
+        np.copyto(out, piece, casting="unsafe")
+
+
 class _Accumulator:
-    """Running sums for the float statistics, one piece at a time, in reused buffers."""
+    """Running sums for the float statistics, one piece at a time, in reused buffers.
+
+    The common case (every value finite, real) is one fused pass per piece: both sides converted
+    once into float64 (exact for every input dtype up to float64, so ``max_abs`` and the counts equal
+    torch's float64 figures exactly), then the four sums of products as BLAS dot products
+    (a·a, b·b, a·b, d·d), and |d| reused for the max, the sum, the relative difference and the
+    tolerance test. Pieces are at most `FLOAT_ELEMS` elements: the buffers stay in L2, and OpenBLAS
+    does not start its own threads for dot products of that size (it would fight ours).
+    Anything non-finite or complex takes the careful path (`_general`).
+    """
 
     def __init__(self, atol: float, rtol: float, elems: int, cplx: bool):
         self.atol, self.rtol = float(atol), float(rtol)
@@ -436,75 +841,107 @@ class _Accumulator:
         self.sum_abs = self.sum_sq = 0.0
         self.dot = self.xx = self.yy = 0.0
         self.count = 0
-        self.mismatched = self.nan = self.inf = 0
+        self.mismatched = self.nan = self.inf = self.zero_ref = 0
         work = np.complex128 if cplx else np.float64
         self.x, self.y = np.empty(elems, work), np.empty(elems, work)
-        self.ad, self.t, self.r = (np.empty(elems, np.float64) for _ in range(3))
+        self.d, self.t = np.empty(elems, np.float64), np.empty(elems, np.float64)
+        self.u = np.empty(elems, np.uint32)
         self.flag = np.empty(elems, np.bool_)
+
+    def merge(self, o: "_Accumulator") -> None:
+        """Fold in the sums of another accumulator (a slice of the same tensor, another thread)."""
+        self.max_abs = max(self.max_abs, o.max_abs)
+        self.max_rel = max(self.max_rel, o.max_rel)
+        self.sum_abs += o.sum_abs
+        self.sum_sq += o.sum_sq
+        self.dot += o.dot
+        self.xx += o.xx
+        self.yy += o.yy
+        self.count += o.count
+        self.mismatched += o.mismatched
+        self.nan += o.nan
+        self.inf += o.inf
+        self.zero_ref += o.zero_ref
 
     def add(self, pa: np.ndarray, pb: np.ndarray) -> None:
         n = pa.size
         x, y = self.x[:n], self.y[:n]
-        np.copyto(x, pa, casting="unsafe")
-        np.copyto(y, pb, casting="unsafe")
+        _to_float(pa, x, self.u)
+        _to_float(pb, y, self.u)
+        if x.dtype.kind == "c":
+            self._general(x, y)
+            return
+        d, t = self.d[:n], self.t[:n]
         with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
-            if x.dtype.kind == "c":
+            np.subtract(x, y, out=d)
+            sq = float(d @ d)
+            xx, yy = float(x @ x), float(y @ y)
+            if not (math.isfinite(sq) and math.isfinite(xx) and math.isfinite(yy)):
+                # A NaN or Inf somewhere (or a square that overflows): the careful path.
                 self._general(x, y)
                 return
-            ad, t, r = self.ad[:n], self.t[:n], self.r[:n]
-            np.subtract(x, y, out=ad)
-            np.abs(ad, out=ad)
-            worst = float(ad.max())
-            if not math.isfinite(worst):
-                # A NaN or Inf somewhere (or an overflowing difference): the careful path.
-                self._general(x, y)
-                return
-            # Every |a-b| is finite, so both sides are finite at every position.
-            np.abs(y, out=t)
-            np.divide(ad, t, out=r)                     # 0/0 -> NaN (ignored), x/0 -> inf
-            rel = float(np.fmax.reduce(r))
-            # torch.isclose on finite values: |a-b| <= atol + rtol*|b| (a == b implies it).
-            t *= self.rtol
-            t += self.atol
-            self.mismatched += int(np.count_nonzero(np.greater(ad, t, out=self.flag[:n])))
+            self.dot += float(x @ y)
+            self.sum_sq += sq
+            self.xx += xx
+            self.yy += yy
             self.count += n
+            np.abs(d, out=d)
+            worst = float(d.max())
             self.max_abs = max(self.max_abs, worst)
-            self.max_rel = max(self.max_rel, 0.0 if math.isnan(rel) else rel)
-            self.sum_abs += float(ad.sum())
-            self.sum_sq += float(np.multiply(ad, ad, out=r).sum())
-            self.dot += float(np.multiply(x, y, out=r).sum())
-            self.xx += float(np.multiply(x, x, out=r).sum())
-            self.yy += float(np.multiply(y, y, out=r).sum())
+            self.sum_abs += float(d.sum())
+            if worst == 0.0:
+                self.max_rel = max(self.max_rel, 0.0)
+                return
+            np.abs(y, out=t)
+            # |a-b| / |b| over the positions where b is not exactly 0 (0/0 is NaN, which fmax
+            # skips; x/0 is inf and means a zero of the reference: counted apart, then excluded).
+            rel = float(np.fmax.reduce(np.divide(d, t, out=x)))
+            if rel == math.inf:
+                zero = np.equal(t, 0.0, out=self.flag[:n])
+                self.zero_ref += int(np.count_nonzero(d[zero]))
+                rel = float(np.fmax.reduce(x[~zero])) if not zero.all() else math.nan
+            if not math.isnan(rel):
+                self.max_rel = max(self.max_rel, rel)
+            # torch.isclose on finite values: |a-b| <= atol + rtol*|b| (a == b implies it).
+            if worst > self.atol:
+                t *= self.rtol
+                t += self.atol
+                self.mismatched += int(np.count_nonzero(np.greater(d, t, out=self.flag[:n])))
 
     def _general(self, x: np.ndarray, y: np.ndarray) -> None:
         """Any values, NaN and Inf included (allocates temporaries; also the complex path)."""
-        ad = np.abs(x - y)
-        ay = np.abs(y)
-        # torch.isclose: a == b, or a finite error within atol + rtol*|b| (NaN never matches).
-        close = (x == y) | (np.isfinite(ad) & (ad <= self.atol + self.rtol * ay))
-        self.mismatched += int(close.size - np.count_nonzero(close))
-        both = np.isfinite(x) & np.isfinite(y)
-        if not both.all():
-            nan = np.isnan(x) | np.isnan(y)
-            self.nan += int(np.count_nonzero(nan))
-            self.inf += int(np.count_nonzero(~both & ~nan & (x != y)))
-            x, y, ad, ay = x[both], y[both], ad[both], ay[both]
-        if ad.size == 0:
-            return
-        self.count += ad.size
-        self.max_abs = max(self.max_abs, float(ad.max()))
-        rel = np.where(ad == 0, 0.0, ad / ay)
-        self.max_rel = max(self.max_rel, float(rel.max()))
-        self.sum_abs += float(ad.sum())
-        self.sum_sq += float((ad * ad).sum())
-        if x.dtype.kind == "c":
-            self.dot += float((x.conj() * y).real.sum())
-            self.xx += float((x.conj() * x).real.sum())
-            self.yy += float((y.conj() * y).real.sum())
-        else:
-            self.dot += float((x * y).sum())
-            self.xx += float((x * x).sum())
-            self.yy += float((y * y).sum())
+        with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
+            ad = np.abs(x - y)
+            ay = np.abs(y)
+            # torch.isclose: a == b, or a finite error within atol + rtol*|b| (NaN never matches).
+            close = (x == y) | (np.isfinite(ad) & (ad <= self.atol + self.rtol * ay))
+            self.mismatched += int(close.size - np.count_nonzero(close))
+            both = np.isfinite(x) & np.isfinite(y)
+            if not both.all():
+                nan = np.isnan(x) | np.isnan(y)
+                self.nan += int(np.count_nonzero(nan))
+                self.inf += int(np.count_nonzero(~both & ~nan & (x != y)))
+                x, y, ad, ay = x[both], y[both], ad[both], ay[both]
+            if ad.size == 0:
+                return
+            self.count += ad.size
+            self.max_abs = max(self.max_abs, float(ad.max()))
+            ref = ay != 0
+            self.zero_ref += int(np.count_nonzero(ad[~ref]))
+            if ref.any():
+                self.max_rel = max(self.max_rel, float((ad[ref] / ay[ref]).max()))
+            elif not ad.any():
+                self.max_rel = max(self.max_rel, 0.0)  # nothing differs: 0, whatever b is
+            self.sum_abs += float(ad.sum())
+            self.sum_sq += float((ad * ad).sum())
+            if x.dtype.kind == "c":
+                self.dot += float((x.conj() * y).real.sum())
+                self.xx += float((x.conj() * x).real.sum())
+                self.yy += float((y.conj() * y).real.sum())
+            else:
+                self.dot += float((x * y).sum())
+                self.xx += float((x * x).sum())
+                self.yy += float((y * y).sum())
 
     def result(self, numel: int, compared_as: str) -> ValueDiff:
         if self.count == 0:
@@ -513,11 +950,21 @@ class _Accumulator:
         cosine = None
         if self.xx > 0 and self.yy > 0 and math.isfinite(self.xx) and math.isfinite(self.yy):
             cosine = self.dot / (math.sqrt(self.xx) * math.sqrt(self.yy))
-        return ValueDiff(numel, False, max_abs=self.max_abs, max_rel=self.max_rel,
+        return ValueDiff(numel, False, max_abs=self.max_abs,
+                         max_rel=self.max_rel if self.max_rel >= 0 else None,
                          mean_abs=self.sum_abs / self.count,
                          rms=math.sqrt(self.sum_sq / self.count), cosine=cosine,
                          mismatched=self.mismatched, nan_mismatch=self.nan, inf_mismatch=self.inf,
-                         compared_as=compared_as)
+                         compared_as=compared_as, norm_a=math.sqrt(self.xx),
+                         norm_b=math.sqrt(self.yy), norm_diff=math.sqrt(self.sum_sq),
+                         zero_ref=self.zero_ref)
+
+
+def _identical(numel: int, norm: float | None = None) -> ValueDiff:
+    """Identical values: every difference 0; the norms and cosine when ``norm`` was computed."""
+    cos = (1.0 if norm > 0 else None) if norm is not None and math.isfinite(norm) else None
+    return ValueDiff(numel, True, 0.0, 0.0, 0.0, 0.0, cos, 0, 0, 0, "bytes",
+                     norm_a=norm, norm_b=norm, norm_diff=0.0)
 
 
 def _readable(model: ModelFile, t: TensorInfo) -> bool:
@@ -536,13 +983,30 @@ def compare_values(ma: ModelFile, ta: TensorInfo, mb: ModelFile, tb: TensorInfo,
         raise ValueError(f"compare_values: shapes differ ({ta.shape} vs {tb.shape})")
     if not (_readable(ma, ta) and _readable(mb, tb)):
         return None
-    rel_a, rel_b = PageReleaser(ma), PageReleaser(mb)
+    rel_a, rel_b = _Pages(ma), _Pages(mb)
     walker = _Walker(rel_a, rel_b, progress, chunk_bytes)
     try:
         return _compare(walker, ma, ta, mb, tb, atol, rtol)
     finally:
         rel_a.release_tensor(ta)
         rel_b.release_tensor(tb)
+
+
+def _same_small(walker: _Walker, ta: TensorInfo, tb: TensorInfo) -> ValueDiff | None:
+    """A small pair whose stored bytes are equal, compared as two byte strings: the per-pair cost
+    that dominates a checkpoint of 100,000 small tensors (no views, no chunk walk, no madvise).
+    None when the bytes differ or are not stored plainly (the general path decides)."""
+    if ta.dtype != tb.dtype or walker.want_norms or not _same_qparams(ta, tb):
+        return None
+    sa = walker.rel_a.stored_bytes(ta)
+    if sa is None:
+        return None
+    sb = walker.rel_b.stored_bytes(tb)
+    if sb is None or sa != sb:
+        return None
+    if walker.progress is not None:
+        walker.progress(len(sa) + len(sb))
+    return _identical(ta.numel)
 
 
 def _compare(walker: _Walker, ma, ta, mb, tb, atol, rtol) -> ValueDiff | None:
@@ -554,7 +1018,8 @@ def _compare(walker: _Walker, ma, ta, mb, tb, atol, rtol) -> ValueDiff | None:
         if va.shape != vb.shape or va.dtype != vb.dtype:  # bytes-only views of different sizes
             return ValueDiff(ta.numel, False, mismatched=None)
         if walker.same_bytes(va, vb, ta, tb) and _same_qparams(ta, tb):
-            return ValueDiff(ta.numel, True, 0.0, 0.0, 0.0, 0.0, None, 0, 0, 0, "bytes")
+            return _identical(ta.numel, walker.norms(va, ta, "a")
+                              if walker.want_norms and numeric else None)
         if decoded:
             return walker.decoded(ma, ta, mb, tb, atol, rtol, skip=walker.seen)
         if not numeric:
@@ -591,13 +1056,11 @@ def _common_prefixes(names: Sequence[str]) -> list[str]:
     """Every dotted prefix shared by all ``names`` that leaves each name non-empty, shortest first."""
     if not names:
         return [""]
-    parts = [n.split(".")[:-1] for n in names]
-    common: list[str] = []
-    for level in zip(*parts):
-        if any(p != level[0] for p in level):
-            break
-        common.append(level[0])
-    return ["".join(c + "." for c in common[:i]) for i in range(len(common) + 1)]
+    # The string prefix common to all names is the one common to the smallest and the largest.
+    common = os.path.commonprefix([min(names), max(names)])
+    dotted = common[: common.rfind(".") + 1]      # whole components only, the leaf excluded
+    parts = dotted.split(".")[:-1]
+    return ["".join(c + "." for c in parts[:i]) for i in range(len(parts) + 1)]
 
 
 def _strip(names: Sequence[str], prefix: str) -> set[str]:
@@ -619,6 +1082,8 @@ def detect_prefixes(names_a: Sequence[str], names_b: Sequence[str],
         return {rw(x) for x in _strip(names, prefix)}
 
     best = (len(keys(names_a, "") & keys(names_b, "")), 0, "", "")
+    if best[0] == min(len(set(names_a)), len(set(names_b))):
+        return "", ""  # every name already matches: no prefix can match more
     kb_by_prefix = {pb: keys(names_b, pb) for pb in _common_prefixes(names_b)}
     for pa in _common_prefixes(names_a):
         ka = keys(names_a, pa)
@@ -659,6 +1124,11 @@ def _flatten(d: Any, prefix: str = "") -> dict[str, Any]:
             else:
                 out[key] = v
     return out
+
+
+# Metadata that differs between any two saves of one model (torch writes a fresh serialization id
+# and names the archive folder after the file): shown only on request (``-v``).
+PER_SAVE_KEYS = frozenset({"serialization_id", "archive_prefix"})
 
 
 def _metadata_diff(ma: ModelFile, mb: ModelFile) -> list[tuple[str, Any, Any]]:
@@ -736,11 +1206,18 @@ def _pair(ma, ta, mb, tb, walker: _Walker, values: bool, atol, rtol) -> TensorDi
         changes.append(f"stride {_fmt_shape(ta.stride)} -> {_fmt_shape(tb.stride)}")
     vd = None
     if values and ta.shape == tb.shape and _readable(ma, ta) and _readable(mb, tb):
+        small = ta.nbytes < SMALL_BYTES and tb.nbytes < SMALL_BYTES
         try:
-            vd = _compare(walker, ma, ta, mb, tb, atol, rtol)
+            vd = _same_small(walker, ta, tb) if small else None
+            if vd is None:
+                vd = _compare(walker, ma, ta, mb, tb, atol, rtol)
         finally:
-            walker.rel_a.release_tensor(ta)
-            walker.rel_b.release_tensor(tb)
+            if small:
+                walker.rel_a.defer(ta)
+                walker.rel_b.defer(tb)
+            else:
+                walker.rel_a.release_tensor(ta)
+                walker.rel_b.release_tensor(tb)
         if vd is not None and vd.differs:
             changes.append("values")
     structural = any(not c.startswith("stride ") for c in changes)
@@ -751,7 +1228,7 @@ def diff_models(a, b, *, atol: float = 1e-8, rtol: float = 1e-5, values: bool = 
                 strip_prefix: Sequence[str] = (), maps: Sequence[tuple[str, str]] = (),
                 detect_prefix: bool = True, detect_renames: bool = True,
                 progress: Callable[[int], None] | None = None,
-                chunk_bytes: int = 16 << 20) -> DiffResult:
+                chunk_bytes: int = 16 << 20, norms: bool = False) -> DiffResult:
     """Compare two models tensor by tensor.
 
     Args:
@@ -766,6 +1243,8 @@ def diff_models(a, b, *, atol: float = 1e-8, rtol: float = 1e-5, values: bool = 
         detect_renames: pair removed and added tensors whose bytes are equal.
         progress: called with the number of bytes read after each chunk.
         chunk_bytes: stored bytes compared per step (peak memory is a small multiple of it).
+        norms: also read tensors whose bytes are identical for their 2-norms, so that grouped
+            relative changes (`group_changes`) have every tensor in their denominators.
 
     Returns:
         The `DiffResult`.
@@ -782,13 +1261,18 @@ def diff_models(a, b, *, atol: float = 1e-8, rtol: float = 1e-5, values: bool = 
         if not tol >= 0:  # also rejects NaN; torch.isclose refuses negative tolerances too
             raise TensorscopeError(f"{label} must be a number >= 0, got {tol}")
     opened: list[ModelFile] = []
+    gc_was = gc.isenabled()
+    gc.disable()  # records without cycles, by the 100,000: collections would cost half the time
     try:
         ma = _as_model(a, opened)
         mb = _as_model(b, opened)
         return _diff(ma, mb, atol=atol, rtol=rtol, values=values, strip=tuple(strip_prefix),
                      maps=tuple((str(o), str(n)) for o, n in maps), detect_prefix=detect_prefix,
-                     detect_renames=detect_renames, progress=progress, chunk_bytes=chunk_bytes)
+                     detect_renames=detect_renames, progress=progress, chunk_bytes=chunk_bytes,
+                     norms=norms)
     finally:
+        if gc_was:
+            gc.enable()
         for m in opened:
             m.close()
 
@@ -827,7 +1311,7 @@ def _tied_pair(ma, ta, mb, tb, walker, values, atol, rtol, side: str) -> TensorD
 
 
 def _diff(ma: ModelFile, mb: ModelFile, *, atol, rtol, values, strip, maps, detect_prefix,
-          detect_renames, progress, chunk_bytes) -> DiffResult:
+          detect_renames, progress, chunk_bytes, norms=False) -> DiffResult:
     names_a = [_strip_user(t.name, strip) for t in ma.tensors]
     names_b = [_strip_user(t.name, strip) for t in mb.tensors]
     pa, pb = ("", "")
@@ -836,11 +1320,13 @@ def _diff(ma: ModelFile, mb: ModelFile, *, atol, rtol, values, strip, maps, dete
     ka = _keyed(ma.tensors, strip, maps, pa)
     kb = _keyed(mb.tensors, strip, maps, pb)
 
-    rel_a, rel_b = PageReleaser(ma), PageReleaser(mb)
+    rel_a, rel_b = _Pages(ma), _Pages(mb)
     walker = _Walker(rel_a, rel_b, progress, chunk_bytes)
+    walker.want_norms = norms
     entries: list[TensorDiff] = []
-    tied_a = _tied(ka, kb)     # A name -> B tensor it is stored as (tied weights)
-    tied_b = _tied(kb, ka)     # B name -> A tensor
+    # tied weights matter only for names one side lacks
+    tied_a = _tied(ka, kb) if ka.keys() - kb.keys() else {}  # A name -> B tensor stored as
+    tied_b = _tied(kb, ka) if kb.keys() - ka.keys() else {}  # B name -> A tensor
     removed = [t for k, t in ka.items() if k not in kb and t.name not in tied_a]
     added = [t for k, t in kb.items() if k not in ka and t.name not in tied_b]
     renamed: dict[str, TensorInfo] = {}  # A name -> B tensor
@@ -849,8 +1335,15 @@ def _diff(ma: ModelFile, mb: ModelFile, *, atol, rtol, values, strip, maps, dete
             renamed[ta.name] = tb
     renamed_b = {t.name for t in renamed.values()}
 
-    for key, ta in ka.items():
+    pending = list(ka.items())
+    for i, (key, ta) in enumerate(pending):
         tb = kb.get(key)
+        if values and i + 1 < len(pending) and pending[i + 1][1].nbytes >= RELEASE_BYTES:
+            # read ahead: the kernel fetches the next pair's first pages while this one is compared
+            nxt = pending[i + 1]
+            rel_a.prefetch_tensor(nxt[1])
+            if nxt[0] in kb:
+                rel_b.prefetch_tensor(kb[nxt[0]])
         if tb is not None:
             entries.append(_pair(ma, ta, mb, tb, walker, values, atol, rtol))
         elif ta.name in tied_a:
@@ -860,8 +1353,7 @@ def _diff(ma: ModelFile, mb: ModelFile, *, atol, rtol, values, strip, maps, dete
             tb = renamed[ta.name]
             entries.append(TensorDiff("renamed", ta.name, tb.name, ta, tb,
                                       [f"name {ta.name} -> {tb.name}"],
-                                      ValueDiff(ta.numel, True, 0.0, 0.0, 0.0, 0.0, None, 0, 0, 0,
-                                                "bytes")))
+                                      _identical(ta.numel)))
         else:
             entries.append(TensorDiff("removed", ta.name, None, ta, None))
     for key, tb in kb.items():
@@ -872,6 +1364,8 @@ def _diff(ma: ModelFile, mb: ModelFile, *, atol, rtol, values, strip, maps, dete
         elif key not in ka and tb.name not in renamed_b:
             entries.append(TensorDiff("added", None, tb.name, None, tb))
 
+    rel_a.flush()
+    rel_b.flush()
     return DiffResult(a_path=ma.path, b_path=mb.path, a_format=ma.format, b_format=mb.format,
                       entries=entries, prefix_a=pa, prefix_b=pb, metadata=_metadata_diff(ma, mb),
                       atol=float(atol), rtol=float(rtol), values_compared=bool(values),

@@ -8,8 +8,8 @@ groups the same way everywhere.
 """
 from __future__ import annotations
 
-__all__ = ["components", "group_key", "group_indices", "index_ranges", "layer_key", "module_key",
-           "GroupCollector"]
+__all__ = ["components", "group_key", "group_indices", "index_ranges", "range_labels",
+           "describe_ranges", "layer_key", "module_key", "GroupCollector"]
 
 
 def components(name: str, path: tuple[str, ...] = ()) -> tuple[str, ...]:
@@ -42,6 +42,30 @@ def index_ranges(indices: list[tuple[int, ...]]) -> list[tuple[int, int, int]]:
         seen = {i[pos] for i in indices}
         out.append((min(seen), max(seen), len(seen)))
     return out
+
+
+def range_labels(pattern: str) -> list[str]:
+    """What each ``#`` of a pattern counts: the component before it (``layers``, ``experts``), or
+    ``#1``, ``#2``... where an index follows another index or opens the name."""
+    parts = pattern.split(".")
+    out = []
+    for i, c in enumerate(parts):
+        if c == "#":
+            before = parts[i - 1] if i else ""
+            out.append(before if before and before != "#" else f"#{len(out) + 1}")
+    return out
+
+
+def describe_ranges(pattern: str, ranges) -> str:
+    """``layers 0–59, experts 0–255`` for a group's (lowest, highest, distinct) per ``#``; a
+    range with holes says how many values were seen (``layers 0–59 (12 seen)``)."""
+    out = []
+    for label, (lo, hi, distinct) in zip(range_labels(pattern), ranges):
+        text = f"{label} {lo}" if lo == hi else f"{label} {lo}–{hi}"
+        if distinct != hi - lo + 1:
+            text += f" ({distinct} seen)"
+        out.append(text)
+    return ", ".join(out)
 
 
 def layer_key(name: str, path: tuple[str, ...] = ()) -> str:
@@ -84,16 +108,14 @@ class GroupCollector:
 
     def add(self, name: str, dtype: str, shape: tuple[int, ...], nbytes: int = 0,
             path: tuple[str, ...] = ()) -> None:
-        parts = components(name, path)
-        key_parts, idx = [], []
-        for c in parts:
-            if c.isdigit() and c.isascii():
-                key_parts.append("#")
-                idx.append(int(c))
-            else:
-                key_parts.append(c)
-        key = (".".join(key_parts), dtype, tuple(shape))
+        parts = (path[0] if path else name).split(".") if len(path) <= 1 else components(name, path)
+        # list comprehensions, not a loop with appends: this runs once per tensor (10^5-10^6)
+        digits = [c for c in parts if c.isdigit() and c.isascii()]
+        if digits:
+            parts = ["#" if c.isdigit() and c.isascii() else c for c in parts]
+        key = (".".join(parts), dtype, tuple(shape))
         g = self._groups.get(key)
+        idx = [int(c) for c in digits]
         if g is None:
             # count, bytes, first name, per-position [lo, hi, seen-set]
             self._groups[key] = [1, nbytes, name, [[i, i, {i}] for i in idx]]

@@ -6,9 +6,9 @@ the evidence (pickles seen, anomalies) that the scanner judges.
 """
 from __future__ import annotations
 
+import gc
 import math
 from dataclasses import dataclass, field
-from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping
 
 from . import dtypes
@@ -20,9 +20,38 @@ if TYPE_CHECKING:  # numpy is imported by `read` (through the reader), never at 
     import numpy as np
 
 __all__ = ["TensorInfo", "Chunk", "Anomaly", "PickleRecord", "Evidence", "ModelFile",
-           "contiguous_stride"]
+           "contiguous_stride", "FrozenDict"]
 
-_EMPTY: Mapping[str, Any] = MappingProxyType({})
+
+class FrozenDict(dict):
+    """A read-only dict: `TensorInfo.extras`. A dict subclass rather than a MappingProxyType over
+    a copy: one object per record instead of two, and JSON encodes it as it is."""
+
+    __slots__ = ()
+
+    def _readonly(self, *args, **kwargs):
+        raise TypeError("TensorInfo.extras is read-only")
+
+    __setitem__ = __delitem__ = clear = pop = popitem = setdefault = update = _readonly
+    __ior__ = _readonly
+
+    def __reduce__(self):  # picklable (per-file work is shipped to worker processes)
+        return (FrozenDict, (dict(self),))
+
+    def __repr__(self) -> str:
+        return f"FrozenDict({dict.__repr__(self)})"
+
+
+_EMPTY: Mapping[str, Any] = FrozenDict()
+_KNOWN_DTYPES: set[str] = set()
+_STRIDES: dict[tuple[int, ...], tuple[int, ...]] = {}
+_INT_ONLY = {int}
+_SCALARS = (str, int, float, bool, type(None))
+
+
+def _int_items(values: tuple) -> bool:
+    """True when every item is a plain int (bools excluded) - one C-level pass."""
+    return not values or set(map(type, values)) == _INT_ONLY
 
 
 def contiguous_stride(shape: tuple[int, ...]) -> tuple[int, ...]:
@@ -95,20 +124,36 @@ class TensorInfo:
     has_data: bool = True
 
     def __post_init__(self):
+        # Runs once per tensor (10^5-10^6 per checkpoint): the common case (tuples of ints from
+        # a parser, a known dtype, extras already frozen or empty) costs a few type checks.
         set_ = object.__setattr__
-        shape = tuple(int(d) for d in self.shape)
-        set_(self, "shape", shape)
-        stride = contiguous_stride(shape) if self.stride is None else tuple(int(s) for s in self.stride)
+        shape = self.shape
+        if type(shape) is not tuple or not _int_items(shape):
+            shape = tuple(int(d) for d in shape)
+            set_(self, "shape", shape)
+        stride = self.stride
+        if stride is None:
+            stride = _STRIDES.get(shape)
+            if stride is None:
+                stride = contiguous_stride(shape)
+                if len(_STRIDES) < 4096:  # checkpoints repeat a few shapes: share their strides
+                    _STRIDES[shape] = stride
+            set_(self, "stride", stride)
+        elif type(stride) is not tuple or not _int_items(stride):
+            stride = tuple(int(s) for s in stride)
+            set_(self, "stride", stride)
         if len(stride) != len(shape):
             raise ValueError(f"tensor {self.name!r}: stride {stride} does not match shape {shape}")
-        set_(self, "stride", stride)
-        dtypes.spec(self.dtype)  # unknown dtype names are a programming error
+        if self.dtype not in _KNOWN_DTYPES:  # validated once per dtype, not per tensor
+            dtypes.spec(self.dtype)  # unknown dtype names are a programming error
+            _KNOWN_DTYPES.add(self.dtype)
         if self.nbytes < 0:
-            set_(self, "nbytes", dtypes.nbytes_for(self.dtype, self.numel))
+            set_(self, "nbytes", dtypes.nbytes_for(self.dtype, math.prod(shape)))
         if not self.path:
             set_(self, "path", (self.name,))
-        if not isinstance(self.extras, MappingProxyType):
-            set_(self, "extras", MappingProxyType(dict(self.extras)))
+        extras = self.extras
+        if type(extras) is not FrozenDict:
+            set_(self, "extras", FrozenDict(extras) if extras else _EMPTY)
 
     @property
     def numel(self) -> int:
@@ -131,12 +176,13 @@ class TensorInfo:
 
     def to_dict(self) -> dict[str, Any]:
         """The stable JSON form (see README, "JSON schema")."""
+        shape = self.shape
         d = {
-            "name": self.name, "dtype": self.dtype, "shape": list(self.shape),
-            "stride": list(self.stride), "storage_offset": self.storage_offset,
-            "byte_offset": self.byte_offset, "nbytes": self.nbytes, "numel": self.numel,
+            "name": self.name, "dtype": self.dtype, "shape": [*shape],
+            "stride": [*self.stride], "storage_offset": self.storage_offset,
+            "byte_offset": self.byte_offset, "nbytes": self.nbytes, "numel": math.prod(shape),
             "file": self.file, "storage_key": self.storage_key, "role": self.role,
-            "path": list(self.path), "format": self.source_format,
+            "path": [*self.path], "format": self.source_format,
         }
         if not self.has_data:
             d["has_data"] = False
@@ -144,9 +190,30 @@ class TensorInfo:
             d["chunks"] = [{"offsets": list(c.offsets), "sizes": list(c.sizes), "file": c.tensor.file,
                             "byte_offset": c.tensor.byte_offset, "nbytes": c.tensor.nbytes}
                            for c in self.chunks]
-        if self.extras:
-            d["extras"] = _jsonable(dict(self.extras))
+        extras = self.extras
+        if extras:
+            d["extras"] = _plain_extras(extras)
         return d
+
+
+_SCALAR_TYPES = frozenset(_SCALARS)
+
+
+def _plain_extras(extras: Mapping[str, Any]) -> dict:
+    """`_jsonable` for the common extras (string keys; scalars and flat lists of scalars), in a
+    loop that runs once per tensor; anything else takes the general walk."""
+    out = {}
+    for k, v in extras.items():
+        t = type(v)
+        if type(k) is not str:
+            return _jsonable(dict(extras))
+        if t in _SCALAR_TYPES:
+            out[k] = v
+        elif t is list and set(map(type, v)) <= _SCALAR_TYPES:
+            out[k] = [*v]
+        else:
+            return _jsonable(dict(extras))
+    return out
 
 
 def _jsonable(v):
@@ -318,6 +385,7 @@ class ModelFile:
         for src in self.sources.values():
             src.close()
         self.sources.clear()
+        gc.unfreeze()  # `formats.gc_paused` froze the records: collectable again from now on
 
     def __enter__(self):
         return self

@@ -7,11 +7,13 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 import sys
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterable, Iterator, Sequence
 
-__all__ = ["stdout_console", "stderr_console", "emit_json", "human_bytes", "human_count", "progress",
-           "PROGRESS_MIN_BYTES", "error_line"]
+__all__ = ["stdout_console", "stderr_console", "emit_json", "emit_json_stream", "human_bytes",
+           "human_count", "progress", "deferred_progress", "TextTable", "PROGRESS_MIN_BYTES",
+           "error_line"]
 
 PROGRESS_MIN_BYTES = 256 << 20  # below this a job is quick: no progress bar
 
@@ -52,6 +54,33 @@ def emit_json(obj: Any) -> None:
     sys.stdout.write(json.dumps(obj, indent=indent, sort_keys=True, default=_default,
                                 allow_nan=True))
     sys.stdout.write("\n")
+
+
+def emit_json_stream(doc: dict, key: str, rows: Iterable[Any], batch: int = 2048) -> None:
+    """`emit_json` of ``doc`` plus ``doc[key] = list(rows)``, written batch by batch: the rows are
+    encoded ``batch`` at a time and never all held at once. ``key`` must sort after every key of
+    ``doc`` (the output is then byte for byte what `emit_json` writes when piped). On a terminal
+    the whole document is indented by `emit_json` instead (a person reads it, not a pipe)."""
+    if sys.stdout.isatty():
+        emit_json({**doc, key: list(rows)})
+        return
+    if any(k > key for k in doc):
+        raise ValueError(f"{key!r} must sort after every other key")
+    encode = json.JSONEncoder(sort_keys=True, default=_default, allow_nan=True).encode
+    head = encode(doc)
+    write = sys.stdout.write
+    write(head[:-1] + (", " if doc else "") + json.dumps(key) + ": [")
+    pending: list[Any] = []
+    first = True
+    for row in rows:
+        pending.append(row)
+        if len(pending) == batch:
+            write(("" if first else ", ") + encode(pending)[1:-1])
+            pending.clear()
+            first = False
+    if pending:
+        write(("" if first else ", ") + encode(pending)[1:-1])
+    write("]}\n")
 
 
 def _default(o):
@@ -95,3 +124,84 @@ def progress(total_bytes: int, description: str) -> Iterator[Callable[[int], Non
                   TimeRemainingColumn(), console=stderr_console(), transient=True) as bar:
         task = bar.add_task(description, total=total_bytes)
         yield lambda n: bar.advance(task, n)
+
+
+class _Deferred:
+    """`deferred_progress`'s handle: ``begin(total)`` once the total is known, then ``advance(n)``."""
+
+    def __init__(self, stack: contextlib.ExitStack, description: str):
+        self._stack, self._description = stack, description
+        self.advance: Callable[[int], None] = lambda n: None
+
+    def begin(self, total_bytes: int) -> None:
+        self.advance = self._stack.enter_context(progress(total_bytes, self._description))
+
+
+@contextlib.contextmanager
+def deferred_progress(description: str) -> Iterator[_Deferred]:
+    """`progress` for a job whose size is known only once it has started (convert learns it from
+    its plan): nothing is shown until ``begin(total)``, then the same rules apply."""
+    with contextlib.ExitStack() as stack:
+        yield _Deferred(stack, description)
+
+
+class TextTable:
+    """A table written as aligned plain text, row batches at a time, never held whole.
+
+    Column widths are fixed before the first row (the caller measures them over the rows it
+    will print, or over a bounded sample and the column's vocabulary), so the first rows reach
+    the screen at once and each further row costs one ``str.format``: 100,000 rows print in a
+    fraction of a second where a Rich table builds, measures and wraps every cell first. Cells
+    must already be safe text (`tensorscope.safetext.shown` for anything from a file); nothing
+    is interpreted as markup. With ``fold`` (a terminal), a first-column cell wider than its
+    column continues on the next lines, the other cells on the first.
+    """
+
+    GAP = "  "
+
+    def __init__(self, headers: Sequence[str], aligns: str, widths: Sequence[int], *,
+                 fold: bool = False, bold: bool = False, out=None, batch: int = 512):
+        self.bold = bold
+        self.widths = [max(w, len(h)) for w, h in zip(widths, headers)]
+        self.headers = list(headers)
+        self.fold = fold
+        self.out = out
+        self.batch = batch
+        self.fmt = self.GAP.join(f"{{{i}:{'>' if a == 'r' else '<'}{w}}}"
+                                 for i, (a, w) in enumerate(zip(aligns, self.widths)))
+
+    @staticmethod
+    def fit_first(widths: list[int], total: int | None = None, minimum: int = 24) -> list[int]:
+        """``widths`` with the first column narrowed so that a row fits ``total`` columns (the
+        terminal's width by default), never below ``minimum``."""
+        total = total or shutil.get_terminal_size((200, 24)).columns
+        rest = sum(widths[1:]) + len(TextTable.GAP) * (len(widths) - 1)
+        return [min(widths[0], max(minimum, total - rest - 1))] + list(widths[1:])
+
+    def header_line(self) -> str:
+        return self.fmt.format(*self.headers).rstrip()
+
+    def write(self, rows: Iterable[Sequence[str]], header: bool = True) -> int:
+        """Write (the header and) ``rows``; returns the number of rows written."""
+        out = self.out or sys.stdout
+        fmt, w0, fold = self.fmt.format, self.widths[0], self.fold
+        lines: list[str] = []
+        if header:
+            lines.append(f"\x1b[1m{self.header_line()}\x1b[0m" if self.bold else self.header_line())
+        n = 0
+        for row in rows:
+            n += 1
+            first = row[0]
+            if fold and len(first) > w0:
+                lines.append(fmt(first[:w0], *row[1:]).rstrip())
+                lines.extend(first[i:i + w0] for i in range(w0, len(first), w0))
+            else:
+                lines.append(fmt(*row).rstrip())
+            if len(lines) >= self.batch:
+                out.write("\n".join(lines) + "\n")
+                lines.clear()
+                if n <= self.batch:
+                    out.flush()  # the first screenful now, the rest as it comes
+        if lines:
+            out.write("\n".join(lines) + "\n")
+        return n

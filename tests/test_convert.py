@@ -8,6 +8,7 @@ import hashlib
 import json
 import os
 import random
+import re
 import struct
 from pathlib import Path
 
@@ -600,10 +601,16 @@ def test_failure_mid_write_leaves_nothing(tmp_path, monkeypatch):
     assert [p.name for p in tmp_path.iterdir()] == ["out.safetensors"]
 
 
-@pytest.mark.parametrize("kernel_copy", [True, False], ids=["copy_file_range", "mmap-writes"])
+@pytest.mark.parametrize("kernel_copy", [True, False, "gathered"],
+                         ids=["copy_file_range", "mmap-writes", "gathered-preads"])
 def test_both_copy_paths_give_the_same_file(tmp_path, monkeypatch, kernel_copy):
     """Contiguous tensors go through os.copy_file_range; where the kernel refuses it (EXDEV,
-    ENOSYS) the bytes go through the memory map: the file is the same."""
+    ENOSYS) the bytes go through the memory map; small ones are gathered by pread into batched
+    writes (here flushed every 100 bytes): the file is the same."""
+    if kernel_copy == "gathered":
+        monkeypatch.setattr(convert_mod._Sink, "GATHER_STEP", 100)
+    else:
+        monkeypatch.setattr(convert_mod._Sink, "GATHER_BELOW", 0)
     if not kernel_copy:
         def refuse(*a, **kw):
             raise OSError(18, "Invalid cross-device link")
@@ -702,3 +709,90 @@ def test_cli_refuse_on_lowers_the_threshold(tmp_path, capsys):
     assert main(["convert", src, str(out), "--refuse-on", "medium", "--allow-unsafe-source"]) == 0
     assert main(["convert", src, str(tmp_path / "n.safetensors")]) == 0
     assert out.read_bytes() == (tmp_path / "n.safetensors").read_bytes()
+
+
+def test_thousands_of_small_tensors_equal_save_file(tmp_path, monkeypatch):
+    """A MoE-shaped state dict (2,400 small tensors of mixed dtypes and one large one): gathered
+    writes flushed every few KiB, byte-identical to safetensors' own writer."""
+    monkeypatch.setattr(convert_mod._Sink, "GATHER_STEP", 4096)
+    torch.manual_seed(0)
+    sd = {}
+    for layer in range(4):
+        for e in range(200):
+            for p, dt in (("gate", torch.bfloat16), ("up", torch.float16), ("down", torch.float32)):
+                sd[f"model.layers.{layer}.mlp.experts.{e}.{p}_proj.weight"] = torch.randn(3, 4).to(dt)
+    sd["lm_head.weight"] = torch.randn(300, 300)  # above GATHER_BELOW: the kernel-copy path
+    src, ours, theirs = (tmp_path / n for n in ("moe.pt", "ours.safetensors", "theirs.safetensors"))
+    torch.save(sd, src)
+    convert(src, ours, record_source=False, metadata={"format": "pt"})
+    save_file(sd, str(theirs), metadata={"format": "pt"})
+    assert ours.read_bytes() == theirs.read_bytes()
+
+
+def test_arguments_are_checked_before_the_input_is_read(tmp_path, monkeypatch, capsys):
+    """An existing OUT without --force, an output that is not .safetensors, a missing output
+    folder: one line, exit 2, and neither the scan nor the parser ever ran."""
+    import tensorscope.formats
+    import tensorscope.scan
+
+    def never(*a, **kw):
+        raise AssertionError("the input was read before the arguments were checked")
+
+    for name in ("scan_paths", "scan_opened", "scan_file"):
+        monkeypatch.setattr(tensorscope.scan, name, never, raising=False)
+    monkeypatch.setattr(tensorscope.formats, "open_model", never)
+    src = str(FIXTURES / "torch" / "tied.bin")
+    existing = tmp_path / "out.safetensors"
+    existing.write_bytes(b"previous")
+    cases = [([str(existing)], "exists; pass --force"),
+             ([str(tmp_path / "out.bin")], "must be a .safetensors file or an existing folder"),
+             ([str(tmp_path / "no" / "out.safetensors")], "does not exist"),
+             ([str(tmp_path / "x.safetensors"), "--max-shard-size", "5XB"], "--max-shard-size")]
+    for extra, message in cases:
+        assert main(["convert", src, *extra]) == 2
+        err = capsys.readouterr().err
+        assert message in err and len(err.strip().splitlines()) == 1, err
+    for extra, message in cases[:3]:
+        with pytest.raises(TensorscopeError, match=re.escape(message)):
+            convert(src, extra[0])
+    assert existing.read_bytes() == b"previous"
+
+
+def test_human_report_escapes_names_from_the_file(tmp_path, capsys):
+    from tensorscope.safetext import is_clean
+    evil = "x\x1b]0;t\x07\x1b[2Jy\u202ez"
+    src = tmp_path / "evil.pt"
+    w = torch.ones(3)
+    torch.save({evil: w, evil + ".tied": w, "[bold]c[/bold]": torch.zeros(2, dtype=torch.complex128)},
+               src)
+    assert main(["convert", str(src), str(tmp_path / "o.safetensors"), "--skip-unsupported"]) == 0
+    out = capsys.readouterr().out
+    assert is_clean(out)
+    assert "x\\x1b]0;t\\x07\\x1b[2Jy\\u202ez" in out and "[bold]c[/bold] (dtype complex128" in out
+    assert set(load_file(str(tmp_path / "o.safetensors"))) == {evil, evil + ".tied"}
+
+
+def test_per_tensor_bounds_check_agrees_with_the_reader(tmp_path):
+    """convert's cheap per-tensor check refuses exactly what `ModelFile.read` refuses: bytes past
+    the end of the file, bytes past the tensor's storage record."""
+    from tensorscope.errors import FormatError
+    f = tmp_path / "blob.bin"
+    f.write_bytes(bytes(64))
+    model = ModelFile("test", str(f))
+    cases = [TensorInfo("past_end", "float32", (8,), byte_offset=40, file=str(f)),
+             TensorInfo("past_record", "float32", (4,), byte_offset=0, file=str(f), storage_nbytes=8),
+             TensorInfo("inside", "float32", (4,), byte_offset=8, file=str(f), storage_nbytes=16),
+             TensorInfo("bf16", "bfloat16", (2, 3), byte_offset=52, file=str(f))]
+    refused = []
+    for info in cases:
+        try:
+            model.read(info)
+        except FormatError as e:
+            refused.append(info.name)
+            with pytest.raises(FormatError) as got:
+                convert_mod._plain_range(model, info)
+            assert str(got.value) == str(e)
+        else:
+            assert convert_mod._plain_range(model, info) == (str(f), info.byte_offset)
+    assert refused == ["past_end", "past_record"]
+    model.close()

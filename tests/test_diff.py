@@ -84,30 +84,37 @@ def oracle(ta: torch.Tensor, tb: torch.Tensor, atol=1e-8, rtol=1e-5) -> dict:
     out = {"mismatched": mismatched, "nan_mismatch": int(nan.sum()), "inf_mismatch": int(inf.sum())}
     a, b = a[both], b[both]
     if a.numel() == 0:
-        return dict(out, max_abs=None, max_rel=None, mean_abs=None, rms=None, cosine=None)
+        return dict(out, max_abs=None, max_rel=None, mean_abs=None, rms=None, cosine=None,
+                    norm_a=None, norm_b=None, norm_diff=None, zero_ref=0)
     d = (a - b).abs()
-    rel = torch.where(d == 0, torch.zeros_like(d), d / b.abs())
+    ref = b != 0   # max_rel leaves out exact zeros of the reference; they are counted apart
+    rel = d[ref] / b[ref].abs()
     na, nb = torch.linalg.vector_norm(a), torch.linalg.vector_norm(b)
     dot = (a.conj() * b).sum().real if cplx else (a * b).sum()
     cosine = None if na == 0 or nb == 0 else float(dot / (na * nb))
-    return dict(out, max_abs=float(d.max()), max_rel=float(rel.max()), mean_abs=float(d.mean()),
-                rms=float((d * d).mean().sqrt()), cosine=cosine)
+    max_rel = float(rel.max()) if rel.numel() else (0.0 if float(d.max()) == 0 else None)
+    return dict(out, max_abs=float(d.max()), max_rel=max_rel,
+                mean_abs=float(d.mean()), rms=float((d * d).mean().sqrt()), cosine=cosine,
+                norm_a=float(na), norm_b=float(nb), norm_diff=float(torch.linalg.vector_norm(d)),
+                zero_ref=int((~ref & (d != 0)).sum()))
 
 
-def check_against(vd, expected: dict) -> None:
-    """max_abs exactly; the other statistics to 1e-12 relative; the counts exactly."""
+def check_against(vd, expected: dict, rel: float = 1e-12) -> None:
+    """max_abs exactly; the other statistics to ``rel`` relative; the counts exactly."""
     assert vd is not None
-    for key in ("mismatched", "nan_mismatch", "inf_mismatch"):
+    for key in ("mismatched", "nan_mismatch", "inf_mismatch", "zero_ref"):
         assert getattr(vd, key) == expected[key], key
     assert vd.max_abs == expected["max_abs"]
-    for key in ("max_rel", "mean_abs", "rms", "cosine"):
+    for key in ("max_rel", "mean_abs", "rms", "cosine", "norm_a", "norm_b", "norm_diff"):
         got, want = getattr(vd, key), expected[key]
         if want is None or got is None:
             assert got == want, key
         elif math.isinf(want):
             assert got == want, key
         else:
-            assert got == pytest.approx(want, rel=1e-12, abs=1e-15), key
+            assert got == pytest.approx(want, rel=rel, abs=1e-15), key
+    if expected["norm_a"]:
+        assert vd.rel_change == pytest.approx(expected["norm_diff"] / expected["norm_a"], rel=rel)
 
 
 def rng():
@@ -344,7 +351,7 @@ def test_metadata_differences_flattened_and_not_counted(tmp_path):
     assert res.metadata == [("only_a", [1, 2], None), ("only_b", None, 1.5),
                             ("producer.version", 1, 2)]
     assert res.exit_code == 0
-    assert res.to_dict()["metadata"][0] == {"key": "only_a", "a": [1, 2], "b": None}
+    assert res.to_dict()["metadata"][0] == {"key": "only_a", "a": [1, 2], "b": None, "per_save": False}
     # Across formats only the keys both sides have are compared.
     mb.format = "other"
     res = diff_models(ma, mb)
@@ -352,11 +359,13 @@ def test_metadata_differences_flattened_and_not_counted(tmp_path):
 
 
 def test_to_dict_is_json_with_non_finite_as_strings(tmp_path):
-    ma = raw_model(tmp_path / "a.bin", {"t": np.array([1.0, 2.0])})
-    mb = raw_model(tmp_path / "b.bin", {"t": np.array([0.0, 2.0])})
+    ma = raw_model(tmp_path / "a.bin", {"t": np.array([1.0, 2.0, 1e308])})
+    mb = raw_model(tmp_path / "b.bin", {"t": np.array([0.0, 2.0, -1e308])})
     d = diff_models(ma, mb).to_dict()
     text = json.dumps(d, allow_nan=False, sort_keys=True)  # strict JSON
-    assert d["schema"] == SCHEMA and d["entries"][0]["values"]["max_rel"] == "inf"
+    v = d["entries"][0]["values"]
+    assert d["schema"] == SCHEMA == "tensorscope.diff/2"
+    assert (v["max_abs"], v["zero_ref"], v["max_rel"]) == ("inf", 1, "inf")  # 2e308 overflows
     assert set(d) == {"schema", "a_path", "b_path", "a_format", "b_format", "prefix_a", "prefix_b",
                       "strip_prefix", "maps", "atol", "rtol", "values_compared", "identical",
                       "exit_code", "counts", "metadata", "entries"}

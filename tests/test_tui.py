@@ -399,7 +399,7 @@ async def test_diff_shows_changed_pair_and_histogram():
         table.move_cursor(row=shown.index("layers.1.attn.k_proj.weight"))
         await settle(pilot)
         info = static_text(screen, "#dd-info")
-        assert "changed" in info and "max_abs" in info and "0.5" in info
+        assert "changed" in info and "|a-b| 0.5" in info and "outside tolerance" in info
         hist = static_text(screen, "#dd-hist")
         assert "histogram of a - b" in hist and "-0.5" in hist
         await pilot.press("c")

@@ -1,11 +1,10 @@
 """`tensorscope convert IN OUT.safetensors`: untrusted checkpoints to safetensors, run nothing."""
 from __future__ import annotations
 
-import os
-import sys
-
-from ..remote import is_url, with_cost
-from ..render import emit_json, error_line, human_bytes, progress, stderr_console, stdout_console
+from ..remote import with_cost
+from ..render import (deferred_progress, emit_json, error_line, human_bytes, stderr_console,
+                      stdout_console)
+from ..safetext import shown
 
 HELP = "convert a checkpoint (torch, ONNX, NumPy ...) to safetensors without executing it"
 DESCRIPTION = """\
@@ -68,23 +67,22 @@ def add_arguments(p):
 
 
 def run(args) -> int:
-    from ..convert import UnsafeSource, Unconvertible, convert, parse_size
+    from ..convert import UnsafeSource, Unconvertible, check_arguments, convert
+    from ..errors import TensorscopeError
 
-    if not is_url(args.input) and not os.path.exists(args.input):
-        return error_line("convert", f"{args.input}: no such file or directory")
+    try:  # what is wrong with the arguments is said before the input is read
+        limit = check_arguments(args.input, args.output, force=args.force,
+                                max_shard_size=args.max_shard_size)
+    except TensorscopeError as e:
+        return error_line("convert", str(e))
     try:
-        limit = parse_size(args.max_shard_size) if args.max_shard_size is not None else None
-    except ValueError as e:
-        return error_line("convert", f"--max-shard-size: {e}")
-    total = _planned_bytes(args) if sys.stderr.isatty() else 0  # only a progress bar needs it
-    try:
-        with progress(total, "convert") as advance:
+        with deferred_progress("convert") as bar:
             report = convert(args.input, args.output, max_shard_size=limit,
                              allow_unsafe_source=args.allow_unsafe_source, refuse_at=args.refuse_on,
                              verify=args.verify, force=args.force, include_all=args.include_all,
                              skip_unsupported=args.skip_unsupported,
                              on_scan=None if args.json else _print_scan,
-                             progress=advance)
+                             progress=lambda n: bar.advance(n), planned=bar.begin)
     except (UnsafeSource, Unconvertible) as e:
         if args.json:
             emit_json(with_cost(e.report.to_dict()))
@@ -98,17 +96,6 @@ def run(args) -> int:
     else:
         _print_report(report)
     return 0
-
-
-def _planned_bytes(args) -> int:
-    """Bytes the conversion will write (a listing: metadata only), for the progress bar."""
-    from .. import open as open_model
-    from ..convert import plan
-    try:
-        with open_model(args.input) as model:
-            return plan(model, include_all=args.include_all, skip_unsupported=True).total_bytes
-    except Exception:  # noqa: BLE001 — convert() reports the real error just after
-        return 0
 
 
 def _print_scan(scan) -> None:
@@ -129,8 +116,9 @@ def _print_scan(scan) -> None:
 
 
 def _say(console, text: str) -> None:
-    """One line, as is: no markup, no highlighting, no wrapping (names may hold anything)."""
-    console.print(text, markup=False, highlight=False, soft_wrap=True)
+    """One line: escaped (names, globals and paths may hold anything), no markup, no
+    highlighting, no wrapping."""
+    console.print(shown(text), markup=False, highlight=False, soft_wrap=True)
 
 
 def _names(names: list[str]) -> str:

@@ -2,11 +2,14 @@
 from __future__ import annotations
 
 import argparse
+import gc
 from typing import TYPE_CHECKING
 
 from .. import open as open_model
 from ..remote import with_cost
 from ..render import emit_json, progress, stdout_console
+from ..safetext import markup
+from ..safetext import shown as shown_text
 
 if TYPE_CHECKING:
     from ..diffing import DiffResult, TensorDiff
@@ -21,8 +24,13 @@ memory-compare speed; otherwise max/mean abs difference, max relative difference
 the count of elements outside atol + rtol*|b|, as torch.isclose counts them). Memory stays flat
 whatever the file sizes. Nothing in the files is executed.
 
+Where did the model change? Each pair also gets its relative change ||B-A||/||A||; --by layer or
+--by module adds those up per layer (model.layers.3) or per module kind (self_attn.q_proj) as
+sums of squares, ranked, and --top N keeps the N largest.
+
 Exit status: 0 when every tensor is the same within tolerance, 1 when anything differs
-(changed, added, removed, renamed), 2 on error. Metadata differences are shown, not counted.
+(changed, added, removed, renamed), 2 on error. Metadata differences are shown, not counted;
+per-save ones (torch's serialization id and archive name) only with -v.
 
 Example:
   tensorscope diff old.pt new.pt
@@ -30,7 +38,11 @@ Example:
   tensorscope diff ddp_checkpoint.pt model.safetensors --only-changed --limit 20
   tensorscope diff a.pt b.pt --map encoder.=model.encoder. --strip-prefix backbone.
   tensorscope diff a.onnx b.onnx --no-values --json
+  tensorscope diff base.safetensors finetune.safetensors --by layer --top 10
 """
+
+
+GROUP_BY = ("layer", "module")  # diffing.GROUP_BY, spelled here so that --help needs no numpy
 
 
 def _map_arg(text: str) -> tuple[str, str]:
@@ -60,10 +72,44 @@ def add_arguments(p):
                    help="do not look for wrapper prefixes (module., _orig_mod., ...)")
     p.add_argument("--no-renames", action="store_true",
                    help="do not pair removed and added tensors by content")
-    p.add_argument("--limit", type=int, default=0, metavar="N", help="show at most N tensors")
+    p.add_argument("--limit", type=_positive, default=0, metavar="N", help="show at most N tensors")
+    p.add_argument("--by", choices=GROUP_BY,
+                   help="where the model changed: relative change ||B-A||/||A|| per layer "
+                        "(model.layers.3) or per module kind (self_attn.q_proj), ranked")
+    p.add_argument("--top", type=_positive, default=0, metavar="N",
+                   help="only the N largest changes (tensors, or groups with --by), ranked by "
+                        "relative change")
+    p.add_argument("--all", action="store_true",
+                   help=f"list every tensor even above {LARGE:,} (by default a large diff lists "
+                        "only what differs, plus a summary per name pattern)")
+    p.add_argument("-v", "--verbose", action="store_true",
+                   help="also show per-save metadata (torch's serialization_id, archive_prefix)")
+
+
+LARGE = 2000  # above this many tensors the human output lists only what differs
+
+
+def _positive(text: str) -> int:
+    try:
+        n = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive whole number, got {text!r}")
+    if n <= 0:
+        raise argparse.ArgumentTypeError(f"expected a positive whole number, got {n}")
+    return n
 
 
 def run(args) -> int:
+    gc_was = gc.isenabled()
+    gc.disable()  # 100,000 records without cycles: collections would cost more than the diff
+    try:
+        return _run(args)
+    finally:
+        if gc_was:
+            gc.enable()
+
+
+def _run(args) -> int:
     with open_model(args.a) as ma, open_model(args.b) as mb:
         total = 0 if args.no_values else ma.total_bytes + mb.total_bytes
         with progress(total, "diff") as advance:
@@ -71,38 +117,64 @@ def run(args) -> int:
             result = diff_models(ma, mb, atol=args.atol, rtol=args.rtol, values=not args.no_values,
                                  strip_prefix=args.strip_prefix, maps=args.map,
                                  detect_prefix=not args.no_detect_prefix,
-                                 detect_renames=not args.no_renames, progress=advance)
+                                 detect_renames=not args.no_renames, progress=advance,
+                                 norms=bool(args.by))
+    from ..diffing import group_changes
+    groups = group_changes(result.entries, args.by) if args.by else None
     entries = ordered(result.entries)
-    if args.only_changed:
+    if args.only_changed or args.top:
         entries = [e for e in entries if e.status != "same" or e.changes]
-    shown = entries[: args.limit] if args.limit > 0 else entries
+    limit = args.top or args.limit
+    shown = entries[:limit] if limit else entries
+    if groups is not None and args.top:
+        groups = groups[:args.top]
     if args.json:
-        doc = result.to_dict()
-        doc["entries"] = [e.to_dict() for e in shown]
-        emit_json(with_cost(doc))
+        _emit_json(result, shown, groups, args.by)
     else:
-        _print_human(result, shown, len(entries))
+        hidden_same = 0
+        if not (args.all or limit or args.only_changed) and len(result.entries) > LARGE:
+            kept = [e for e in shown if e.status != "same" or e.changes]
+            hidden_same, shown = len(shown) - len(kept), kept
+        _print_human(result, shown, len(entries) - hidden_same, groups, args.by, hidden_same,
+                     args.verbose)
     return result.exit_code
 
 
-def ordered(entries: list[TensorDiff]) -> list[TensorDiff]:
-    """Largest change first: structural changes (added, removed, renamed, dtype, shape), then value
-    changes, then the rest, each by max_abs descending; ties keep the model's order."""
-    def key(item):
-        i, e = item
-        if e.structural:
-            rank = 0
-        elif e.status == "changed":
-            rank = 1
-        elif e.changes:
-            rank = 2  # layout only
+def _emit_json(result: DiffResult, shown: list[TensorDiff], groups, by) -> None:
+    """The document, written as it is encoded: the entries one at a time (a 100,000-tensor diff
+    is never one string in memory). Keys sorted, as `emit_json` writes them."""
+    import json
+    import sys
+    doc = with_cost(result.to_dict(entries=False))  # "fetched" when remote objects were read
+    if groups is not None:
+        doc["by"] = by
+        doc["groups"] = [g.to_dict() for g in groups]
+    if sys.stdout.isatty():  # a person reading: indented, as every --json on a terminal
+        doc["entries"] = [e.to_dict() for e in shown]
+        emit_json(doc)
+        return
+    doc["entries"] = None
+    out = sys.stdout
+    keys = sorted(doc)
+    out.write("{")
+    for i, k in enumerate(keys):
+        out.write(", " if i else "")
+        out.write(json.dumps(k) + ": ")
+        if k == "entries":
+            out.write("[")
+            for j, e in enumerate(shown):
+                out.write((", " if j else "") + json.dumps(e.to_dict(), sort_keys=True,
+                                                           default=str))
+            out.write("]")
         else:
-            rank = 3
-        m = e.values.max_abs if e.values is not None and e.values.max_abs is not None else -1.0
-        if m != m:  # NaN sorts first among its rank
-            m = float("inf")
-        return (rank, -m, i)
-    return [e for _, e in sorted(enumerate(entries), key=key)]
+            out.write(json.dumps(doc[k], sort_keys=True, default=str))
+    out.write("}\n")
+
+
+def ordered(entries: list[TensorDiff]) -> list[TensorDiff]:
+    """Largest change first (`tensorscope.diffing.ranked`)."""
+    from ..diffing import ranked
+    return ranked(entries)
 
 
 def _g(v, digits: int = 4) -> str:
@@ -115,65 +187,124 @@ _STYLE = {"same": "green", "changed": "red", "added": "cyan", "removed": "magent
           "renamed": "yellow"}
 
 
-def _change_text(e: TensorDiff) -> str:
-    if e.status == "added":
-        return f"{e.b.dtype} {list(e.b.shape)}"
-    if e.status == "removed":
-        return f"{e.a.dtype} {list(e.a.shape)}"
-    if e.status == "renamed":
-        return f"-> {e.name_b}"
-    parts = [c for c in e.changes if c != "values"]
-    v = e.values
-    if v is not None and "values" in e.changes:
-        parts.append("values" if v.mismatched is None else f"values: {v.mismatched:,} of {v.numel:,}")
-        if v.nan_mismatch or v.inf_mismatch:
-            parts.append(f"nan {v.nan_mismatch:,} inf {v.inf_mismatch:,}")
-    elif v is not None and v.identical_bytes:
-        parts.append("identical")
-    elif v is not None:
-        parts.append("within tolerance")
-    return "; ".join(parts)
+def _bar(frac: float, width: int = 20) -> str:
+    n = 0 if frac != frac or frac <= 0 else max(1, round(min(frac, 1.0) * width))
+    return "█" * n
 
 
-def _print_human(result: DiffResult, shown: list[TensorDiff], total_rows: int) -> None:
-    from rich.markup import escape
+def _print_human(result: DiffResult, shown: list[TensorDiff], total_rows: int, groups, by,
+                 hidden_same: int, verbose: bool) -> None:
     from rich.table import Table
+    from ..diffing import PER_SAVE_KEYS, reason
     console = stdout_console()
     for side, path, fmt, prefix in (("A", result.a_path, result.a_format, result.prefix_a),
                                     ("B", result.b_path, result.b_format, result.prefix_b)):
-        note = f"   [yellow]wrapper prefix {escape(repr(prefix))} stripped[/]" if prefix else ""
-        console.print(f"[bold]{side}[/] {escape(str(path))} ({escape(fmt)}){note}")
+        note = f"   [yellow]wrapper prefix {markup(repr(prefix))} stripped[/]" if prefix else ""
+        console.print(f"[bold]{side}[/] {markup(path)} ({markup(fmt)}){note}")
     c = result.counts
     verdict = "[green]same[/]" if result.identical else "[red]different[/]"
-    console.print(f"{verdict}: {c['same']} same, {c['changed']} changed, {c['added']} added, "
-                  f"{c['removed']} removed, {c['renamed']} renamed"
+    console.print(f"{verdict}: {c['same']:,} same, {c['changed']:,} changed, {c['added']:,} added, "
+                  f"{c['removed']:,} removed, {c['renamed']:,} renamed"
                   f"   (atol {result.atol:g}, rtol {result.rtol:g}"
                   f"{'' if result.values_compared else ', values not compared'})")
-    if shown:
+    if groups is not None:
+        _print_groups(console, groups, by)
+    if shown and len(shown) > PLAIN_ROWS:
+        _print_plain(shown)
+    elif shown:
         table = Table(box=None, header_style="bold", pad_edge=False)
         table.add_column("status")
         table.add_column("name", overflow="fold")
         table.add_column("change", overflow="fold")
-        for col in ("max_abs", "max_rel", "mean_abs", "cosine"):
+        for col in ("rel_change", "max_abs", "max_rel", "cosine"):
             table.add_column(col, justify="right")
         for e in shown:
-            v = e.values
-            stats = ["-"] * 4 if v is None or v.identical_bytes else \
-                [_g(v.max_abs), _g(v.max_rel), _g(v.mean_abs), _g(v.cosine, 6)]
-            table.add_row(f"[{_STYLE[e.status]}]{e.status}[/]", escape(e.name),
-                          escape(_change_text(e)), *stats)
+            table.add_row(f"[{_STYLE[e.status]}]{e.status}[/]", markup(e.name),
+                          markup(reason(e)), *_stats(e))
         console.print(table)
+    if hidden_same:
+        console.print(f"{hidden_same:,} tensors the same, not listed (--all lists every tensor)")
+        _print_patterns(console, result.entries)
     if len(shown) < total_rows:
-        console.print(f"… {total_rows - len(shown)} more tensors (--limit)")
-    if result.metadata:
+        console.print(f"… {total_rows - len(shown):,} more tensors (--limit / --top)")
+    meta = [m for m in result.metadata if verbose or m[0] not in PER_SAVE_KEYS]
+    if meta:
         console.print("[bold]metadata differences[/] (not counted in the exit status)")
-        meta = Table(box=None, header_style="bold", pad_edge=False)
-        meta.add_column("key", overflow="fold")
-        meta.add_column("A", overflow="fold")
-        meta.add_column("B", overflow="fold")
-        for key, va, vb in result.metadata:
-            meta.add_row(escape(str(key)), escape(_short(va)), escape(_short(vb)))
-        console.print(meta)
+        table = Table(box=None, header_style="bold", pad_edge=False)
+        table.add_column("key", overflow="fold")
+        table.add_column("A", overflow="fold")
+        table.add_column("B", overflow="fold")
+        for key, va, vb in meta:
+            table.add_row(markup(key), markup(_short(va)), markup(_short(vb)))
+        console.print(table)
+    noise = len(result.metadata) - len(meta)
+    if noise:
+        console.print(f"[dim]{noise} per-save metadata key{'s' if noise > 1 else ''} differ "
+                      f"(serialization id, archive name): -v shows them[/]")
+
+
+PLAIN_ROWS = 500  # above this, rows are written as plain aligned lines as they come (no table)
+
+
+def _stats(e: TensorDiff) -> list[str]:
+    v = e.values
+    if v is None:
+        return ["-"] * 4
+    if v.identical_bytes:
+        return ["0", "0", "0", _g(v.cosine, 6) if v.cosine is not None else "-"]
+    return [_g(v.rel_change), _g(v.max_abs), _g(v.max_rel), _g(v.cosine, 6)]
+
+
+def _print_plain(shown: list[TensorDiff]) -> None:
+    """Many rows: one plain line each, written as produced (a Rich table of 100,000 rows would
+    be laid out whole before its first line)."""
+    import sys
+    from ..diffing import reason
+    out = sys.stdout
+    width = max(len(shown_text(e.name)) for e in shown[:2000])
+    out.write(f"{'status':8} {'name':{width}} {'rel_change':>10} {'max_abs':>10} {'max_rel':>10} "
+              f"{'cosine':>10}  change\n")
+    for e in shown:
+        out.write(f"{e.status:8} {shown_text(e.name):{width}} "
+                  + " ".join(f"{x:>10}" for x in _stats(e)) + f"  {shown_text(reason(e))}\n")
+
+
+def _print_groups(console, groups, by: str) -> None:
+    from rich.table import Table
+    top = max((g.rel_change or 0.0 for g in groups), default=0.0)
+    table = Table(box=None, header_style="bold", pad_edge=False,
+                  title=f"relative change ||B-A||/||A|| per {by}", title_justify="left")
+    table.add_column(by, overflow="fold")
+    table.add_column("tensors", justify="right")
+    table.add_column("changed", justify="right")
+    table.add_column("||A||", justify="right")
+    table.add_column("||B-A||", justify="right")
+    table.add_column("rel_change", justify="right")
+    table.add_column("")
+    for g in groups:
+        rel = g.rel_change
+        note = f" ({g.unknown} not compared)" if g.unknown else ""
+        table.add_row(markup(g.key), f"{g.tensors:,}", f"{g.changed:,}{note}", _g(g.norm_a),
+                      _g(g.norm_diff), _g(rel),
+                      f"[red]{_bar(rel / top if rel is not None and top else 0.0)}[/]")
+    console.print(table)
+
+
+def _print_patterns(console, entries: list[TensorDiff]) -> None:
+    """One line per name pattern (``model.layers.#.mlp.experts.#.up_proj.weight``): how many
+    tensors, how many differ."""
+    from ..grouping import group_key
+    pats: dict[str, list[int]] = {}
+    for e in entries:
+        info = e.a if e.a is not None else e.b
+        k = group_key(e.name, info.path if info is not None and len(info.path) > 1 else ())
+        p = pats.setdefault(k, [0, 0])
+        p[0] += 1
+        p[1] += e.status != "same"
+    for k, (n, changed) in list(pats.items())[:50]:
+        console.print(f"  {markup(k)} ×{n:,}: {changed:,} differ")
+    if len(pats) > 50:
+        console.print(f"  … {len(pats) - 50:,} more name patterns")
 
 
 def _short(v) -> str:

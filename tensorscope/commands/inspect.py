@@ -1,29 +1,45 @@
 """`tensorscope inspect PATH`: list the tensors of a model file."""
 from __future__ import annotations
 
+import argparse
 import fnmatch
 import os
-import re
-from collections import OrderedDict
+import sys
 
 from .. import open as open_model
 from ..errors import TensorscopeError
+from ..grouping import GroupCollector, describe_ranges, range_labels
 from ..remote import with_cost
-from ..render import emit_json, human_bytes, human_count, progress, stdout_console
+from ..render import (TextTable, emit_json_stream, human_bytes, human_count, progress,
+                      stdout_console)
+from ..safetext import markup, shown
 
 HELP = "list the tensors of a model file (any format)"
-DESCRIPTION = """\
+GROUP_ABOVE = 2000  # more tensors than this open in the grouped view (--no-group lists them all)
+DESCRIPTION = f"""\
 List the tensors of a model file or folder: name, dtype, shape, parameters, bytes and the byte
 offset of the data in the file, with a summary. Nothing in the file is executed.
+
+Above {GROUP_ABOVE:,} tensors the listing opens grouped (repeated layers collapsed, with the
+index ranges seen); --no-group lists every tensor, --group groups a smaller file.
 
 Example:
   tensorscope inspect model.pt
   tensorscope inspect model.safetensors --filter '*.attn.*' --stats
   tensorscope inspect checkpoint/ --group
+  tensorscope inspect moe-checkpoint/ --no-group | grep 'experts.17.'
   tensorscope inspect model.onnx --json
 """
 
-_INDEX = re.compile(r"^\d+$")
+
+def _positive(text: str) -> int:
+    try:
+        n = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"invalid int value: {text!r}") from None
+    if n <= 0:
+        raise argparse.ArgumentTypeError(f"must be a positive number of rows, got {n}")
+    return n
 
 
 def add_arguments(p):
@@ -31,24 +47,13 @@ def add_arguments(p):
     p.add_argument("--json", action="store_true", help="machine-readable output (schema in README)")
     p.add_argument("--filter", metavar="GLOB", action="append", default=[],
                    help="only tensors whose name matches the glob (repeatable)")
-    p.add_argument("--group", action="store_true",
-                   help="collapse repeated layers: layers.#.attn.q_proj.weight x32")
+    p.add_argument("--group", action=argparse.BooleanOptionalAction, default=None,
+                   help="collapse repeated layers: model.layers.#.mlp.up_proj.weight ×32 "
+                        f"(default: grouped above {GROUP_ABOVE:,} tensors; --no-group lists "
+                        "every tensor)")
     p.add_argument("--stats", action="store_true",
                    help="min, max, mean, std, NaN and Inf counts (reads the values)")
-    p.add_argument("--limit", type=int, default=0, metavar="N", help="show at most N rows")
-
-
-def group_key(name_path: tuple[str, ...]) -> str:
-    """``('layers', '3', 'attn')`` -> ``layers.#.attn``: numeric components become ``#``."""
-    return ".".join("#" if _INDEX.match(c) else c for c in name_path)
-
-
-def grouped(tensors):
-    """Rows of repeated layers collapsed: (pattern, dtype, shape) -> [tensors] in first-seen order."""
-    groups: "OrderedDict[tuple, list]" = OrderedDict()
-    for t in tensors:
-        groups.setdefault((group_key(t.path), t.dtype, t.shape), []).append(t)
-    return groups
+    p.add_argument("--limit", type=_positive, default=None, metavar="N", help="show at most N rows")
 
 
 def _selected(model, globs):
@@ -75,96 +80,290 @@ def _compute_stats(model, tensors):
 def run(args) -> int:
     with open_model(args.path) as model:
         tensors = _selected(model, args.filter)
+        group = args.group if args.group is not None else len(tensors) > GROUP_ABOVE
         stats = _compute_stats(model, tensors) if args.stats else {}
+        groups = _groups(tensors) if group else None
         if args.json:
-            emit_json(with_cost(_as_json(model, tensors, stats, args.group)))
+            _emit_json(model, tensors, stats, groups)
         else:
-            _print_human(model, tensors, stats, args)
+            _print_human(model, tensors, stats, groups, args)
     return 0
 
 
-def _as_json(model, tensors, stats, group):
-    rows = []
+# -- what the listing says about the file ------------------------------------------------------
+
+def _is_buffer(role: str) -> bool:
+    return role.startswith("buffer")
+
+
+def summarize(model, tensors) -> dict:
+    """`ModelFile.summary` over ``tensors`` (the selection), plus ``by_role``; with a filter,
+    ``of`` holds the whole file's tensors, params and bytes."""
+    by_dtype: dict[str, dict[str, int]] = {}
+    by_role: dict[str, dict[str, int]] = {}
+    params = nbytes = 0
+    for t in tensors:
+        n, b = t.numel, (t.nbytes if t.has_data else 0)  # data-less (traced inputs): no bytes
+        params += n
+        nbytes += b
+        for table, key in ((by_dtype, t.dtype), (by_role, t.role)):
+            d = table.get(key)
+            if d is None:
+                d = table[key] = {"tensors": 0, "params": 0, "bytes": 0}
+            d["tensors"] += 1
+            d["params"] += n
+            d["bytes"] += b
+    out = {"format": model.format, "path": model.path, "files": list(model.files),
+           "tensors": len(tensors), "params": params, "bytes": nbytes, "by_dtype": by_dtype,
+           "by_role": by_role}
+    if len(tensors) != len(model.tensors):
+        out["of"] = {"tensors": len(model.tensors), "params": model.num_params,
+                     "bytes": model.total_bytes}
+    return out
+
+
+def outside_allowlist(model) -> list[tuple[str, str]]:
+    """``(dotted global, category)`` for every global the parse's pickles referenced that
+    torch's weights-only allowlist does not hold and that is not torch's own framework code:
+    denied names first, then unknown ones. Read from the evidence the parse already recorded."""
+    from ..policy import DENIED, UNKNOWN, classify
+    seen: dict[tuple, object] = {}
+    for rec in model.evidence.pickles:
+        for g in getattr(rec.result, "globals", None) or ():
+            key = (g.module, g.name)
+            if key not in seen:
+                seen[key] = classify(g.module, g.name)
+    found = [(v.dotted, v.category) for v in seen.values() if v.category in (DENIED, UNKNOWN)]
+    found.sort(key=lambda x: x[1] != DENIED)  # stable: first-seen order within each kind
+    return list(dict.fromkeys(found))
+
+
+def _groups(tensors) -> list[dict]:
+    """The groups of `tensorscope.grouping.GroupCollector`, with params and labelled ranges."""
+    c = GroupCollector()
+    add = c.add
+    for t in tensors:
+        add(t.name, t.dtype, t.shape, t.nbytes if t.has_data else 0, t.path)
+    out = []
+    for g in c.groups():
+        numel = 1
+        for d in g["shape"]:
+            numel *= d
+        g["params"] = g["count"] * numel
+        g["ranges"] = [{"label": label, "min": lo, "max": hi, "distinct": k}
+                       for label, (lo, hi, k) in zip(range_labels(g["pattern"]), g["ranges"])]
+        out.append(g)
+    return out
+
+
+# -- JSON ------------------------------------------------------------------------------------------
+
+def _emit_json(model, tensors, stats, groups):
+    doc = {"schema": "tensorscope.inspect/1", "summary": summarize(model, tensors),
+           "metadata": model.metadata,
+           "anomalies": [{"kind": a.kind, "message": a.message, "file": a.file, "member": a.member,
+                          "offset": a.offset} for a in model.evidence.anomalies],
+           "outside_allowlist": [{"global": d, "category": c} for d, c in outside_allowlist(model)]}
+    if groups is not None:
+        doc["groups"] = groups
+    # ``fetched``: what reading a URL cost (the rows read nothing more)
+    emit_json_stream(with_cost(doc), "tensors", _json_rows(tensors, stats))
+
+
+def _json_rows(tensors, stats):
+    if not stats:
+        for t in tensors:
+            yield t.to_dict()
+        return
     for t in tensors:
         row = t.to_dict()
         if t.name in stats:
             row["stats"] = stats[t.name]
-        rows.append(row)
-    doc = {"schema": "tensorscope.inspect/1", "summary": model.summary(), "metadata": model.metadata,
-           "tensors": rows,
-           "anomalies": [{"kind": a.kind, "message": a.message, "file": a.file, "member": a.member,
-                          "offset": a.offset} for a in model.evidence.anomalies]}
-    if group:
-        doc["groups"] = [{"pattern": k[0], "dtype": k[1], "shape": list(k[2]), "count": len(v),
-                          "names": [t.name for t in v]} for k, v in grouped(tensors).items()]
-    return doc
+        yield row
 
+
+# -- the table -----------------------------------------------------------------------------------
 
 def _fmt_shape(shape):
     return "[" + ", ".join(str(d) for d in shape) + "]"
 
 
-def _print_human(model, tensors, stats, args):
-    from rich.markup import escape
-    from rich.table import Table
-    from rich.text import Text
-    console = stdout_console()
-    table = Table(box=None, header_style="bold", pad_edge=False)
-    table.add_column("name", overflow="fold")
-    table.add_column("dtype")
-    table.add_column("shape")
-    table.add_column("params", justify="right")
-    table.add_column("bytes", justify="right")
-    table.add_column("offset", justify="right")
-    several_files = len({t.file for t in tensors}) > 1  # shards, external data: say which file
-    if several_files:
-        table.add_column("file")
-    if stats:
-        for col in ("min", "max", "mean", "std", "nan", "inf"):
-            table.add_column(col, justify="right")
-    rows = []
-    if args.group:
-        for (pattern, dtype, shape), members in grouped(tensors).items():
-            first = members[0]
-            label = pattern if len(members) > 1 else first.name
-            count = f" ×{len(members)}" if len(members) > 1 else ""
-            rows.append((first, f"{label}{count}", dtype, shape, sum(m.numel for m in members),
-                         sum(m.nbytes for m in members if m.has_data), first.byte_offset))
-    else:  # a tensor saved without data (traced inputs) shows "-" bytes, as in the totals
-        rows = [(t, t.name, t.dtype, t.shape, t.numel, t.nbytes if t.has_data else None,
-                 t.byte_offset) for t in tensors]
-    shown = rows[: args.limit] if args.limit else rows
-    for t, label, dtype, shape, params, nbytes, offset in shown:
-        cells = [label, dtype, _fmt_shape(shape), f"{params:,}", human_bytes(nbytes),
-                 "-" if offset is None else str(offset)]
+class _Cells:
+    """Per-value caches: a 100,000-tensor checkpoint has a handful of shapes, sizes and files."""
+
+    def __init__(self):
+        self.shapes: dict[tuple, tuple[str, int, str]] = {}
+        self.sizes: dict[int, str] = {}
+        self.files: dict[str, str] = {}
+        self.dtypes: dict[str, str] = {}
+
+    def shape(self, shape):
+        got = self.shapes.get(shape)
+        if got is None:
+            numel = 1
+            for d in shape:
+                numel *= d
+            got = self.shapes[shape] = (_fmt_shape(shape), numel, f"{numel:,}")
+        return got
+
+    def dtype(self, name):  # ``unknown:<name>``: a dtype name a newer torch wrote, from the file
+        got = self.dtypes.get(name)
+        if got is None:
+            got = self.dtypes[name] = shown(name)
+        return got
+
+    def size(self, n):
+        got = self.sizes.get(n)
+        if got is None:
+            got = self.sizes[n] = human_bytes(n)
+        return got
+
+    def file(self, path):
+        got = self.files.get(path)
+        if got is None:
+            got = self.files[path] = shown(os.path.basename(path))
+        return got
+
+
+def _tensor_rows(tensors, stats, several_files):
+    cells = _Cells()
+    for t in tensors:
+        shape, _numel, params = cells.shape(t.shape)
+        offset = t.byte_offset
+        # a tensor saved without data (traced inputs) shows "-" bytes, as in the totals
+        row = [shown(t.name), cells.dtype(t.dtype), shape, params, cells.size(t.nbytes if t.has_data else None),
+               "-" if offset is None else str(offset)]
         if several_files:
-            cells.append(os.path.basename(t.file))
+            row.append(cells.file(t.file))
         if stats:
             s = stats.get(t.name, {})
-            cells += [_num(s.get(k)) for k in ("min", "max", "mean", "std")]
-            cells += [str(s.get("nan", "")), str(s.get("inf", ""))]
-        table.add_row(*(Text(c) for c in cells))  # names come from the file: never markup
-    console.print(table)
-    if len(shown) < len(rows):
-        console.print(f"… {len(rows) - len(shown)} more rows (--limit)")
-    summary = model.summary()
+            row += [_num(s.get(k)) for k in ("min", "max", "mean", "std")]
+            row += [str(s.get("nan", "")), str(s.get("inf", ""))]
+        yield row
+
+
+def _tensor_widths(tensors, several_files, stats):
+    """Column widths over the rows to print, from each column's vocabulary: one pass of
+    attribute reads (names measured raw: the rare escaped name only pushes its own row)."""
+    cells = _Cells()
+    name_w = max(map(len, (t.name for t in tensors)), default=0)
+    dtypes, shapes, sizes, files = set(), set(), set(), set()
+    top_offset = 0
+    for t in tensors:
+        dtypes.add(t.dtype)
+        shapes.add(t.shape)
+        sizes.add(t.nbytes if t.has_data else None)
+        if several_files:
+            files.add(t.file)
+        if t.byte_offset is not None and t.byte_offset > top_offset:
+            top_offset = t.byte_offset
+    widths = [name_w, max((len(cells.dtype(d)) for d in dtypes), default=0),
+              max((len(cells.shape(s)[0]) for s in shapes), default=0),
+              max((len(cells.shape(s)[2]) for s in shapes), default=0),
+              max((len(cells.size(n)) for n in sizes), default=0), max(1, len(str(top_offset)))]
+    if several_files:
+        widths.append(max((len(cells.file(f)) for f in files), default=0))
+    if stats:
+        values = list(stats.values())
+        widths += [max((len(_num(v.get(k))) for v in values), default=1)
+                   for k in ("min", "max", "mean", "std")]
+        widths += [max((len(str(v.get(k, ""))) for v in values), default=1) for k in ("nan", "inf")]
+    return widths
+
+
+def _group_rows(groups):
+    for g in groups:
+        label = f"{g['pattern']} ×{g['count']:,}" if g["count"] > 1 else g["first"]
+        ranges = describe_ranges(g["pattern"], [(r["min"], r["max"], r["distinct"])
+                                                for r in g["ranges"]]) if g["count"] > 1 else ""
+        yield [shown(label), shown(g["dtype"]), _fmt_shape(g["shape"]), f"{g['params']:,}",
+               human_bytes(g["bytes"]), shown(ranges)]
+
+
+def _print_human(model, tensors, stats, groups, args):
+    tty = sys.stdout.isatty()
+    limit = args.limit
+    if groups is not None:
+        headers, aligns = ["name", "dtype", "shape", "params", "bytes", "indices"], "lllrrl"
+        rows = list(_group_rows(groups[:limit] if limit else groups))
+        widths = [max((len(r[i]) for r in rows), default=0) for i in range(len(headers))]
+        total_rows = len(groups)
+    else:
+        shown_tensors = tensors[:limit] if limit else tensors
+        several_files = len({t.file for t in tensors}) > 1  # shards, external data: say which
+        headers = ["name", "dtype", "shape", "params", "bytes", "offset"]
+        aligns = "lllrrr"
+        if several_files:
+            headers.append("file")
+            aligns += "l"
+        if stats:
+            headers += ["min", "max", "mean", "std", "nan", "inf"]
+            aligns += "rrrrrr"
+        widths = _tensor_widths(shown_tensors, several_files, stats)
+        rows = _tensor_rows(shown_tensors, stats, several_files)
+        total_rows = len(tensors)
+    if tty:
+        widths = TextTable.fit_first(widths)
+    written = TextTable(headers, aligns, widths, fold=tty, bold=tty).write(rows)
+    console = stdout_console()
+    if written < total_rows:
+        console.print(f"… {total_rows - written:,} more rows (--limit)", markup=False)
+    if groups is not None:
+        why = ("" if args.group else f"; more than {GROUP_ABOVE:,} tensors")
+        console.print(f"{len(tensors):,} tensors in {len(groups):,} groups{why}: "
+                      "--no-group lists every tensor"
+                      + (" (--stats values are per tensor)" if stats else ""), markup=False)
+    _print_summary(console, model, tensors)
+
+
+def _role_counts(by_role) -> dict[str, int]:
+    """Elements by kind: ``parameters`` and ``buffers`` where the file says (a saved module),
+    ``elements`` for the rest (plain containers, state dicts, safetensors: they do not say)."""
+    out = {}
+    if "parameter" in by_role:
+        out["parameters"] = by_role["parameter"]["params"]
+    if any(_is_buffer(k) for k in by_role):
+        out["buffers"] = sum(v["params"] for k, v in by_role.items() if _is_buffer(k))
+    other = sum(v["params"] for k, v in by_role.items() if k != "parameter" and not _is_buffer(k))
+    if other or not out:
+        out["other elements" if out else "elements"] = other
+    return out
+
+
+def _print_summary(console, model, tensors):
+    s = summarize(model, tensors)
+    whole = summarize(model, model.tensors) if "of" in s else None
+    mine = _role_counts(s["by_role"])
+    if whole:
+        theirs = _role_counts(whole["by_role"])
+        if set(theirs) - set(mine):  # say "of" per kind of the whole file
+            mine = {**{k: 0 for k in theirs}, **mine}
+        parts = [f"[bold]{k}[/] {human_count(v)} of {human_count(theirs.get(k, 0))}"
+                 for k, v in mine.items()]
+        tensors_text = f"{len(tensors):,} of {len(model.tensors):,}"
+        size_text = f"{human_bytes(s['bytes'])} of {human_bytes(whole['bytes'])}"
+    else:
+        parts = [f"[bold]{k}[/] {human_count(v)}" for k, v in mine.items()]
+        tensors_text, size_text = f"{len(tensors):,}", human_bytes(s["bytes"])
     console.print()
-    console.print(f"[bold]format[/] {model.format}   [bold]tensors[/] {len(tensors)}"
-                  f"{'' if len(tensors) == len(model.tensors) else f' of {len(model.tensors)}'}   "
-                  f"[bold]parameters[/] {human_count(summary['params'])}   "
-                  f"[bold]size[/] {human_bytes(summary['bytes'])}")
-    by_dtype = ", ".join(f"{k}: {v['tensors']} tensor{'s' if v['tensors'] != 1 else ''} "
-                         f"{human_bytes(v['bytes'])}"
-                         for k, v in summary["by_dtype"].items())
+    console.print(f"[bold]format[/] {markup(model.format)}   [bold]tensors[/] {tensors_text}   "
+                  + "   ".join(parts) + f"   [bold]size[/] {size_text}")
+    by_dtype = ", ".join(f"{k}: {v['tensors']:,} tensor{'s' if v['tensors'] != 1 else ''} "
+                         f"{human_bytes(v['bytes'])}" for k, v in s["by_dtype"].items())
     if by_dtype:
-        console.print(f"[bold]by dtype[/] {escape(by_dtype)}")
+        console.print(f"[bold]by dtype[/] {markup(by_dtype)}")
     for key, value in _flat_metadata(model.metadata):
-        console.print(f"[bold]{escape(key)}[/] {escape(value)}")
+        console.print(f"[bold]{markup(key)}[/] {markup(value)}")
     if model.evidence.anomalies:
         console.print(f"[yellow]{len(model.evidence.anomalies)} anomalies[/] "
                       "(run `tensorscope scan` for a safety verdict):")
         for a in model.evidence.anomalies[:10]:
-            console.print(Text(f"  {a.kind}: {a}"))
+            console.print(f"  {markup(a.kind)}: {markup(a)}")
+    refs = outside_allowlist(model)
+    if refs:
+        names = ", ".join(d for d, _ in refs[:3]) + (f" (+{len(refs) - 3} more)" if len(refs) > 3 else "")
+        console.print(f"[yellow]this file references {markup(names)}[/]: run `tensorscope scan` "
+                      "before loading it")
 
 
 def _num(v):

@@ -1,0 +1,237 @@
+"""`diff` for fine-tunes: the fused statistics against torch in float64 over every dtype and piece
+boundary (the threaded path included), "where did it change" (grouped norms against an
+independent sum), the CLI's --by/--top/-v, names from the file through safetext, and the TUI diff
+screen through Textual's Pilot."""
+from __future__ import annotations
+
+import json
+import math
+
+import ml_dtypes
+import numpy as np
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings, strategies as st
+
+from tensorscope import diffing, grouping, safetext
+from tensorscope.cli import main
+from tensorscope.diffing import diff_models, group_changes
+
+from test_diff import NP_NAMES, check_against, oracle, raw_model, to_torch
+
+NP_NAMES.setdefault(np.dtype(ml_dtypes.float8_e4m3fn), "float8_e4m3fn")
+NP_NAMES.setdefault(np.dtype(ml_dtypes.float8_e5m2), "float8_e5m2")
+_TORCH_FP8 = {np.dtype(ml_dtypes.float8_e4m3fn): torch.float8_e4m3fn,
+              np.dtype(ml_dtypes.float8_e5m2): torch.float8_e5m2}
+DTYPES = [np.float16, ml_dtypes.bfloat16, np.float32, ml_dtypes.float8_e4m3fn,
+          ml_dtypes.float8_e5m2, np.int8]
+
+
+def torch_of(arr: np.ndarray) -> torch.Tensor:
+    if arr.dtype in _TORCH_FP8:
+        return torch.from_numpy(np.ascontiguousarray(arr).view(np.uint8).copy()).view(
+            _TORCH_FP8[arr.dtype])
+    return to_torch(arr)
+
+
+def pair(r, n, da, db, zeros):
+    base = r.standard_normal(n) * 4
+    xa = base.astype(da)
+    xb = (base + r.standard_normal(n) * 0.05).astype(db)
+    if zeros:  # exact zeros of the reference: left out of max_rel, counted in zero_ref
+        xb[r.random(n) < 0.2] = 0
+    return xa, xb
+
+
+@settings(max_examples=60, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])  # monkeypatch.context() per input
+@given(n=st.integers(1, 3000), da=st.sampled_from(DTYPES), db=st.sampled_from(DTYPES),
+       elems=st.sampled_from([1, 7, 64, 8192]), parallel=st.booleans(), zeros=st.booleans(),
+       seed=st.integers(0, 2**31))
+def test_fused_statistics_match_torch_float64(tmp_path_factory, monkeypatch, n, da, db, elems,
+                                              parallel, zeros, seed):
+    """max_abs and every count exactly, the rest to 1e-6 relative, whatever the dtypes, the
+    piece size (``elems`` elements per fused step) and the thread split."""
+    xa, xb = pair(np.random.default_rng(seed), n, da, db, zeros)
+    d = tmp_path_factory.mktemp("f")
+    ma = raw_model(d / "a.bin", {"t": xa})
+    mb = raw_model(d / "b.bin", {"t": xb})
+    with monkeypatch.context() as m:
+        m.setattr(diffing, "FLOAT_ELEMS", elems)
+        m.setattr(diffing, "PARALLEL_ELEMS", 100 if parallel else 1 << 40)
+        m.setattr(diffing, "RELEASE_BYTES", 256)  # many read-ahead / release steps per slice
+        (e,) = diff_models(ma, mb, chunk_bytes=elems * 32).entries
+    if e.values.identical_bytes:
+        assert xa.dtype == xb.dtype and np.array_equal(xa.view(np.uint8), xb.view(np.uint8))
+        return
+    check_against(e.values, oracle(torch_of(xa), torch_of(xb)), rel=1e-6)
+
+
+def test_threaded_slices_fold_to_the_serial_figures(tmp_path, monkeypatch):
+    r = np.random.default_rng(5)
+    xa, xb = pair(r, 300_000, np.float16, np.float16, zeros=True)
+    ma = raw_model(tmp_path / "a.bin", {"t": xa})
+    mb = raw_model(tmp_path / "b.bin", {"t": xb})
+    monkeypatch.setattr(diffing, "PARALLEL_ELEMS", 1 << 40)
+    serial = diff_models(ma, mb).entries[0].values
+    monkeypatch.setattr(diffing, "PARALLEL_ELEMS", 1000)
+    threaded = diff_models(ma, mb).entries[0].values
+    assert threaded.max_abs == serial.max_abs and threaded.mismatched == serial.mismatched
+    assert threaded.zero_ref == serial.zero_ref > 0
+    for k in ("max_rel", "mean_abs", "rms", "cosine", "norm_a", "norm_diff"):
+        assert getattr(threaded, k) == pytest.approx(getattr(serial, k), rel=1e-12), k
+    check_against(threaded, oracle(torch_of(xa), torch_of(xb)), rel=1e-9)
+
+
+# -- where did it change ----------------------------------------------------------------------------
+def _llama(r, layers=3):
+    a = {"model.embed_tokens.weight": r.standard_normal((16, 8)).astype(np.float32)}
+    for i in range(layers):
+        for m in ("self_attn.q_proj", "self_attn.k_proj", "mlp.up_proj"):
+            a[f"model.layers.{i}.{m}.weight"] = r.standard_normal((8, 8)).astype(np.float32)
+        a[f"model.layers.{i}.input_layernorm.weight"] = np.ones(8, np.float32)
+    a["lm_head.weight"] = r.standard_normal((16, 8)).astype(np.float32)
+    b = {}
+    for k, v in a.items():  # layer 1 changes most, layer 2 and the norms not at all
+        scale = 0.3 if ".1." in k else 0.0 if (".2." in k or "norm" in k) else 0.01
+        b[k] = (v + scale * r.standard_normal(v.shape)).astype(np.float32)
+    return a, b
+
+
+@pytest.mark.parametrize("by,keyf", [("layer", grouping.layer_key),
+                                     ("module", grouping.module_key)])
+def test_grouped_norms_are_sums_of_squares_over_the_group(tmp_path, by, keyf):
+    a, b = _llama(np.random.default_rng(1))
+    ma = raw_model(tmp_path / "a.bin", a)
+    mb = raw_model(tmp_path / "b.bin", b)
+    res = diff_models(ma, mb, norms=True)
+    groups = group_changes(res.entries, by)
+    want: dict[str, list[float]] = {}
+    for k in a:  # independently: torch, float64, per group
+        ta, tb = torch.from_numpy(a[k]).double(), torch.from_numpy(b[k]).double()
+        w = want.setdefault(keyf(k), [0.0, 0.0, 0])
+        w[0] += float((ta * ta).sum())
+        w[1] += float(((tb - ta) ** 2).sum())
+        w[2] += 1
+    assert {g.key for g in groups} == set(want)
+    for g in groups:
+        sq_a, sq_d, n = want[g.key]
+        assert (g.tensors, g.compared, g.unknown) == (n, n, 0)
+        assert g.norm_a == pytest.approx(math.sqrt(sq_a), rel=1e-9)
+        assert g.norm_diff == pytest.approx(math.sqrt(sq_d), rel=1e-9)
+        assert g.rel_change == pytest.approx(math.sqrt(sq_d / sq_a), rel=1e-9)
+    rels = [g.rel_change for g in groups]
+    assert rels == sorted(rels, reverse=True)
+    if by == "layer":
+        assert groups[0].key == "model.layers.1" and groups[-1].rel_change == 0.0
+
+
+def test_identical_tensors_count_in_the_denominator_only_with_norms(tmp_path):
+    a, b = _llama(np.random.default_rng(2))
+    ma = raw_model(tmp_path / "a.bin", a)
+    mb = raw_model(tmp_path / "b.bin", b)
+    without = {g.key: g for g in group_changes(diff_models(ma, mb).entries, "layer")}
+    with_norms = {g.key: g for g in group_changes(diff_models(ma, mb, norms=True).entries, "layer")}
+    # layer 2 is byte-identical: its norms are unknown unless read
+    assert without["model.layers.2"].unknown == 4 and without["model.layers.2"].rel_change is None
+    assert with_norms["model.layers.2"].rel_change == 0.0
+    e = [x for x in diff_models(ma, mb, norms=True).entries if x.name == "lm_head.weight"]
+    assert e and e[0].values.cosine is not None
+
+
+def _cli(capsys, *argv):
+    code = main(["diff", *map(str, argv)])
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+def test_cli_by_layer_top_json(tmp_path, capsys):
+    from safetensors.numpy import save_file
+    a, b = _llama(np.random.default_rng(3))
+    save_file(a, str(tmp_path / "a.safetensors"))
+    save_file(b, str(tmp_path / "b.safetensors"))
+    code, out, _ = _cli(capsys, tmp_path / "a.safetensors", tmp_path / "b.safetensors",
+                        "--by", "layer", "--top", "2", "--json")
+    doc = json.loads(out)
+    assert code == 1 and doc["schema"] == "tensorscope.diff/2" and doc["by"] == "layer"
+    assert [g["key"] for g in doc["groups"]][:1] == ["model.layers.1"] and len(doc["groups"]) == 2
+    assert len(doc["entries"]) == 2 and all(e["status"] == "changed" for e in doc["entries"])
+    rel = [e["values"]["rel_change"] for e in doc["entries"]]
+    assert rel == sorted(rel, reverse=True) and all(".1." in e["name"] for e in doc["entries"])
+    code, out, _ = _cli(capsys, tmp_path / "a.safetensors", tmp_path / "b.safetensors",
+                        "--by", "module")
+    assert "relative change ||B-A||/||A|| per module" in out and "self_attn.q_proj" in out
+
+
+def test_per_save_metadata_only_with_verbose(tmp_path, capsys):
+    t = {"w": torch.arange(6.0)}
+    torch.save(t, tmp_path / "one.pt")
+    torch.save(t, tmp_path / "two.pt")  # another archive name and serialization id
+    code, out, _ = _cli(capsys, tmp_path / "one.pt", tmp_path / "two.pt")
+    assert code == 0 and "serialization_id" not in out and "archive_prefix" not in out
+    assert "-v shows them" in out
+    code, out, _ = _cli(capsys, tmp_path / "one.pt", tmp_path / "two.pt", "-v")
+    assert "archive_prefix" in out
+    _, out, _ = _cli(capsys, tmp_path / "one.pt", tmp_path / "two.pt", "--json")
+    rows = {m["key"]: m["per_save"] for m in json.loads(out)["metadata"]}
+    assert rows.get("archive_prefix") is True
+
+
+EVIL = "layers.0.\x1b]0;pwned\x07\x1b[31m[bold red]x[/bold red]\u202e.weight"
+
+
+def _evil_pair(tmp_path):
+    from safetensors.numpy import save_file
+    a = {EVIL: np.arange(4, dtype=np.float32), "ok": np.ones(3, np.float32)}
+    b = {EVIL: np.arange(4, dtype=np.float32) + 1, "ok": np.ones(3, np.float32)}
+    save_file(a, str(tmp_path / "a.safetensors"), metadata={"\x1b[2Jk": "[blink]v\x1b[0m"})
+    save_file(b, str(tmp_path / "b.safetensors"), metadata={"\x1b[2Jk": "w"})
+    return tmp_path / "a.safetensors", tmp_path / "b.safetensors"
+
+
+@pytest.mark.parametrize("extra", [[], ["--by", "layer"], ["--by", "module", "--top", "1"],
+                                   ["--all"]])
+def test_names_from_the_file_are_shown_escaped(tmp_path, capsys, extra):
+    a, b = _evil_pair(tmp_path)
+    code, out, err = _cli(capsys, a, b, *extra)
+    assert code == 1
+    assert safetext.is_clean(out) and safetext.is_clean(err)
+    assert "[bold red]x[/bold red]" in out  # markup printed, never interpreted
+    assert "\\x1b]0;pwned" in out and "\\u202e" in out
+
+
+def test_large_diff_lists_what_differs_and_the_name_patterns(tmp_path, capsys):
+    from safetensors.numpy import save_file
+    n = 2100
+    a = {f"model.layers.{i // 3}.mlp.experts.{i % 3}.w": np.full(2, i, np.float32)
+         for i in range(n)}
+    b = dict(a)
+    b["model.layers.5.mlp.experts.1.w"] = np.zeros(2, np.float32)
+    save_file(a, str(tmp_path / "a.safetensors"))
+    save_file(b, str(tmp_path / "b.safetensors"))
+    code, out, _ = _cli(capsys, tmp_path / "a.safetensors", tmp_path / "b.safetensors")
+    assert code == 1 and f"{n - 1:,} tensors the same, not listed" in out
+    assert "model.layers.#.mlp.experts.#.w ×2,100: 1 differ" in out
+    assert out.count("model.layers.5.mlp.experts.1.w") == 1
+    code, out, _ = _cli(capsys, tmp_path / "a.safetensors", tmp_path / "b.safetensors", "--all")
+    assert out.count("\nsame ") == n - 1  # plain rows above 500, one per tensor
+
+
+def test_reason_says_why_a_row_is_changed(tmp_path):
+    xa = np.array([1.0, np.nan, 3.0], np.float32)
+    xb = np.array([1.0, np.nan, 3.0], np.float32)
+    ma = raw_model(tmp_path / "a.bin", {"t": xa})
+    mb = raw_model(tmp_path / "b.bin", {"t": xb.copy()})
+    (e,) = diff_models(ma, mb).entries  # same bytes: NaN included, the same tensor
+    assert e.status == "same" and diffing.reason(e) == "identical"
+    xb2 = xb.copy()
+    xb2.view(np.uint32)[1] ^= 1  # another NaN payload: bytes differ, NaN never matches
+    mb = raw_model(tmp_path / "c.bin", {"t": xb2})
+    (e,) = diff_models(ma, mb).entries
+    assert e.status == "changed" and e.values.max_abs == 0.0
+    assert diffing.reason(e) == "values: 1 of 3 outside tolerance; NaN on a side at 1"
+
+
+def test_help_group_choices_match_the_engine():
+    from tensorscope.commands import diff as cmd
+    assert cmd.GROUP_BY == diffing.GROUP_BY
