@@ -17,7 +17,7 @@ from tensorscope.reader import tensor_stats
 from tensorscope.tui import compute
 from tensorscope.tui.app import make_app
 from tensorscope.tui.model_index import build_tree, select_rows, tensor_path
-from tensorscope.tui.screens.browse import MAX_CHILDREN, PAGE_ROWS, BrowseScreen
+from tensorscope.tui.screens.browse import GROUP_ABOVE, MAX_CHILDREN, BrowseScreen
 from tensorscope.tui.screens.diff import DiffScreen
 from tensorscope.tui.screens.misc import ErrorScreen, HelpScreen
 from tensorscope.tui.screens.scan import ScanScreen
@@ -223,7 +223,7 @@ async def test_filter_with_slash_substring_and_glob():
 @run_async
 async def test_sort_by_key_and_header_click():
     app = make_app(A)
-    async with app.run_test(size=SIZE) as pilot:
+    async with app.run_test(size=(120, 40)) as pilot:
         await settle(pilot)
         screen = app.screen
         await pilot.press("o")  # first sort column: name
@@ -231,10 +231,11 @@ async def test_sort_by_key_and_header_click():
         assert names == sorted(names)
         await pilot.press("r")
         assert table_names(screen) == sorted(names, reverse=True)
-        # a header click sorts by that column
+        # a click on a header sorts by that column
         table = screen.query_one("#tensors")
-        table.post_message(table.HeaderSelected(table, table.columns["params"].key, 3,
-                                                label=table.columns["params"].label))
+        x = 1 + sum(w + 1 for c, w in table._fit()[:3])  # the 4th column: params
+        assert table._fit()[3][0].key == "params"
+        await pilot.click("#tensors", offset=(x + 1, 0))
         await pilot.pause()
         model = screen.model
         params = [model.tensor(n).numel for n in table_names(screen)]
@@ -267,7 +268,7 @@ async def test_values_preview_window_moves():
 
 
 @run_async
-async def test_large_model_builds_rows_lazily(tmp_path):
+async def test_large_model_table_is_virtual_and_tree_capped(tmp_path):
     from safetensors.numpy import save_file
 
     n = 2500
@@ -279,11 +280,16 @@ async def test_large_model_builds_rows_lazily(tmp_path):
         await settle(pilot)
         screen = app.screen
         table = screen.query_one("#tensors")
-        assert table.row_count == PAGE_ROWS and len(screen.rows) == n
-        assert f"showing {PAGE_ROWS}" in static_text(screen, "#table-status")
-        table.move_cursor(row=PAGE_ROWS - 5)
-        await pilot.pause()
-        assert table.row_count == 2 * PAGE_ROWS
+        assert table.row_count == n and len(screen.rows) == n
+        # End and Home move the cursor to the last and first row; the last row is drawn
+        await pilot.press("end")
+        await settle(pilot)
+        last = screen.model.tensors[-1].name
+        assert table.cursor_row == n - 1 and screen.selected_info().name == last
+        assert last in app.export_screenshot()
+        await pilot.press("home")
+        await settle(pilot)
+        assert table.cursor_row == 0 and screen.selected_info() is screen.model.tensors[0]
         # the tree caps children per node and says how many it left out
         tree = screen.query_one("#modules")
         blocks = tree.root.children[0]
@@ -291,6 +297,85 @@ async def test_large_model_builds_rows_lazily(tmp_path):
         await pilot.pause()
         assert len(blocks.children) == MAX_CHILDREN + 1
         assert f"{1250 - MAX_CHILDREN:,} more" in str(blocks.children[-1].label)
+
+
+def _moe(tmp_path, layers: int, experts: int):
+    from safetensors.numpy import save_file
+
+    names = [f"model.layers.{i}.mlp.experts.{e}.{p}_proj.weight"
+             for i in range(layers) for e in range(experts) for p in ("gate", "up", "down")]
+    path = tmp_path / "moe.safetensors"
+    save_file({k: np.zeros((2, 2), dtype=np.float16) for k in names}
+              | {"model.embed_tokens.weight": np.zeros((4, 2), dtype=np.float16)}, str(path))
+    return path, names
+
+
+@run_async
+async def test_big_model_opens_in_grouped_tree(tmp_path):
+    path, names = _moe(tmp_path, layers=30, experts=60)  # 5,400 + 1 tensors
+    assert len(names) + 1 > GROUP_ABOVE
+    app = make_app(path)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await settle(pilot)
+        screen = app.screen
+        assert screen.grouped
+        tree = screen.query_one("#modules")
+        model_node = tree.root.children[0]
+        model_node.expand()
+        await pilot.pause()
+        labels = {str(c.label).split(" ")[0]: c for c in model_node.children}
+        assert set(labels) == {"layers.#", "embed_tokens"}
+        layers = labels["layers.#"]
+        assert "×30 (0–29)" in str(layers.label)
+        assert layers.data.count == len(names)
+        layers.expand()
+        await pilot.pause()
+        mlp = layers.children[0]
+        mlp.expand()
+        await pilot.pause()
+        experts = mlp.children[0]
+        assert str(experts.label).startswith("experts.# ×60 (0–59)")
+        experts.expand()
+        await pilot.pause()
+        up = next(c for c in experts.children if str(c.label).startswith("up_proj"))
+        tree.move_cursor(up)
+        await settle(pilot)
+        shown = [screen.model.tensors[i].name for i in screen.rows]
+        assert shown == [t.name for t in screen.model.tensors if ".up_proj." in t.name]
+        assert len(shown) == 30 * 60
+        # g: back to the module tree, one node per layer
+        await pilot.press("g")
+        await settle(pilot)
+        assert not screen.grouped and len(screen.rows) == len(names) + 1
+        layers_plain = screen.root.children["model"].children["layers"]
+        assert len(layers_plain.children) == 30
+
+
+def test_index_select_matches_a_plain_filter():
+    """TensorIndex (lowercase index, incremental filtering, cached sort orders) against the
+    straightforward select_rows over the same tensors, for every sort and growing queries."""
+    from tensorscope.tui.model_index import TensorIndex
+
+    model = tensorscope.open(A)
+    tensors = model.tensors
+    index = TensorIndex(tensors)
+    root = build_tree(tensors, "m")
+    node = root.children["layers"].children["1"]
+    for sort in ("#", "name", "params", "shape", "offset"):
+        for reverse in (False, True):
+            for where, indices in ((None, range(len(tensors))), (node, node.tensor_indices())):
+                for pattern in ("", "L", "la", "lay", "laYers.1", "s.1", "*.weight", "*proj*", "zz",
+                                "layers.1.*", "*", "**", "*.*", "l*s.1*", "*.?_proj.*", "[ln]*",
+                                "*bias", "norm*"):
+                    want = select_rows(tensors, indices, pattern, sort, reverse)
+                    got = index.select(where, pattern, sort, reverse)
+                    if sort != "#":  # ties may order differently: compare the sort keys
+                        from tensorscope.tui.model_index import SORT_KEYS
+                        key = SORT_KEYS[sort]
+                        assert [key(tensors[i]) for i in got] == [key(tensors[i]) for i in want]
+                        assert sorted(got) == sorted(want)
+                    else:
+                        assert got == want, (sort, reverse, pattern)
 
 
 @run_async
@@ -455,3 +540,277 @@ def test_cli_command_is_lazy_and_documented():
     tui.add_arguments(p)
     args = p.parse_args(["a.pt", "b.pt"])
     assert (args.path, args.other, args.no_scan) == ("a.pt", "b.pt", False)
+
+
+@pytest.mark.parametrize("names", [
+    [f"model.layers.{i}.mlp.experts.{e}.{p}.weight" for i in (0, 1, 12, 130) for e in (0, 7, 63)
+     for p in ("gate_proj", "up_proj")] + ["model.embed_tokens.weight", "lm_head.weight"],
+    ["features.0.conv2.weight", "features.10.conv2.weight", "layer1.0.conv1.weight",
+     "layer1.1.conv1.weight", "layer2.0.downsample.0.weight", "0.bias", "fc.weight", "w"],
+])
+def test_group_tree_agrees_with_grouping(names):
+    """Every tensor sits under the grouped node whose dotted prefix is its parent's
+    `grouping.group_key` (`layers.#` merged into one node), with the index values seen."""
+    from tensorscope.grouping import group_indices, group_key
+    from tensorscope.tui.model_index import build_group_tree
+
+    tensors = [tensorscope.TensorInfo(n, "float32", (2,)) for n in names]
+    root = build_group_tree(tensors, "r")
+    where = {}
+    stack = [root]
+    while stack:
+        node = stack.pop()
+        for i in node.direct:
+            where[i] = node
+        stack.extend(node.children.values())
+    assert sorted(where) == list(range(len(names))) and root.count == len(names)
+    for i, name in enumerate(names):
+        node = where[i]
+        assert ".".join(node.prefix) == group_key(name).rpartition(".")[0], name
+        # each `#` node on the way knows the index it stands for
+        hashes = [n for n in _ancestors(root, node) if n.name.endswith("#")]
+        assert [idx in n.seen for n, idx in zip(hashes, group_indices(name))] == [True] * len(hashes)
+
+
+def _ancestors(root, node):
+    out, cur = [], root
+    for comp in node.prefix:
+        cur = cur.children[comp]
+        out.append(cur)
+    return out
+
+
+# -- issue 15: a new user's first hour --------------------------------------------------------------
+sys.path.insert(0, str(ROOT / "fixtures"))
+import gen_tui  # noqa: E402  (the generator of the TUI fixtures: review.pt, hostile text)
+
+
+@pytest.fixture
+def review(tmp_path):
+    return gen_tui.write_review(tmp_path / "review.pt")
+
+
+@pytest.fixture
+def hostile(tmp_path):
+    return gen_tui.write_hostile_text(tmp_path / "hostile_text.safetensors")
+
+
+@pytest.mark.parametrize("make", ["missing", "empty_dir", "truncated", "garbage"])
+def test_cli_checks_the_input_before_the_app_starts(tmp_path, make):
+    """A bad path never opens the full-screen app: one line on stderr, exit 2, as `inspect` does."""
+    if make == "missing":
+        target = tmp_path / "missing.pt"
+    elif make == "empty_dir":
+        target = tmp_path / "empty"
+        target.mkdir()
+    elif make == "truncated":
+        target = tmp_path / "cut.safetensors"
+        target.write_bytes(A.read_bytes()[:300])
+    else:
+        target = GARBAGE
+    tui = subprocess.run([sys.executable, "-m", "tensorscope", "tui", str(target)],
+                         capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL)
+    inspect = subprocess.run([sys.executable, "-m", "tensorscope", "inspect", str(target)],
+                             capture_output=True, text=True, timeout=60)
+    assert tui.returncode == 2 and tui.stdout == ""
+    assert len(tui.stderr.splitlines()) == 1 and "\x1b" not in tui.stderr
+    # the same line as every other command: "tensorscope <command>: error: <file>: <reason>"
+    assert tui.stderr.startswith("tensorscope tui: error: ")
+    assert tui.stderr == inspect.stderr.replace("tensorscope inspect:", "tensorscope tui:", 1)
+    assert target.name in tui.stderr
+
+
+@run_async
+async def test_medium_finding_shows_the_cli_verdict(review):
+    """The CLI's default threshold (--fail-on medium): `scan` says "review before loading" and
+    exits 1 for this file; the TUI shows the same verdict in its banner and scan view."""
+    cli = subprocess.run([sys.executable, "-m", "tensorscope", "scan", str(review)],
+                         capture_output=True, text=True, timeout=60)
+    assert cli.returncode == 1 and "review before loading" in cli.stdout
+    app = make_app(review)
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(pilot)
+        banner = app.screen.query_one(SafetyBanner)
+        text = plain(banner.content)
+        assert banner.display and banner.has_class("-review") and not banner.has_class("-unsafe")
+        assert "review before loading" in text and "mypkg.layers.build" in text
+        await pilot.press("s")
+        await pilot.pause()
+        summary = static_text(app.screen, "#scan-summary")
+        assert "review before loading" in summary and "worst medium" in summary
+
+
+@run_async
+async def test_values_of_a_4d_tensor_move_along_leading_dimensions(tmp_path):
+    from safetensors.numpy import save_file
+
+    arr = np.arange(2 * 3 * 4 * 5, dtype=np.float32).reshape(2, 3, 4, 5)
+    path = tmp_path / "conv.safetensors"
+    save_file({"conv.weight": arr}, str(path))
+    app = make_app(path)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await settle(pilot)
+        await pilot.press("v")
+        await pilot.pause()
+        screen = app.screen
+        table = screen.query_one("#values")
+
+        def shown_slice():
+            return [[float(str(c)) for c in table.get_row_at(r)[1:]] for r in range(table.row_count)]
+
+        assert shown_slice() == arr[0, 0].tolist()
+        assert "[0, 0, :, :] of [2, 3, :, :]" in static_text(screen, "#values-status")
+        await pilot.press("full_stop")        # next slice: [0, 1]
+        assert shown_slice() == arr[0, 1].tolist()
+        for _ in range(2):
+            await pilot.press("full_stop")    # [0, 2] then carry to [1, 0]
+        assert shown_slice() == arr[1, 0].tolist()
+        assert "[1, 0, :, :]" in static_text(screen, "#values-status")
+        for _ in range(5):
+            await pilot.press("full_stop")    # stops at the last slice [1, 2]
+        assert shown_slice() == arr[1, 2].tolist()
+        await pilot.press("less_than_sign")   # back along axis 0: [0, 2]
+        assert shown_slice() == arr[0, 2].tolist()
+        await pilot.press("comma")            # previous slice: [0, 1]
+        assert shown_slice() == arr[0, 1].tolist()
+        # ? lists every key of this screen, the slice keys and q included
+        await pilot.press("question_mark")
+        await pilot.pause()
+        keys = dict(app.screen.bindings)
+        for key in ("[", "]", "{", "}", ".", ",", "<", ">"):
+            assert key in keys, (key, keys)
+        assert any("q" in k.split(", ") for k in keys), keys
+
+
+def test_step_lead_walks_every_slice():
+    shape = (2, 3, 4, 5)
+    seen, lead = [], (0, 0)
+    while True:
+        seen.append(lead)
+        nxt = compute.step_lead(lead, shape, 1)
+        if nxt == lead:
+            break
+        lead = nxt
+    assert seen == [(i, j) for i in range(2) for j in range(3)]
+    assert compute.step_lead((1, 2), shape, -1, axis=0) == (0, 2)
+    assert compute.step_lead((0, 2), shape, -1, axis=0) == (0, 2)
+
+
+@run_async
+async def test_narrow_table_keeps_whole_headers():
+    """At 80×24 the columns that do not fit yield whole (offset first, then params); the headers
+    shown are never cut."""
+    app = make_app(A)
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(pilot)
+        table = app.screen.query_one("#tensors")
+        shown = table.visible_columns()
+        assert shown[0] == "name" and "bytes" in shown and "offset" not in shown
+        header = app.export_screenshot()
+        for col in shown:
+            assert f">{col}" in header or f" {col} " in header.replace("&#160;", " "), col
+    app = make_app(A)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await settle(pilot)
+        assert app.screen.query_one("#tensors").visible_columns() == list(
+            ("name", "dtype", "shape", "params", "bytes", "offset"))
+
+
+@run_async
+async def test_one_tensor_says_tensor(tmp_path):
+    from safetensors.numpy import save_file
+
+    path = tmp_path / "one.safetensors"
+    save_file({"w": np.ones(3, dtype=np.float32)}, str(path))
+    app = make_app(path)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await settle(pilot)
+        assert "· 1 tensor ·" in static_text(app.screen, "#titlebar")
+        assert "1 tensor" in static_text(app.screen, "#table-status")
+        assert "1 tensors" not in app.export_screenshot()
+
+
+def test_onnx_default_domain_reads_ai_onnx():
+    from tensorscope.tui.screens.fileinfo import render_value
+
+    text = plain(render_value({"opset_import": {"": 20, "com.microsoft": 1}}))
+    assert "ai.onnx" in text and "20" in text and "(default)" not in text
+
+
+def _screen_text(app) -> str:
+    strips = app.screen._compositor.render_strips()
+    return "\n".join("".join(seg.text for seg in s) for s in strips)
+
+
+@run_async
+async def test_hostile_text_is_shown_inert(hostile):
+    """Names, metadata keys and values with escape sequences, bidi overrides and Rich markup:
+    nothing raw reaches the screen, and markup is shown literally, on every browse screen."""
+    from tensorscope.safetext import is_clean, shown
+
+    HOSTILE_METADATA, HOSTILE_NAMES = gen_tui.HOSTILE_METADATA, gen_tui.HOSTILE_NAMES
+
+    model = tensorscope.open(hostile)
+    assert sorted(t.name for t in model.tensors) == sorted(HOSTILE_NAMES)  # the file holds them raw
+    app = make_app(hostile)
+    async with app.run_test(size=(160, 50)) as pilot:
+        await settle(pilot)
+        screens = {}
+        screens["browse"] = (_screen_text(app), app.export_screenshot())
+        table = app.screen.query_one("#tensors")
+        names_in_table = [table.get_row_at(r)[0] for r in range(table.row_count)]
+        for k in range(table.row_count):  # every row through the details pane
+            table.move_cursor(row=k)
+            await settle(pilot)
+            screens[f"row{k}"] = (_screen_text(app), app.export_screenshot())
+        await pilot.press("v")
+        await settle(pilot)
+        screens["values"] = (_screen_text(app), app.export_screenshot())
+        await pilot.press("escape", "m")
+        await settle(pilot)
+        await pilot.press("right")  # the metadata tab
+        await settle(pilot)
+        screens["metadata"] = (_screen_text(app), app.export_screenshot())
+        for name, (text, svg) in screens.items():
+            assert is_clean(text) and is_clean(svg), name
+        # every name is listed, escaped, with its markup literal
+        assert sorted(names_in_table) == sorted(shown(n) for n in HOSTILE_NAMES)
+        everything = "\n".join(t for t, _ in screens.values())
+        assert "[bold red]evil[/bold red].weight" in everything
+        assert "\\x1b]0;pwned\\x07" in everything and "\\u202e" in everything
+        meta = screens["metadata"][0]
+        for key, value in HOSTILE_METADATA.items():
+            assert shown(key) in meta, key
+            assert shown(value)[:20] in meta, value
+
+
+@run_async
+async def test_app_uses_the_models_the_cli_opened():
+    model = tensorscope.open(A)
+    app = make_app(A, models=[model])
+    async with app.run_test(size=SIZE) as pilot:
+        await settle(pilot)
+        assert app.models == [model] and app.screen.model is model
+
+
+def test_fit_and_fit_columns():
+    from rich.cells import cell_len
+
+    from tensorscope.tui.screens.browse import YIELD_ORDER, table_columns
+    from tensorscope.tui.model_index import TensorIndex
+    from tensorscope.tui.widgets.tensor_table import fit, fit_columns
+
+    name = "model.layers.3.mlp.experts.7.up_proj.weight"
+    for text in (name, "层.权重.weight", "x"):
+        for width in (1, 5, 9, 20, 60):
+            out = fit(text, width, middle=True)
+            assert cell_len(out) == width
+            if cell_len(text) > width:
+                assert "…" in out
+    assert fit(name, 20, middle=True).endswith("p_proj.weight")  # the end of a name survives
+    columns = table_columns(TensorIndex(tensorscope.open(A).tensors))
+    for width, gone in ((120, []), (70, ["offset"]), (55, ["offset", "params"])):
+        fitted = fit_columns(columns, width, YIELD_ORDER)
+        assert {c.key for c in columns} - {f.key for f, _ in fitted} == set(gone)
+        assert sum(w for _, w in fitted) + len(fitted) + 1 <= width
+        assert all(w >= len(c.key) + 2 for c, w in fitted)  # whole headers, room for the arrow

@@ -67,3 +67,14 @@ def test_scan(snap_compare, size):
 
 def test_error(snap_compare):
     assert snap_compare(make_app(FIX / "garbage.bin"), terminal_size=(80, 24), run_before=_then())
+
+
+def test_review_banner(snap_compare, tmp_path):
+    # a medium finding: the CLI's "review before loading" verdict, in the yellow banner
+    import sys
+
+    sys.path.insert(0, str(FIX.parent))
+    import gen_tui
+
+    path = gen_tui.write_review(tmp_path / "review.pt")
+    assert snap_compare(make_app(path), terminal_size=(80, 24), run_before=_then())

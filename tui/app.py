@@ -2,7 +2,8 @@
 
 Startup: the file(s) are parsed in a thread worker (a loading screen shows meanwhile), then the
 browse screen (one path) or the diff screen (two paths) is pushed; a file that fails to parse
-gets the error screen with its one-line message. Then a second worker runs the static scan
+gets the error screen with its one-line message (``tensorscope tui`` opens the files before the
+app starts, so from the command line a bad file is one line and exit 2 instead). Then a second worker runs the static scan
 (`tensorscope.scan`) on every path; its result feeds the safety banner on every screen and
 the scan screen (``s`` from anywhere). Nothing here reads past the public `tensorscope` API.
 """
@@ -42,7 +43,7 @@ class TensorscopeApp(App):
     ]
 
     def __init__(self, path: str | os.PathLike, other: str | os.PathLike | None = None,
-                 *, scan: bool = True):
+                 *, scan: bool = True, models: list | None = None):
         super().__init__()
         self.path = os.fspath(path)
         self.other = os.fspath(other) if other is not None else None
@@ -53,25 +54,32 @@ class TensorscopeApp(App):
         self.scan_error: str | None = None
         self.scan_done = False
         self.scan_updated: Signal = Signal(self, "scan-updated")
-        # Parsing starts now, in a plain thread, so it overlaps Textual's own startup (driver,
-        # CSS, first compose); the load worker only waits for it.
-        self._opened: list = []
+        # Parsing (unless the caller passed the opened ``models``, as the CLI does) and the tree
+        # and name index start now, in a plain thread, so they overlap Textual's own startup
+        # (driver, CSS, first compose); the load worker only waits for it.
+        self._opened: list = list(models or [])  # already opened by the CLI (input checked first)
         self._open_error: tuple[str, BaseException] | None = None
         self._tree = None
+        self._index = None
         self._opener = threading.Thread(target=self._open_all, name="tensorscope-open", daemon=True)
         self._opener.start()
 
     def _open_all(self) -> None:
         import tensorscope
 
-        from .model_index import build_tree
+        from .model_index import TensorIndex, build_group_tree, build_tree
+        from .screens.browse import GROUP_ABOVE
 
-        for p in self.paths:
+        given = list(self._opened)
+        self._opened.clear()
+        for k, p in enumerate(self.paths):
             try:
-                model = tensorscope.open(p)
+                model = given[k] if k < len(given) else tensorscope.open(p)
                 self._opened.append(model)
-                if self.other is None:  # the browse screen's module tree, built off the UI thread
-                    self._tree = build_tree(model.tensors, root_name=basename(p))
+                if self.other is None:  # the browse screen's tree and index, built off the UI thread
+                    build = build_group_tree if len(model.tensors) > GROUP_ABOVE else build_tree
+                    self._tree = build(model.tensors, root_name=basename(p))
+                    self._index = TensorIndex(model.tensors)
                 if len(model.tensors) > FREEZE_ABOVE:
                     # The model lives as long as the app: move its objects out of the cyclic GC's
                     # reach, or every full collection walks them again (seconds at 100k tensors).
@@ -139,7 +147,7 @@ class TensorscopeApp(App):
         if message.b is not None:
             self.switch_screen(DiffScreen(message.a, message.b))
         else:
-            self.switch_screen(BrowseScreen(message.a, root=self._tree))
+            self.switch_screen(BrowseScreen(message.a, root=self._tree, index=self._index))
         # after the new screen has painted
         self.set_timer(0.05, lambda: self.call_after_refresh(self._start_scan))
 
@@ -183,17 +191,22 @@ class TensorscopeApp(App):
 
         if isinstance(self.screen, HelpScreen):
             return
-        seen, ranked = set(), []
+        # Every key active on this screen, one row per action: keys bound to the same action
+        # share the row ("q, ^q  Quit"); this screen's keys first, then the app's, then the
+        # focused widget's.
+        by_action: dict[tuple[str, str], list] = {}
         for key, active in self.screen.active_bindings.items():
             b = active.binding
-            if not b.description or not active.enabled or (b.action, b.description) in seen:
+            if not b.description or not active.enabled:
                 continue
-            seen.add((b.action, b.description))
-            # this screen's keys first, then the app's, then the focused widget's
             rank = 0 if active.node is self.screen else 1 if active.node is self else 2
-            ranked.append((rank, b.key_display or self.get_key_display(b), b.description))
-        rows = [(key, desc) for _, key, desc in sorted(ranked, key=lambda r: r[0])]
-        rows.append(("ctrl+p", "Command palette"))
+            entry = by_action.setdefault((b.action, b.description), [rank, [], b.description])
+            shown_key = b.key_display or self.get_key_display(b)
+            if shown_key not in entry[1]:
+                entry[1].append(shown_key)
+            entry[0] = min(entry[0], rank)
+        ordered = sorted(by_action.values(), key=lambda e: e[0])
+        rows = [(", ".join(keys), desc) for _, keys, desc in ordered]
         self.push_screen(HelpScreen(rows))
 
     def on_unmount(self) -> None:
@@ -205,6 +218,7 @@ class TensorscopeApp(App):
 
 
 def make_app(path: str | os.PathLike, other: str | os.PathLike | None = None, *,
-             scan: bool = True) -> TensorscopeApp:
-    """The app for one file (browse) or two (diff); used by ``tensorscope tui`` and the tests."""
-    return TensorscopeApp(path, other, scan=scan)
+             scan: bool = True, models: list | None = None) -> TensorscopeApp:
+    """The app for one file (browse) or two (diff); used by ``tensorscope tui`` and the tests.
+    ``models``: the `ModelFile`s of the paths when the caller opened them already."""
+    return TensorscopeApp(path, other, scan=scan, models=models)

@@ -23,7 +23,7 @@ from tensorscope.errors import FormatError, TensorscopeError
 from tensorscope.reader import TensorStats, iter_flat_chunks, tensor_stats
 
 __all__ = ["Cancelled", "Decoded", "stream_values", "values_of", "is_raw", "chunked_stats", "histogram", "diff_histogram", "paired_chunks",
-           "as_matrix", "preview_window", "HIST_BINS"]
+           "as_matrix", "step_lead", "preview_window", "HIST_BINS"]
 
 HIST_BINS = 40
 _CHUNK = 4 << 20  # float64 working copies stay at a few MiB per chunk
@@ -183,23 +183,47 @@ def diff_histogram(a: np.ndarray, b: np.ndarray, bins: int = HIST_BINS,
 ROW_WIDTH_1D = 10  # a 1-D tensor is laid out in rows of 10, labelled by their first index
 
 
-def as_matrix(arr: np.ndarray) -> tuple[np.ndarray | None, int, str]:
-    """A 2-D view for the preview: ndim>2 takes leading indices 0, 1-D is shown in rows of
-    `ROW_WIDTH_1D` (returned as the 1-D array with ``width``); returns ``(view, width, label)``."""
+def as_matrix(arr: np.ndarray, lead: tuple[int, ...] | None = None) -> tuple[np.ndarray | None, int, str]:
+    """A 2-D view for the preview: ndim>2 takes the slice at leading indices ``lead`` (zeros by
+    default), 1-D is shown in rows of `ROW_WIDTH_1D` (returned as the 1-D array with ``width``);
+    returns ``(view, width, label)``."""
     if arr.ndim == 0:
         return arr.reshape(1, 1), 1, "scalar"
     if arr.ndim == 1:
         return arr, ROW_WIDTH_1D, "1-D, 10 per row"
     if arr.ndim == 2:
         return arr, arr.shape[1], "2-D"
-    lead = (0,) * (arr.ndim - 2)
-    return arr[lead], arr.shape[-1], "[" + ", ".join("0" for _ in lead) + ", :, :]"
+    lead = tuple(lead) if lead is not None else (0,) * (arr.ndim - 2)
+    return arr[lead], arr.shape[-1], "[" + ", ".join(str(i) for i in lead) + ", :, :]"
 
 
-def preview_window(arr: np.ndarray, row0: int, col0: int, rows: int, cols: int
-                   ) -> tuple[list[int], list[int], list[list]]:
+def step_lead(lead: tuple[int, ...], shape: tuple[int, ...], step: int, axis: int | None = None
+              ) -> tuple[int, ...]:
+    """The next (``step`` 1) or previous (-1) leading index: along ``axis`` only, or, when
+    ``axis`` is None, like an odometer over every leading axis (the last one turns fastest), so
+    one key walks every 2-D slice. Stays put at either end."""
+    dims = shape[:len(lead)]
+    if axis is not None:
+        new = lead[axis] + step
+        return lead if not 0 <= new < dims[axis] else lead[:axis] + (new,) + lead[axis + 1:]
+    flat = 0
+    for i, d in zip(lead, dims):
+        flat = flat * d + i
+    flat += step
+    total = math.prod(dims)
+    if not 0 <= flat < total:
+        return lead
+    out = []
+    for d in reversed(dims):
+        out.append(flat % d)
+        flat //= d
+    return tuple(reversed(out))
+
+
+def preview_window(arr: np.ndarray, row0: int, col0: int, rows: int, cols: int,
+                   lead: tuple[int, ...] | None = None) -> tuple[list[int], list[int], list[list]]:
     """Row labels, column labels and the values (Python scalars) of a window of the matrix view."""
-    view, width, _ = as_matrix(arr)
+    view, width, _ = as_matrix(arr, lead)
     if view.ndim == 1:
         n = view.shape[0]
         nrows = -(-n // width)

@@ -7,13 +7,18 @@ from __future__ import annotations
 HELP = "browse a model in a terminal UI (tree, tensors, statistics, values; diff with two files)"
 DESCRIPTION = """\
 Open a model file or folder in an interactive terminal UI: a tree of modules with parameter and
-byte counts, the tensors under the selected module (filter with /, sort with o or by clicking a
-header), and for the highlighted tensor every metadata field, statistics (min, max, mean, std,
-NaN/Inf counts, zero fraction), a histogram and a window of its values (v). With a second file,
-the UI opens on the diff: tensors aligned side by side, coloured by status, with the difference
-statistics and a histogram of a - b for the highlighted pair. The static safety scan runs at
-startup; a red banner appears when a file is unsafe to load (s shows the findings, from any screen).
-Nothing in the files is executed. Keys: ? help, ctrl+p command palette, t theme, q quit.
+byte counts (above 5,000 tensors grouped, layers.# ×N, g switches), the tensors under the
+selected module (filter with /, sort with o or by clicking a header; only the rows on screen are
+drawn, so 1,000,000 tensors scroll and filter like 100), and for the highlighted tensor every
+metadata field, statistics (min, max, mean, std, NaN/Inf counts, zero fraction), a histogram and
+a window of its values (v; . , < > move through the 2-D slices of a larger tensor). With a second
+file, the UI opens on the diff: tensors aligned side by side, coloured by status, with the
+difference statistics and a histogram of a - b for the highlighted pair. The static safety scan
+runs at startup with the threshold of `tensorscope scan`: a red banner when a file is unsafe to
+load, a yellow one when it needs review (s shows the findings, from any screen). Nothing in the
+files is executed; text from them is shown inert. The files are opened before the UI starts: a
+file that cannot be read is one line on stderr and exit 2, as with every command.
+Keys: ? every key of the screen, ctrl+p command palette, t theme, q quit.
 
 Example:
   tensorscope tui model.safetensors
@@ -30,7 +35,27 @@ def add_arguments(p) -> None:
 
 
 def run(args) -> int:
+    import sys
+
+    import tensorscope
+
+    from ..safetext import shown
+
+    # The input is checked before the full-screen app starts: a missing, empty, truncated or
+    # unrecognised file fails here with one line and exit 2 (the CLI's boundary), like every
+    # other command, instead of an app the user has to quit.
+    paths = [args.path] + ([args.other] if args.other is not None else [])
+    if sys.stderr.isatty():
+        print(f"opening {' and '.join(shown(p) for p in paths)} …", file=sys.stderr, flush=True)
+    models = []
+    try:
+        for p in paths:
+            models.append(tensorscope.open(p))
+    except BaseException:
+        for m in models:
+            m.close()
+        raise
     from ..tui.app import make_app  # lazy: Textual loads only for this command
 
-    make_app(args.path, args.other, scan=not args.no_scan).run()
+    make_app(args.path, args.other, scan=not args.no_scan, models=models).run()
     return 0

@@ -1,10 +1,13 @@
 """Browse one model: module tree, tensor table, details pane with statistics and histogram.
 
 The tree groups tensors by path components and expands lazily (children are added when a node
-is first expanded, at most `MAX_CHILDREN` per node). The table shows the tensors under the
-highlighted module, filtered and sorted, and adds rows a page at a time as the cursor nears the
-end, so 100,000 tensors cost one page of widgets. Statistics and the histogram of the
-highlighted tensor are computed in an exclusive thread worker on the zero-copy view.
+is first expanded, at most `MAX_CHILDREN` per node); above `GROUP_ABOVE` tensors it opens as the
+grouped tree (``layers.#``, `tensorscope.grouping`'s reading of repeated layers), ``g`` switches.
+The table shows the tensors under the highlighted module, filtered and sorted by the model's
+`TensorIndex`, in a `VirtualTable` that formats only the rows on screen, so a keystroke in the
+filter costs one pass over the names at 100,000 tensors and nothing per row shown. Statistics and
+the histogram of the highlighted tensor are computed in an exclusive thread worker on the
+zero-copy view. Every string from the file is shown through `tensorscope.safetext`.
 """
 from __future__ import annotations
 
@@ -14,31 +17,50 @@ from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical
 from textual.screen import Screen
-from textual.widgets import DataTable, Footer, Input, Static, Tree
+from textual.widgets import Footer, Input, Static, Tree
 from textual.worker import get_current_worker
 
 from ..compute import HIST_BINS, Cancelled, chunked_stats, histogram, is_raw, stream_values
 from ..formatting import basename, compact_bytes, fmt_offset, fmt_shape, human_bytes, human_count, one_line
 from ..messages import HistogramReady, StatsFailed, StatsReady
-from ..model_index import ModuleNode, build_tree, select_rows, tensor_path
+from tensorscope.safetext import shown
+
+from ..model_index import ModuleNode, TensorIndex, build_group_tree, build_tree
 from ..widgets.banner import SafetyBanner
 from ..widgets.details import TensorDetails
+from ..widgets.tensor_table import Column, VirtualTable
 
-__all__ = ["BrowseScreen", "PAGE_ROWS", "MAX_CHILDREN"]
+__all__ = ["BrowseScreen", "MAX_CHILDREN", "GROUP_ABOVE", "COLUMNS", "YIELD_ORDER"]
 
-PAGE_ROWS = 200      # rows added to the table at a time
 MAX_CHILDREN = 500   # tree children shown per node; the rest are reachable by filtering
-DEBOUNCE_ABOVE = 20_000  # tensors above which filter keystrokes are coalesced
-DEBOUNCE_SECONDS = 0.12
+GROUP_ABOVE = 5_000  # tensors above which the tree opens grouped (layers.#)
+DEBOUNCE_ABOVE = 300_000  # tensors above which filter keystrokes are coalesced
+DEBOUNCE_SECONDS = 0.08
+DETAILS_AFTER = 0.15  # seconds after the last filter keystroke before the details pane follows
 COLUMNS = ("name", "dtype", "shape", "params", "bytes", "offset")
+# When the table is narrow, columns give way in this order: the offset (a detail the pane shows
+# too), then params (bytes say the size), then the shape; the name and bytes stay.
+YIELD_ORDER = ("offset", "params", "shape", "dtype")
 SORT_CYCLE = ("#",) + COLUMNS
 
 
 def node_label(node: ModuleNode, root: bool = False) -> Text:
     label = Text()
-    label.append(node.name, style="bold" if root else "")
+    label.append(shown(node.name), style="bold" if root else "")
+    if node.seen:
+        lo, hi = min(node.seen), max(node.seen)
+        span = f"{lo}" if lo == hi else f"{lo}–{hi}"
+        label.append(f" ×{len(node.seen):,} ({span})", style="cyan")
     label.append(f" {human_count(node.params)}·{compact_bytes(node.nbytes)}", style="dim")
     return label
+
+
+def table_columns(index: TensorIndex) -> list[Column]:
+    w = index.widths
+    return [Column("name", 0, flex=True, min_width=24),
+            Column("dtype", w["dtype"]), Column("shape", w["shape"]),
+            Column("params", 6, right=True), Column("bytes", 10, right=True),
+            Column("offset", w["offset"], right=True)]
 
 
 class BrowseScreen(Screen):
@@ -47,34 +69,48 @@ class BrowseScreen(Screen):
     BINDINGS = [
         Binding("slash", "filter", "Filter"),
         Binding("o", "cycle_sort", "Sort"),
-        Binding("r", "reverse_sort", "Reverse", show=False),
+        Binding("r", "reverse_sort", "Reverse sort", show=False),
+        Binding("g", "toggle_grouped", "Grouped / module tree", show=False),
         Binding("v", "values", "Values"),
         Binding("m", "file_info", "File info"),
-        Binding("escape", "back", "Back", show=False),
+        Binding("escape", "back", "Back / clear filter", show=False),
     ]
 
-    def __init__(self, model, *, closable: bool = False, label: str = "", root: ModuleNode | None = None):
+    def __init__(self, model, *, closable: bool = False, label: str = "", root: ModuleNode | None = None,
+                 index: TensorIndex | None = None, grouped: bool | None = None):
         super().__init__()
         self.model = model
         self.closable = closable
         self.label = label or basename(model.path)
-        self.root = root if root is not None else build_tree(model.tensors, root_name=self.label)
+        self.grouped = len(model.tensors) > GROUP_ABOVE if grouped is None else grouped
+        self._trees: dict[bool, ModuleNode] = {}
+        if root is not None:
+            self._trees[self.grouped] = root
+        self.root = self._tree(self.grouped)
+        self.index = index if index is not None else TensorIndex(model.tensors)
         self.node: ModuleNode = self.root
         self.pattern = ""
         self.sort = "#"
         self.reverse = False
         self.rows: list[int] = []
-        self.loaded = 0
         self.current: str | None = None  # key of the tensor in the details pane
         self._expanded: set[int] = set()
         self._filter_timer = None
+        self._details_timer = None
+
+    def _tree(self, grouped: bool) -> ModuleNode:
+        if grouped not in self._trees:
+            build = build_group_tree if grouped else build_tree
+            self._trees[grouped] = build(self.model.tensors, root_name=self.label)
+        return self._trees[grouped]
 
     # -- layout -----------------------------------------------------------------------------------
     def compose(self) -> ComposeResult:
         m = self.model
+        n = len(m.tensors)
         title = Text()
         title.append(" tensorscope ", style="bold reverse")
-        title.append(f" {self.label} · {m.format} · {len(m.tensors):,} tensors · "
+        title.append(f" {shown(self.label)} · {m.format} · {n:,} tensor{'s' if n != 1 else ''} · "
                      f"{human_count(self.root.params)} params · {human_bytes(self.root.nbytes)}")
         yield Static(title, id="titlebar")
         yield SafetyBanner(id="banner")
@@ -83,23 +119,19 @@ class BrowseScreen(Screen):
         with Horizontal(id="browse-main"):
             yield Tree(node_label(self.root, root=True), data=self.root, id="modules")
             with Vertical(id="browse-right"):
-                table = DataTable(id="tensors", cursor_type="row", zebra_stripes=True)
-                yield table
+                yield VirtualTable(table_columns(self.index), yield_order=YIELD_ORDER, id="tensors")
                 yield Static(id="table-status")
                 yield TensorDetails(id="details")
         yield Footer()
 
     def on_mount(self) -> None:
-        table = self.query_one("#tensors", DataTable)
-        for col in COLUMNS:
-            table.add_column(col, key=col)
         tree = self.query_one("#modules", Tree)
         tree.show_root = True
         tree.guide_depth = 2
         self._populate(tree.root)
         tree.root.expand()
         self.refresh_table()
-        table.focus()
+        self.query_one("#tensors", VirtualTable).focus()
 
     # -- tree -------------------------------------------------------------------------------------
     def _populate(self, tnode) -> None:
@@ -127,73 +159,106 @@ class BrowseScreen(Screen):
             self.node = node
             self.refresh_table()
 
+    def action_toggle_grouped(self) -> None:
+        """Switch between the module tree and the grouped tree (``layers.#``)."""
+        grouped = not self.grouped
+        if grouped in self._trees:
+            self._use_tree(grouped, self._trees[grouped])
+        else:  # built off the UI thread: a module tree of a million tensors takes seconds
+            self.notify("building the " + ("grouped" if grouped else "module") + " tree …", timeout=2)
+            self._build_tree(grouped)
+
+    @work(thread=True, exclusive=True, group="tree")
+    def _build_tree(self, grouped: bool) -> None:
+        build = build_group_tree if grouped else build_tree
+        root = build(self.model.tensors, root_name=self.label)
+        self.app.call_from_thread(self._use_tree, grouped, root)
+
+    def _use_tree(self, grouped: bool, root: ModuleNode) -> None:
+        self._trees[grouped] = root
+        self.grouped, self.root, self.node = grouped, root, root
+        self._expanded.clear()
+        tree = self.query_one("#modules", Tree)
+        tree.reset(node_label(self.root, root=True), self.root)
+        self._populate(tree.root)
+        tree.root.expand()
+        self.refresh_table()
+
     # -- table ------------------------------------------------------------------------------------
-    def refresh_table(self) -> None:
-        indices = range(len(self.model.tensors)) if self.node is self.root else self.node.tensor_indices()
-        self.rows = select_rows(self.model.tensors, indices, self.pattern, self.sort, self.reverse)
-        table = self.query_one("#tensors", DataTable)
-        table.clear()
-        for col in COLUMNS:
-            arrow = ""
-            if col == self.sort:
-                arrow = " ▼" if self.reverse else " ▲"
-            table.columns[col].label = Text(col + arrow)
-        self.loaded = 0
-        self._load_more()
+    def refresh_table(self, details_after: float | None = None) -> None:
+        """Select and show the rows; the details pane follows the first row, ``details_after``
+        seconds later when given (while typing a filter the table answers each keystroke and the
+        pane, whose layout costs more than the table, catches up once typing pauses)."""
+        if self._details_timer is not None:
+            self._details_timer.stop()
+            self._details_timer = None
+        node = None if self.node is self.root else self.node
+        self.rows = self.index.select(node, self.pattern, self.sort, self.reverse)
+        table = self.query_one("#tensors", VirtualTable)
+        table.labels = {col: col + ((" ▼" if self.reverse else " ▲") if col == self.sort else "")
+                        for col in COLUMNS}
+        table.set_rows(self.rows, self._cells)
         self._update_status()
-        if self.rows:
-            table.move_cursor(row=0)
+        if details_after and self.rows:
+            self._details_timer = self.set_timer(details_after, self._details_now)
+        elif self.rows:
             self._show_tensor(self.rows[0])
         else:
             self.current = None
             self.query_one(TensorDetails).clear("no tensors match" if self.pattern else "no tensors here")
 
     def _rel_name(self, t) -> str:
-        prefix = self.node.prefix
-        path = tensor_path(t)
-        if prefix and path[:len(prefix)] == prefix:
-            return ".".join(path[len(prefix):])
+        node = self.node
+        if node.prefix and not node.seen and not self.grouped:
+            dotted = node.dotted + "."
+            if t.name.startswith(dotted):
+                return t.name[len(dotted):]
+            path = tuple(t.path)
+            if path[:len(node.prefix)] == node.prefix:
+                return ".".join(path[len(node.prefix):])
         return t.name
 
-    def _load_more(self) -> None:
-        table = self.query_one("#tensors", DataTable)
-        tensors = self.model.tensors
-        batch = self.rows[self.loaded:self.loaded + PAGE_ROWS]
-        for i in batch:
-            t = tensors[i]
-            table.add_row(Text(self._rel_name(t)), t.dtype, fmt_shape(t.shape),
-                          Text(human_count(t.numel), justify="right"),
-                          Text(human_bytes(t.nbytes) if t.has_data else "-", justify="right"),
-                          Text(fmt_offset(t.byte_offset), justify="right"), key=str(i))
-        self.loaded += len(batch)
+    def _cells(self, i: int) -> tuple[str, ...]:
+        """One row's cells, made only when the row is drawn."""
+        t = self.model.tensors[i]
+        return (shown(self._rel_name(t)), shown(t.dtype), fmt_shape(t.shape), human_count(t.numel),
+                human_bytes(t.nbytes) if t.has_data else "-", fmt_offset(t.byte_offset))
 
     def _update_status(self) -> None:
-        where = self.node.dotted or self.label
-        bits = [f"{where}: {len(self.rows):,} tensor{'s' if len(self.rows) != 1 else ''}"]
+        where = shown(self.node.dotted or self.label)
+        n = len(self.rows)
+        bits = [f"{where}: {n:,} tensor{'s' if n != 1 else ''}"]
         if self.pattern:
-            bits.append(f"filter {self.pattern!r}")
+            bits.append(f"filter {shown(self.pattern)!r}")
         if self.sort != "#":
             bits.append(f"sort {self.sort} {'▼' if self.reverse else '▲'}")
-        if self.loaded < len(self.rows):
-            bits.append(f"showing {self.loaded:,} (scroll for more)")
-        self.query_one("#table-status", Static).update(Text(" · ".join(bits), style="dim"))
+        if self.grouped:
+            bits.append("grouped tree (g: by module)")
+        # one line, always: no layout pass needed
+        self.query_one("#table-status", Static).update(Text(" · ".join(bits), style="dim"), layout=False)
 
-    @on(DataTable.RowHighlighted, "#tensors")
-    def _row_highlight(self, event: DataTable.RowHighlighted) -> None:
-        if event.row_key is None or event.row_key.value is None:
-            return
-        if event.cursor_row >= self.loaded - 20 and self.loaded < len(self.rows):
-            self._load_more()
-            self._update_status()
-        self._show_tensor(int(event.row_key.value))
+    def _details_now(self) -> None:
+        if self._details_timer is not None:
+            self._details_timer.stop()
+            self._details_timer = None
+        table = self.query_one("#tensors", VirtualTable)
+        if self.rows:
+            self._show_tensor(self.rows[min(table.cursor_row, len(self.rows) - 1)])
 
-    @on(DataTable.RowSelected, "#tensors")
-    def _row_selected(self, event: DataTable.RowSelected) -> None:
+    @on(VirtualTable.RowHighlighted, "#tensors")
+    def _row_highlight(self, event: VirtualTable.RowHighlighted) -> None:
+        if self._details_timer is None:
+            self._show_tensor(int(event.key))
+
+    @on(VirtualTable.RowSelected, "#tensors")
+    def _row_selected(self, event: VirtualTable.RowSelected) -> None:
         self.action_values()
 
-    @on(DataTable.HeaderSelected, "#tensors")
-    def _header(self, event: DataTable.HeaderSelected) -> None:
-        col = str(event.column_key.value)
+    @on(VirtualTable.HeaderSelected, "#tensors")
+    def _header(self, event: VirtualTable.HeaderSelected) -> None:
+        self.sort_by(event.column)
+
+    def sort_by(self, col: str) -> None:
         if col == self.sort:
             self.reverse = not self.reverse
         else:
@@ -255,16 +320,22 @@ class BrowseScreen(Screen):
     def _filter_changed(self, event: Input.Changed) -> None:
         self.pattern = event.value
         if len(self.model.tensors) <= DEBOUNCE_ABOVE:
-            self.refresh_table()
+            self.refresh_table(details_after=DETAILS_AFTER)
             return
-        # Large models: coalesce a burst of keystrokes into one refresh.
+        # Very large models: coalesce a burst of keystrokes into one refresh.
         if self._filter_timer is not None:
             self._filter_timer.stop()
-        self._filter_timer = self.set_timer(DEBOUNCE_SECONDS, self.refresh_table)
+        self._filter_timer = self.set_timer(DEBOUNCE_SECONDS,
+                                            lambda: self.refresh_table(details_after=DETAILS_AFTER))
 
     @on(Input.Submitted, "#filter")
     def _filter_done(self, event: Input.Submitted) -> None:
-        self.query_one("#tensors", DataTable).focus()
+        if self._filter_timer is not None:  # enter applies a pending filter now
+            self._filter_timer.stop()
+            self._filter_timer = None
+            self.refresh_table()
+        self._details_now()
+        self.query_one("#tensors", VirtualTable).focus()
         if not event.value:
             self.remove_class("-filtering")
 
@@ -274,7 +345,7 @@ class BrowseScreen(Screen):
             self.remove_class("-filtering")
             if flt.value:
                 flt.value = ""  # Input.Changed refreshes the table
-            self.query_one("#tensors", DataTable).focus()
+            self.query_one("#tensors", VirtualTable).focus()
         elif self.closable:
             self.dismiss()
 

@@ -20,6 +20,8 @@ from textual.screen import Screen
 from textual.widgets import Footer, OptionList, Static, TabbedContent, TabPane
 from textual.widgets.option_list import Option
 
+from tensorscope.safetext import shown
+
 from ..formatting import basename, human_bytes, human_count
 from ..widgets.banner import SafetyBanner
 
@@ -28,15 +30,28 @@ __all__ = ["FileInfoScreen", "render_value", "op_counts"]
 MAX_ITEMS = 200  # list/dict entries shown per level; the rest are counted
 
 
-def render_value(value: Any, depth: int = 0) -> Any:
-    """A JSON-like value as nested grids (strings shown raw, long collections truncated)."""
+def _t(value: Any, style: str = "") -> Text:
+    """Text from the file, inert: escapes shown (`safetext.shown`), never read as markup."""
+    return Text(shown(value), style=style)
+
+
+def key_label(key: Any, parent: str = "") -> Text:
+    """A metadata key; an ONNX opset's empty domain is the default one, ``ai.onnx`` (the name
+    the ONNX spec gives it), shown as such."""
+    if key == "":
+        return _t("ai.onnx" if parent == "opset_import" else '""')
+    return _t(key)
+
+
+def render_value(value: Any, depth: int = 0, parent: str = "") -> Any:
+    """A JSON-like value as nested grids (text from the file inert, long collections truncated)."""
     if isinstance(value, dict):
         grid = Table.grid(padding=(0, 1))
         grid.add_column(style="cyan", no_wrap=True)
         grid.add_column(overflow="fold")
         items = list(value.items())
         for k, v in items[:MAX_ITEMS]:
-            grid.add_row(str(k) if k != "" else "(default)", render_value(v, depth + 1))
+            grid.add_row(key_label(k, parent), render_value(v, depth + 1, str(k)))
         if len(items) > MAX_ITEMS:
             grid.add_row("…", Text(f"{len(items) - MAX_ITEMS:,} more", style="dim"))
         if not items:
@@ -44,16 +59,16 @@ def render_value(value: Any, depth: int = 0) -> Any:
         return grid
     if isinstance(value, (list, tuple)):
         if all(isinstance(x, (int, float, str, bool)) or x is None for x in value) and len(value) <= 16:
-            return Text(", ".join(str(x) for x in value) if value else "[]")
+            return _t(", ".join(str(x) for x in value) if value else "[]")
         grid = Table.grid(padding=(0, 1))
         grid.add_column(style="dim", no_wrap=True)
         grid.add_column(overflow="fold")
         for i, v in enumerate(value[:MAX_ITEMS]):
-            grid.add_row(str(i), render_value(v, depth + 1))
+            grid.add_row(str(i), render_value(v, depth + 1, parent))
         if len(value) > MAX_ITEMS:
             grid.add_row("…", Text(f"{len(value) - MAX_ITEMS:,} more", style="dim"))
         return grid
-    return Text(str(value))
+    return _t(value)
 
 
 def _short_member(member: str) -> str:
@@ -97,7 +112,7 @@ class FileInfoScreen(Screen):
         m = self.model
         title = Text()
         title.append(" file info ", style="bold reverse")
-        title.append(f" {basename(m.path)} · {m.format}")
+        title.append(f" {shown(basename(m.path))} · {m.format}")
         yield Static(title, id="titlebar")
         yield SafetyBanner(id="banner")
         with TabbedContent(id="info-tabs"):
@@ -111,7 +126,7 @@ class FileInfoScreen(Screen):
             if self.code:
                 with TabPane("Code", id="tab-code"):
                     with Horizontal():
-                        yield OptionList(*(Option(_short_member(m), id=m) for m in sorted(self.code)),
+                        yield OptionList(*(Option(_t(_short_member(m)), id=m) for m in sorted(self.code)),
                                          id="code-files")
                         with VerticalScroll(id="code-view"):
                             yield Static(id="code-text")
@@ -131,11 +146,11 @@ class FileInfoScreen(Screen):
         grid = Table.grid(padding=(0, 2))
         grid.add_column(style="cyan", no_wrap=True)
         grid.add_column()
-        grid.add_row("format", str(s.get("format")))
-        grid.add_row("file", basename(self.model.path))
+        grid.add_row("format", _t(s.get("format")))
+        grid.add_row("file", _t(basename(self.model.path)))
         files = s.get("files") or []
         if len(files) > 1:
-            grid.add_row("files", ", ".join(basename(f) for f in files))
+            grid.add_row("files", _t(", ".join(basename(f) for f in files)))
         grid.add_row("tensors", f"{s.get('tensors', 0):,}")
         grid.add_row("params", f"{s.get('params', 0):,} ({human_count(s.get('params', 0))})")
         grid.add_row("bytes", f"{s.get('bytes', 0):,} ({human_bytes(s.get('bytes', 0))})")
@@ -143,7 +158,7 @@ class FileInfoScreen(Screen):
         for col in ("dtype", "tensors", "params", "bytes"):
             by.add_column(col, justify="left" if col == "dtype" else "right")
         for dt, d in sorted((s.get("by_dtype") or {}).items()):
-            by.add_row(dt, f"{d['tensors']:,}", human_count(d["params"]), human_bytes(d["bytes"]))
+            by.add_row(_t(dt), f"{d['tensors']:,}", human_count(d["params"]), human_bytes(d["bytes"]))
         grid.add_row("by dtype", by)
         if self.code:
             grid.add_row("code files", f"{len(self.code)}")
@@ -156,27 +171,28 @@ class FileInfoScreen(Screen):
         meta = self.model.metadata
         for key in ("graph_name", "ir_version", "producer_name", "opset_import", "inputs", "outputs"):
             if key in meta:
-                grid.add_row(key, render_value(meta[key]))
+                grid.add_row(key, render_value(meta[key], parent=key))
         counts = op_counts(nodes)
         grid.add_row("nodes", f"{sum(counts.values()):,}")
         ops = Table(box=None, padding=(0, 1), show_edge=False)
         ops.add_column("op")
         ops.add_column("count", justify="right")
         for op, n in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0])):
-            ops.add_row(op, str(n))
+            ops.add_row(_t(op), str(n))
         grid.add_row("ops", ops)
         listing = Table(box=None, padding=(0, 1), show_edge=False)
         for col in ("#", "name", "op", "domain"):
             listing.add_column(col, justify="right" if col == "#" else "left")
         for i, node in enumerate(list(nodes)[:MAX_ITEMS]):
-            listing.add_row(str(i), *_node_fields(node))
+            listing.add_row(str(i), *(_t(f) for f in _node_fields(node)))
         if len(nodes) > MAX_ITEMS:
             listing.add_row("…", f"{len(nodes) - MAX_ITEMS:,} more", "", "")
         grid.add_row("node list", listing)
         return grid
 
     def show_code(self, member: str) -> None:
-        text = self.code.get(member, "")
+        # Code from the file: escapes shown line by line (newlines kept, tabs expanded first).
+        text = "\n".join(shown(line) for line in self.code.get(member, "").expandtabs(4).split("\n"))
         self.query_one("#code-text", Static).update(
             Syntax(text, "python", line_numbers=True, word_wrap=False, theme="ansi_dark",
                    background_color="default"))

@@ -9,6 +9,8 @@ from textual.containers import Center, VerticalScroll
 from textual.screen import ModalScreen, Screen
 from textual.widgets import Footer, Static
 
+from tensorscope.safetext import shown
+
 from ..widgets.banner import SafetyBanner
 
 __all__ = ["LoadingScreen", "ErrorScreen", "HelpScreen"]
@@ -25,7 +27,8 @@ class LoadingScreen(Screen):
         title = Text()
         title.append(" tensorscope ", style="bold reverse")
         yield Static(title, id="titlebar")
-        yield Static(Text(f"opening {' and '.join(self.names)} …", style="dim italic"), id="loading")
+        yield Static(Text(f"opening {' and '.join(shown(n) for n in self.names)} …", style="dim italic"),
+                     id="loading")
         yield Footer()
 
 
@@ -40,13 +43,13 @@ class ErrorScreen(Screen):
     def compose(self) -> ComposeResult:
         title = Text()
         title.append(" tensorscope ", style="bold reverse")
-        title.append(f" {self.file_name}")
+        title.append(f" {shown(self.file_name)}")
         yield Static(title, id="titlebar")
         yield SafetyBanner(id="banner")
         with Center(id="error-box"):
             text = Text()
-            text.append(f"cannot open {self.file_name}\n\n", style="bold red")
-            text.append(self.message)
+            text.append(f"cannot open {shown(self.file_name)}\n\n", style="bold red")
+            text.append(shown(self.message))
             text.append("\n\npress s for the safety scan, q to quit", style="dim")
             yield Static(text, id="error-message")
         yield Footer()

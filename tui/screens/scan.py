@@ -13,8 +13,10 @@ from textual.binding import Binding
 from textual.screen import Screen
 from textual.widgets import DataTable, Footer, Static
 
+from tensorscope.safetext import shown
+
 from ..formatting import basename, shorten_paths
-from ..widgets.banner import SafetyBanner
+from ..widgets.banner import SafetyBanner, scan_verdict
 
 __all__ = ["ScanScreen", "SEVERITY_STYLES", "severity_name"]
 
@@ -86,19 +88,22 @@ class ScanScreen(Screen):
         for path, report in app.scan_reports:
             sev = severity_name(report.severity) if report.findings else "clean"
             style = SEVERITY_STYLES.get(sev, "green")
-            lines.append(f"{basename(path)}: ", style="bold")
+            lines.append(f"{shown(basename(path))}: ", style="bold")
             lines.append(f"{len(report.findings)} finding{'s' if len(report.findings) != 1 else ''}, ")
             lines.append("worst " + sev if report.findings else "clean", style=style)
-            lines.append(" — UNSAFE to load\n" if report.unsafe else " — no finding at high or above\n",
-                         style="bold red" if report.unsafe else "green")
+            # the CLI's verdict and words (`tensorscope scan`, default --fail-on medium)
+            verdict = scan_verdict(report)
+            lines.append({"unsafe": " — UNSAFE to load\n", "review": " — review before loading\n",
+                          "clean": " — nothing found that loading would run\n"}[verdict],
+                         style={"unsafe": "bold red", "review": "yellow", "clean": "green"}[verdict])
         summary.update(lines)
         paths = [p for p, _ in app.scan_reports]
         self.items = self._findings()
         for i, (path, f) in enumerate(self.items):
             sev = severity_name(f.severity)
-            table.add_row(Text(sev, style=SEVERITY_STYLES.get(sev, "")), str(f.rule), _where(f),
-                          str(getattr(f, "trigger", "") or ""),
-                          Text(shorten_paths(str(f.message), *paths)), key=str(i))
+            table.add_row(Text(sev, style=SEVERITY_STYLES.get(sev, "")), Text(shown(f.rule)),
+                          Text(shown(_where(f))), Text(shown(getattr(f, "trigger", "") or "")),
+                          Text(shown(shorten_paths(str(f.message), *paths))), key=str(i))
         if self.items:
             self._detail(0)
         else:
@@ -109,9 +114,9 @@ class ScanScreen(Screen):
         sev = severity_name(f.severity)
         text = Text()
         text.append(f"{sev} ", style=SEVERITY_STYLES.get(sev, ""))
-        text.append(f"{f.rule}  ", style="bold")
-        text.append(_where(f), style="dim")
-        text.append("\n" + shorten_paths(str(f.message), *[p for p, _ in self.app.scan_reports]))
+        text.append(f"{shown(f.rule)}  ", style="bold")
+        text.append(shown(_where(f)), style="dim")
+        text.append("\n" + shown(shorten_paths(str(f.message), *[p for p, _ in self.app.scan_reports])))
         self.query_one("#finding-detail", Static).update(text)
 
     @on(DataTable.RowHighlighted, "#findings")

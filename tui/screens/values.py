@@ -1,8 +1,10 @@
 """A window of a tensor's values: at most `WINDOW_ROWS` × `WINDOW_COLS` cells at a time.
 
-ndim > 2 shows the last two axes at leading indices 0; 1-D tensors are laid out in rows of 10.
-``]``/``[`` move the window by rows, ``}``/``{`` by columns. Only the window is read from the
-zero-copy view, so a 10 GB tensor previews as fast as a small one.
+ndim > 2 shows the last two axes at a leading index (``[0, 0, :, :]`` first): ``.``/``,`` step to
+the next/previous 2-D slice (every leading axis, the last turning fastest), ``>``/``<`` along the
+first axis. 1-D tensors are laid out in rows of 10. ``]``/``[`` move the window by rows,
+``}``/``{`` by columns. Only the window is read from the zero-copy view, so a 10 GB tensor
+previews as fast as a small one.
 """
 from __future__ import annotations
 
@@ -14,7 +16,9 @@ from textual.binding import Binding
 from textual.screen import Screen
 from textual.widgets import DataTable, Footer, Static
 
-from ..compute import as_matrix, is_raw, preview_window, values_of
+from tensorscope.safetext import shown
+
+from ..compute import as_matrix, is_raw, preview_window, step_lead, values_of
 from ..formatting import fmt_shape, fmt_value, one_line
 from ..widgets.banner import SafetyBanner
 
@@ -32,6 +36,10 @@ class ValuesScreen(Screen):
         Binding("left_square_bracket", "rows(-1)", "◀ Rows"),
         Binding("right_curly_bracket", "cols(1)", "Cols ▶"),
         Binding("left_curly_bracket", "cols(-1)", "◀ Cols"),
+        Binding("full_stop", "slice(1)", "Next slice", show=False),
+        Binding("comma", "slice(-1)", "Previous slice", show=False),
+        Binding("greater_than_sign", "slice(1, 0)", "Next along axis 0", show=False),
+        Binding("less_than_sign", "slice(-1, 0)", "Previous along axis 0", show=False),
         Binding("escape", "app.pop_screen", "Back"),
     ]
 
@@ -45,6 +53,7 @@ class ValuesScreen(Screen):
         self.error: str | None = None
         self.nrows = self.ncols = 0
         self.view_label = ""
+        self.lead: tuple[int, ...] | None = None  # leading indices of the 2-D slice (ndim > 2)
 
     def compose(self) -> ComposeResult:
         yield Static(id="titlebar")
@@ -57,7 +66,7 @@ class ValuesScreen(Screen):
         info = self.info
         title = Text()
         title.append(" values ", style="bold reverse")
-        title.append(f" {info.name} · {info.dtype} {fmt_shape(info.shape)}")
+        title.append(f" {shown(info.name)} · {shown(info.dtype)} {fmt_shape(info.shape)}")
         self.query_one("#titlebar", Static).update(title)
         try:
             arr = values_of(self.model, info)  # decoded values for quantized dtypes
@@ -65,7 +74,9 @@ class ValuesScreen(Screen):
                 self.error = f"{info.dtype} values are stored packed/quantized; no element preview"
             else:
                 self.arr = arr
-                view, width, self.view_label = as_matrix(arr)
+                if arr.ndim > 2:
+                    self.lead = (0,) * (arr.ndim - 2)
+                view, width, self.view_label = as_matrix(arr, self.lead)
                 if view.ndim == 1:
                     self.nrows, self.ncols = math.ceil(view.shape[0] / width), width
                 else:
@@ -80,12 +91,13 @@ class ValuesScreen(Screen):
         status = self.query_one("#values-status", Static)
         table.clear(columns=True)
         if self.error is not None or self.arr is None:
-            status.update(Text(self.error or "no values", style="yellow"))
+            status.update(Text(shown(self.error or "no values"), style="yellow"))
             return
         if self.info.numel == 0:
             status.update(Text("empty tensor (0 elements)", style="dim"))
             return
-        rows, cols, cells = preview_window(self.arr, self.row0, self.col0, WINDOW_ROWS, WINDOW_COLS)
+        rows, cols, cells = preview_window(self.arr, self.row0, self.col0, WINDOW_ROWS, WINDOW_COLS,
+                                           self.lead)
         table.add_column("", key="_index")
         for c in cols:
             table.add_column(Text(str(c), justify="right"), key=f"c{c}")
@@ -94,9 +106,24 @@ class ValuesScreen(Screen):
                           *(Text(fmt_value(v), justify="right") for v in line), key=f"r{r}")
         r_end = self.row0 + len(rows)
         c_end = self.col0 + len(cols)
+        keys = "[ ] rows, { } cols"
+        view = self.view_label
+        if self.lead is not None:
+            keys += ", , . slice, < > axis 0"
+            view += " of " + str(list(self.arr.shape[:-2])).replace("]", ", :, :]")
         status.update(Text(
-            f"view {self.view_label} · rows {self.row0}–{r_end - 1} of {self.nrows} · "
-            f"cols {self.col0}–{c_end - 1} of {self.ncols}   ([ ] rows, {{ }} cols)", style="dim"))
+            f"view {view} · rows {self.row0}–{r_end - 1} of {self.nrows} · "
+            f"cols {self.col0}–{c_end - 1} of {self.ncols}   ({keys})", style="dim"))
+
+    def action_slice(self, step: int, axis: int | None = None) -> None:
+        """Move to another 2-D slice of a tensor with more than two dimensions."""
+        if self.lead is None:
+            return
+        new = step_lead(self.lead, self.arr.shape, step, axis)
+        if new != self.lead:
+            self.lead = new
+            _, _, self.view_label = as_matrix(self.arr, self.lead)
+            self.render_window()
 
     def action_rows(self, step: int) -> None:
         new = self.row0 + step * WINDOW_ROWS

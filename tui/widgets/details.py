@@ -10,6 +10,8 @@ from rich.text import Text
 from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.widgets import Static
 
+from tensorscope.safetext import shown
+
 from ..formatting import basename, fmt_offset, fmt_shape, fmt_value, human_bytes, human_count
 from .histogram import render_histogram
 
@@ -17,7 +19,8 @@ __all__ = ["TensorDetails", "info_fields"]
 
 
 def info_fields(info) -> list[tuple[str, str]]:
-    """Every field of a `TensorInfo` as display pairs (files as basenames)."""
+    """Every field of a `TensorInfo` as display pairs (files as basenames); text from the file
+    is made inert by `_grid`."""
     fields = [
         ("name", info.name),
         ("dtype", info.dtype),
@@ -49,8 +52,8 @@ def _grid(pairs: list[tuple[str, str]]) -> Table:
     grid = Table.grid(padding=(0, 1))
     grid.add_column(style="dim", no_wrap=True, max_width=15, overflow="ellipsis")
     grid.add_column(overflow="fold")
-    for k, v in pairs:
-        grid.add_row(k, v)
+    for k, v in pairs:  # Text, never markup: names and extras come from the file
+        grid.add_row(Text(shown(k)), Text(shown(v)))
     return grid
 
 
@@ -102,8 +105,8 @@ class TensorDetails(VerticalScroll, can_focus=True):
 
     def show(self, info) -> None:
         title = Text()
-        title.append(info.name, style="bold")
-        title.append(f"  {info.dtype} {fmt_shape(info.shape)} · {human_count(info.numel)} params"
+        title.append(shown(info.name), style="bold")
+        title.append(f"  {shown(info.dtype)} {fmt_shape(info.shape)} · {human_count(info.numel)} params"
                      f" · {human_bytes(info.nbytes)}", style="dim")
         self.title.update(title)
         self.stats.update(Text("statistics: computing…", style="dim italic"))
@@ -114,7 +117,7 @@ class TensorDetails(VerticalScroll, can_focus=True):
         self.stats.update(_stats_grid(stats))
 
     def show_error(self, message: str) -> None:
-        self.stats.update(Text(message, style="yellow"))
+        self.stats.update(Text(shown(message), style="yellow"))
 
     def show_histogram(self, counts: list[int], lo: float, hi: float) -> None:
         self.hist.update(render_histogram(counts, lo, hi))
