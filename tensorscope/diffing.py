@@ -577,7 +577,8 @@ class _Pages(PageReleaser):
             try:
                 raw.madvise(mmap.MADV_WILLNEED, lo, hi - lo)
             except (OSError, ValueError):
-                pass  # advice only
+                # read-ahead is advice only: a kernel that refuses it still reads correctly
+                pass
 
     def prefetch_piece(self, file: str, piece: np.ndarray) -> None:
         got = self._map(file)

@@ -693,7 +693,8 @@ class RemoteSource:
             try:
                 self._mm.close()
             except BufferError:
-                pass  # numpy views still hold it; freed with them
+                # numpy views still hold the map; it is freed with them
+                pass
 
     def __enter__(self):
         return self

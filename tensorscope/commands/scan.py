@@ -96,7 +96,8 @@ def run(args) -> int:
                                   f"found{skipped}")
     fail_on = Severity.parse(args.fail_on)
     if args.jsonl == "-":
-        pass  # the JSON lines are the output
+        # the JSON lines already written are the output
+        pass
     elif args.json:
         emit_json(with_cost(report.to_dict()))
     elif args.sarif:
