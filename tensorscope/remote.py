@@ -41,7 +41,8 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from urllib.parse import quote, urljoin, urlsplit
 
-from .errors import FormatError, TensorscopeError
+from .errors import TensorscopeError
+from .source import check_range
 
 __all__ = ["RemoteSource", "RemoteError", "RemoteChanged", "FetchBudgetExceeded", "is_url",
            "open_source", "totals", "add_totals", "reset_totals", "join", "dirname", "basename", "parse_budget",
@@ -631,11 +632,7 @@ class RemoteSource:
     def check(self, offset: int, length: int, what: str = "data", *, fmt: str = "",
               member: str | None = None) -> None:
         """Raise FormatError unless ``[offset, offset+length)`` lies inside the object (no fetch)."""
-        if offset < 0 or length < 0 or offset > self.size or length > self.size - offset:
-            remain = max(0, self.size - offset) if offset >= 0 else 0
-            raise FormatError(f"{what} wants {length} bytes at offset {offset}, the file has "
-                              f"{self.size} bytes ({remain} remain)", format=fmt,
-                              file=self.path, member=member, offset=offset)
+        check_range(self, offset, length, what, fmt=fmt, member=member)
 
     def view(self, offset: int, length: int, what: str = "data", *, fmt: str = "",
              member: str | None = None) -> memoryview:

@@ -10,7 +10,19 @@ import os
 
 from .errors import FormatError
 
-__all__ = ["ByteSource"]
+__all__ = ["ByteSource", "check_range"]
+
+
+def check_range(source, offset: int, length: int, what: str = "data", *, fmt: str = "",
+                member: str | None = None) -> None:
+    """Raise FormatError unless ``[offset, offset+length)`` lies inside ``source`` (any object
+    with ``path`` and ``size``: the local map and the remote source share this one check)."""
+    size = source.size
+    if offset < 0 or length < 0 or offset > size or length > size - offset:
+        remain = max(0, size - offset) if offset >= 0 else 0
+        raise FormatError(f"{what} wants {length} bytes at offset {offset}, the file has "
+                          f"{size} bytes ({remain} remain)", format=fmt,
+                          file=source.path, member=member, offset=offset)
 
 
 class ByteSource:
@@ -75,11 +87,7 @@ class ByteSource:
     def check(self, offset: int, length: int, what: str = "data", *, fmt: str = "",
               member: str | None = None) -> None:
         """Raise FormatError unless ``[offset, offset+length)`` lies inside the file."""
-        if offset < 0 or length < 0 or offset > self.size or length > self.size - offset:
-            remain = max(0, self.size - offset) if offset >= 0 else 0
-            raise FormatError(f"{what} wants {length} bytes at offset {offset}, the file has "
-                              f"{self.size} bytes ({remain} remain)", format=fmt,
-                              file=self.path, member=member, offset=offset)
+        check_range(self, offset, length, what, fmt=fmt, member=member)
 
     def view(self, offset: int, length: int, what: str = "data", *, fmt: str = "",
              member: str | None = None) -> memoryview:
