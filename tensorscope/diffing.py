@@ -69,21 +69,25 @@ Statistics (over positions where both values are finite; NaN and Inf are counted
   `reason` says why a pair is listed as it is, in words, for the CLI and the TUI alike.
 
 Identical bytes are not converted: their differences are 0 and their norms and cosine are None,
-unless ``norms=True`` (then they are read once more for ‖A‖, and cosine is 1.0).
+unless ``norms=True`` (then ‖A‖ is summed while their bytes are compared, and cosine is 1.0).
 
-How it runs. Every numeric pair whose bytes differ goes through one fused pass per piece of
-`FLOAT_ELEMS` elements: both sides converted once into float64 (exact from every stored dtype, so
-max_abs and the counts equal torch's float64 figures exactly, the sums to ~1e-12), then four BLAS
-dot products (a·a, b·b, a·b, d·d) and |d| reused for the max, the sum, the relative difference and
-the tolerance test. float32 would halve the arithmetic's memory traffic, but the conversion from
-float16/bfloat16 dominates the pass, and float64 keeps max_abs and the counts exact, so the pass
-stays float64. Pairs of `PARALLEL_ELEMS` elements or more are split into slices over a thread
-pool of one thread per core (numpy and BLAS release the GIL); each slice asks the kernel for its
-next `RELEASE_BYTES` (``MADV_WILLNEED``) while it computes the current ones and releases the pages
-behind it (``MADV_DONTNEED`` on the read-only map); the slices' sums are folded in slice order, so
-the figures do not depend on timing. Small pairs (under `SMALL_BYTES`) whose stored bytes are
-plain are compared as two byte strings with their pages released in batches: the per-pair cost
-that dominates checkpoints of 100,000 small expert tensors.
+How it runs. Every numeric pair whose bytes differ (the byte comparison looks at the first
+`PROBE_BYTES` before whole pieces: a fine-tune differs there) goes through one fused pass per
+piece: both sides converted once into float64 (exact from every stored dtype, so max_abs and the
+counts equal torch's float64 figures exactly, the sums to ~1e-12; float16 by integer passes,
+`_half_fast`), then four BLAS dot products (a·a, b·b, a·b, d·d) and |d| reused for the max, the
+sum, the relative difference and the tolerance test (`_Accumulator`, which says why not float32).
+Pairs of `PARALLEL_ELEMS` elements or more are split into slices over a thread pool of one thread
+per core (numpy and BLAS release the GIL) whose BLAS is pinned to one thread, so its pieces can be
+`POOL_ELEMS` long (an eighth of the calls, the GIL hand-overs and the call overhead of
+`FLOAT_ELEMS`, the size the caller's thread keeps below OpenBLAS's threading threshold); scratch
+buffers are made once per thread. Each slice asks the kernel for its next `RELEASE_BYTES`
+(``MADV_WILLNEED``) while it computes the current ones and releases the pages behind it
+(``MADV_DONTNEED`` on the read-only map); the slices' sums are folded in slice order, so the
+figures do not depend on timing. Small pairs (under `SMALL_BYTES`) whose stored bytes are plain
+are compared as two byte strings with their pages released in batches: the per-pair cost that
+dominates checkpoints of 100,000 small expert tensors. With ``norms=True`` an identical pair's
+‖A‖ is summed during its byte comparison, so it is read once.
 
 Where it changed (`group_changes`): entries grouped by `tensorscope.grouping.layer_key`
 (``model.layers.3``) or `module_key` (``self_attn.q_proj``), norms added as sums of squares over
