@@ -100,6 +100,23 @@ def test_half_fast_widening_is_exact_on_every_float16():
     assert (out[~fin] ** 2 >= diffing.HALF_OVER).all() and (~fin).sum() == 2 * 1024
 
 
+@pytest.mark.parametrize("dt,big,small", [(np.float16, 2048.0, 2.0 ** -14),
+                                           (ml_dtypes.bfloat16, 2.0 ** 20, 2.0 ** -20)])
+def test_differences_that_float32_would_round_are_exact(tmp_path, dt, big, small):
+    """Why the pass stays float64 after widening: two float16 (bfloat16) values whose exponents
+    are far apart have a difference that float32 rounds (2048 - 2^-14 needs 26 significant bits),
+    so max_abs would be off; the float64 pass gets torch's float64 figure exactly."""
+    a = np.array([big, 1.0, 0.5], dtype=dt)
+    b = np.array([small, 1.0, -0.5], dtype=dt)
+    f32 = np.float32(a[0]) - np.float32(b[0])
+    assert float(f32) != float(a[0]) - float(b[0])  # float32 rounds it
+    ma = raw_model(tmp_path / "a.bin", {"t": a})
+    mb = raw_model(tmp_path / "b.bin", {"t": b})
+    (e,) = diff_models(ma, mb).entries
+    check_against(e.values, oracle(torch_of(a), torch_of(b)), rel=1e-12)
+    assert e.values.max_abs == big - small
+
+
 _SPECIALS = np.array([0.0, -0.0, np.inf, -np.inf, np.nan, 65504.0, -65504.0, 6e-8, -6e-8, 1e-5,
                       3.0e38, -3.0e38])
 
