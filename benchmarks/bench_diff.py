@@ -3,6 +3,7 @@
     python benchmarks/bench_diff.py              # generate once into benchmarks/.cache/, then measure
     python benchmarks/bench_diff.py --runs 5 --formats safetensors
     python benchmarks/bench_diff.py --cases finetune many --baseline ../main   # issue 17 / 13 cases
+    python benchmarks/bench_diff.py --cases finetune kernel    # the all-changed pair, CPU per pair
 
 Cases (``--cases``, default all):
 
@@ -11,6 +12,10 @@ Cases (``--cases``, default all):
   two layer norms and the rotary ``inv_freq`` buffer, embeddings, final norm, lm_head: 483 tensors)
   where EVERY tensor differs by ~1e-3 noise (a fine-tune): tensorscope, the torch loop, and the
   read-once floor ``cat A B > /dev/null`` (warm cache), measured in the same run;
+- ``kernel``: in-process, the fused pass's CPU time per element pair per dtype (one thread, pieces
+  in memory, the caller's and the pool's piece sizes), each numpy call of the float16 pass timed
+  on its own (the per-element cost breakdown), and ``diff_models`` on the fine-tune pair (wall, CPU
+  of every thread, CPU per element pair);
 - ``many``: a 100,000-tensor torch zip (``model.layers.L.mlp.experts.E.{gate,up,down}_proj.weight``,
   bfloat16 [4, 4]) against itself and against a copy where every 100th tensor changed; the peer
   loads both with ``torch.load(mmap=True)`` and runs ``torch.equal`` and max |a - b| per key.
@@ -23,9 +28,10 @@ in 4 tensors (a slice moved by 1e-3), as ``.pt`` (torch.save) and ``.safetensors
 of A for the identical case, and (``.pt`` only) a C where every tensor differs. Generated once (needs torch and safetensors) and kept in
 ``benchmarks/.cache/`` (gitignored).
 
-Each measurement is a whole process: wall time and peak RSS (``ru_maxrss`` of that child alone,
-through ``os.wait4``), the median of ``--runs`` runs after one warm-up run that fills the page
-cache. Peers:
+Each measurement is a whole process: wall time, CPU time (user + system of every thread) and peak
+RSS (``ru_maxrss``) of that child alone, through ``os.wait4``, the median of ``--runs`` runs after
+one warm-up run that fills the page cache. On a shared machine the CPU times are the steadier
+figures. Peers:
 
 - ``tensorscope diff A B --json`` (output to /dev/null);
 - torch: ``torch.load(mmap=True, weights_only=True)`` of both files, then ``(a[k] - b[k]).abs().max()``
@@ -107,7 +113,8 @@ x, y, d, t, flag, ones, u = diffing._buffers(k, False)
 steps = [("float16 -> float64, A", lambda: diffing._half_fast(pa, x, u)),
          ("float16 -> float64, B", lambda: diffing._half_fast(pb, y, u)),
          ("d = a - b", lambda: np.subtract(x, y, d)), ("d.d", lambda: np.dot(d, d)),
-         ("a.a", lambda: np.dot(x, x)), ("b.b", lambda: np.dot(y, y)), ("a.b", lambda: np.dot(x, y)),
+         ("a.a", lambda: np.dot(x, x)), ("b.b", lambda: np.dot(y, y)),
+         ("a.b", lambda: np.dot(x, y)),
          ("|d|", lambda: np.absolute(d, d)), ("max |d|", lambda: d.max()),
          ("sum |d| (d.ones)", lambda: np.dot(d, ones)), ("|b|", lambda: np.absolute(y, t)),
          ("|d| / |b|", lambda: np.divide(d, t, x)), ("max ratio", lambda: np.fmax.reduce(x)),
@@ -325,8 +332,8 @@ def main(argv=None) -> int:
     if "kernel" in args.cases:
         a, b = map(str, generate_finetune(args.cache))
         import json
-        got = json.loads(subprocess.run([py, "-c", KERNEL, a, b], check=True, stdout=subprocess.PIPE,
-                                        text=True).stdout)
+        got = json.loads(subprocess.run([py, "-c", KERNEL, a, b], check=True,
+                                        stdout=subprocess.PIPE, text=True).stdout)
         print(f"\nfused pass, CPU ns per element pair, one thread, pieces in memory "
               f"(load average {os.getloadavg()[0]:.1f}):")
         for k, v in got["per_dtype"].items():

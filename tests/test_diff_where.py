@@ -83,7 +83,7 @@ def test_threaded_slices_fold_to_the_serial_figures(tmp_path, monkeypatch):
     check_against(threaded, oracle(torch_of(xa), torch_of(xb)), rel=1e-9)
 
 
-# -- the kernel's own shortcuts, each against the exact route ---------------------------------------
+# -- the kernel's own shortcuts, each against the exact route -------------------------------------
 def test_half_fast_widening_is_exact_on_every_float16():
     """All 65,536 float16 bit patterns: the integer-pass widening equals numpy's cast on every
     finite value (signed zeros and subnormals included), and every Inf/NaN pattern is caught by
