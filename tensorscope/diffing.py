@@ -915,8 +915,8 @@ _LOCAL = threading.local()
 def _buffers(elems: int, cplx: bool) -> tuple[np.ndarray, ...]:
     """The calling thread's scratch buffers for `_Accumulator` (x, y, d, t, flag, ones, u), made
     once per thread and size: buffers of 256 KiB and more come from fresh ``mmap``s that are
-    faulted in page by page on every use (measured: a third of the system time of a threaded
-    diff). One accumulator at a time per thread, which is how they are used."""
+    faulted in page by page on every use (measured: most of the system time of a threaded diff
+    that made a set per slice). One accumulator at a time per thread, which is how they are used."""
     cache = getattr(_LOCAL, "buffers", None)
     if cache is None:
         cache = _LOCAL.buffers = {}
@@ -939,17 +939,18 @@ class _Accumulator:
     once into float64 (exact for every input dtype up to float64, so ``max_abs`` and the counts equal
     torch's float64 figures exactly, and the sums are float64 sums of exact terms), then the four
     sums of products as BLAS dot products (a·a, b·b, a·b, d·d), and |d| reused for the max, the
-    sum (a dot product with ones), the relative difference and the tolerance test: 15 numpy calls
-    per piece, each one pass over an L2-resident buffer, with the outputs given positionally and
-    the full-size views made once (a call costs ~0.3 µs, a slice ~0.15 µs: 3-5 % of a 32K piece).
-    Anything non-finite or complex takes the careful path (`_general`).
+    sum (a dot product with ones), the relative difference and the tolerance test: 23 numpy calls
+    per piece, each one vectorised pass over a cache-resident buffer, outputs given positionally
+    and the full-size views made once (a call costs 0.3-1 µs here: a few % of a 64K piece). The
+    per-call costs are in BENCHMARKS.md (3.6 ns per float16 pair on one thread, a third of it
+    the widening). Anything non-finite or complex takes the careful path (`_general`).
 
     Why not float32 for float16/bfloat16 inputs (exact as values): a float32 dot product
     accumulates in float32 (OpenBLAS), whose error bound over a piece (~n·2⁻²⁴) cannot be proved
-    under 1e-6; the float64 dot products then need the float64 copies anyway, and |a-b| in float32
-    rounds when the exponents of a and b are more than 13 apart, so max_abs and the tolerance
-    test would need a float64 re-check. Measured, the element-wise float32 passes would save
-    ~0.5 ns of ~3.5 ns per element pair, less what the re-checks cost.
+    under 1e-6, so the float64 copies are needed for the dot products anyway; and |a-b| in float32
+    rounds when the exponents of a and b are more than 13 binades apart, so max_abs and the
+    tolerance count would need float64 re-checks. The ratio and tolerance passes in float32 would
+    save at most ~0.3 ns of the 3.6, before those re-checks.
     """
 
     def __init__(self, atol: float, rtol: float, elems: int, cplx: bool):
