@@ -48,7 +48,7 @@ from tensorscope.errors import FormatError, LimitExceeded
 from tensorscope.model import ModelFile, PickleRecord
 from tensorscope.source import ByteSource
 
-from . import plain_pickle
+from . import plain_pickle, torch_legacy
 from .compression import INFLATE_MAX, compression, decompress, zf_data_offset
 from .joblib_arrays import ARRAY_WRAPPERS, InlineArray, build_hooks
 
@@ -86,14 +86,18 @@ def open_source(src: ByteSource) -> ModelFile:
     # The scanner's name for a decompressed stream, so that it reuses this run (zf holds zlib).
     member = "<zlib>" if kind == "zf" else f"<{kind}>"
     inner_src = ByteSource.from_bytes(payload, name=src.path)
+    # A compressed legacy torch.save stream (``model.pt.gz``: torch.load(gzip.open(f)) reads
+    # it) is that format inside: read as one pickle it would list nothing after the magic.
+    inner_parser = torch_legacy if torch_legacy.sniff(payload[:4096], len(payload)) else plain_pickle
     try:
-        inner = plain_pickle.open_source(inner_src)
+        inner = inner_parser.open_source(inner_src)
     except FormatError as e:
         if e.member is None:
             e.member = member
             e.args = (e._render(),)
         raise
-    model = ModelFile(FORMAT, src.path, sources={src.path: src}, objects=inner.objects)
+    fmt = FORMAT if inner_parser is plain_pickle else inner.format
+    model = ModelFile(fmt, src.path, sources={src.path: src}, objects=inner.objects)
     model.sources[member] = inner_src
     for rec in inner.evidence.pickles:
         model.evidence.pickles.append(PickleRecord(src.path, member, rec.offset, rec.length,
@@ -102,7 +106,7 @@ def open_source(src: ByteSource) -> ModelFile:
         model.evidence.add(a.kind, a.message, file=src.path, member=member, offset=a.offset)
     for t in inner.tensors:
         extras = {**t.extras, "compression": kind, "decompressed_offset": t.byte_offset}
-        info = dataclasses.replace(t, byte_offset=None, file=src.path, source_format=FORMAT,
+        info = dataclasses.replace(t, byte_offset=None, file=src.path, source_format=fmt,
                                    extras=extras)
         model.tensors.append(info)
         model.custom_readers[info.name] = _copying_reader(inner, t)

@@ -169,6 +169,31 @@ def test_compressed_joblib_is_read_from_a_decompressed_copy(rel, kind):
                 assert np.array_equal(plain.read(t), comp.read(t.name))
 
 
+@pytest.mark.parametrize("kind", ["gzip", "bz2", "xz"])
+def test_compressed_legacy_torch_stream_lists_like_torch_load(tmp_path, kind):
+    # `model.pt.gz`: a legacy torch.save stream through a compressor, which torch.load reads from
+    # gzip.open(...). Read as one pickle it would list nothing after the magic number.
+    import bz2, gzip, lzma
+    codec = {"gzip": gzip, "bz2": bz2, "xz": lzma}[kind]
+    state = {"model.layers.0.mlp.up_proj.weight": torch.randn(3, 4),
+             "model.layers.1.mlp.up_proj.weight": torch.randn(3, 4).to(torch.bfloat16),
+             "step": torch.tensor(7)}
+    buf = io.BytesIO()
+    torch.save(state, buf, _use_new_zipfile_serialization=False)
+    path = tmp_path / f"model.pt.{kind}"
+    path.write_bytes(codec.compress(buf.getvalue()))
+    with codec.open(path, "rb") as f:
+        expected = torch.load(io.BytesIO(f.read()), weights_only=True)
+    with tensorscope.open(path) as model:
+        assert model.format == "torch-legacy" and model.metadata["compression"] == kind
+        assert [t.name for t in model.tensors] == list(expected)
+        for t in model.tensors:
+            want = expected[t.name]
+            assert list(t.shape) == list(want.shape)
+            assert model.read(t).tobytes() == want.reshape(-1).view(torch.uint8).numpy().tobytes()
+    assert scan_paths(path).exit_code() == 0
+
+
 # -- scan: the severity table ---------------------------------------------------------------------
 SCAN_TARGETS = sorted({"/".join(f.split("/")[:3]) + "/" if f.startswith("hf/") else f
                        for f in FILES} | set(FOLDERS))
