@@ -194,6 +194,31 @@ def test_compressed_legacy_torch_stream_lists_like_torch_load(tmp_path, kind):
     assert scan_paths(path).exit_code() == 0
 
 
+@pytest.mark.parametrize("fmt", ["torch-zip", "safetensors", "npy"])
+def test_a_gzipped_model_file_is_its_format_inside(tmp_path, fmt):
+    import gzip
+    from safetensors.torch import save_file
+    state = {"model.layers.0.self_attn.q_proj.weight": torch.randn(4, 3),
+             "model.embed_tokens.weight": torch.randn(5, 3).to(torch.float16)}
+    plain = tmp_path / "plain"
+    if fmt == "torch-zip":
+        torch.save(state, plain)
+    elif fmt == "safetensors":
+        save_file(state, plain)
+    else:
+        state = {"<root>": torch.arange(6.0).reshape(2, 3)}
+        with open(plain, "wb") as f:
+            np.save(f, state["<root>"].numpy())
+    packed = tmp_path / "model.gz"
+    packed.write_bytes(gzip.compress(plain.read_bytes()))
+    with tensorscope.open(packed) as model:
+        assert model.format == fmt and model.metadata["compression"] == "gzip"
+        assert sorted(t.name for t in model.tensors) == sorted(state)
+        for t in model.tensors:
+            assert model.read(t).tobytes() == state[t.name].reshape(-1).numpy().tobytes()
+    assert scan_paths(packed).exit_code() == 0
+
+
 # -- scan: the severity table ---------------------------------------------------------------------
 SCAN_TARGETS = sorted({"/".join(f.split("/")[:3]) + "/" if f.startswith("hf/") else f
                        for f in FILES} | set(FOLDERS))
