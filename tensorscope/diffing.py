@@ -678,14 +678,17 @@ class _Walker:
                     return False
             return True
         elems = max(1, min(FLOAT_ELEMS, self.chunk_bytes // 32))
+        block = 8 * elems  # bytes compared per call; squares summed per `elems` (BLAS threshold)
         x, _, _, _, _, _, u = _buffers(elems, va.dtype.kind == "c")
         total = 0.0
         for pa, pb in self.pieces(va, vb, ia, ib, self.chunk_bytes):
-            for i in range(0, pa.size, elems):
-                sa = pa[i:i + elems]
-                if not _equal_bytes(sa, pb[i:i + elems]):
+            for i in range(0, pa.size, block):
+                sa = pa[i:i + block]
+                if not _equal_bytes(sa, pb[i:i + block]):
                     return False
-                total += _sumsq(sa, x[:sa.size], u)
+                for j in range(0, sa.size, elems):
+                    s = sa[j:j + elems]
+                    total += _sumsq(s, x[:s.size], u)
         self.sumsq = total
         return True
 
