@@ -679,7 +679,7 @@ class _Walker:
             return True
         elems = max(1, min(FLOAT_ELEMS, self.chunk_bytes // 32))
         block = 8 * elems  # bytes compared per call; squares summed per `elems` (BLAS threshold)
-        x, _, _, _, _, _, u = _buffers(elems, va.dtype.kind == "c")
+        x, _, _, _, _, u = _buffers(elems, va.dtype.kind == "c")
         total = 0.0
         for pa, pb in self.pieces(va, vb, ia, ib, self.chunk_bytes):
             for i in range(0, pa.size, block):
@@ -916,7 +916,7 @@ _LOCAL = threading.local()
 
 
 def _buffers(elems: int, cplx: bool) -> tuple[np.ndarray, ...]:
-    """The calling thread's scratch buffers for `_Accumulator` (x, y, d, t, flag, ones, u), made
+    """The calling thread's scratch buffers for `_Accumulator` (x, y, d, t, flag, u), made
     once per thread and size: buffers of 256 KiB and more come from fresh ``mmap``s that are
     faulted in page by page on every use (measured: most of the system time of a threaded diff
     that made a set per slice). One accumulator at a time per thread, which is how they are used."""
@@ -930,8 +930,7 @@ def _buffers(elems: int, cplx: bool) -> tuple[np.ndarray, ...]:
         work = np.complex128 if cplx else np.float64
         got = cache[(elems, cplx)] = (
             np.empty(elems, work), np.empty(elems, work), np.empty(elems, np.float64),
-            np.empty(elems, np.float64), np.empty(elems, np.bool_), np.ones(elems, np.float64),
-            np.empty(elems, np.uint32))
+            np.empty(elems, np.float64), np.empty(elems, np.bool_), np.empty(elems, np.uint32))
     return got
 
 
@@ -942,7 +941,7 @@ class _Accumulator:
     once into float64 (exact for every input dtype up to float64, so ``max_abs`` and the counts equal
     torch's float64 figures exactly, and the sums are float64 sums of exact terms), then the four
     sums of products as BLAS dot products (a·a, b·b, a·b, d·d), and |d| reused for the max, the
-    sum (a dot product with ones), the relative difference and the tolerance test: 23 numpy calls
+    sum (numpy's pairwise sum), the relative difference and the tolerance test: 23 numpy calls
     per piece, each one vectorised pass over a cache-resident buffer, outputs given positionally
     and the full-size views made once (a call costs 0.3-1 µs here: a few % of a 64K piece). The
     per-call costs are in BENCHMARKS.md (3.6 ns per float16 pair on one thread, a third of it
@@ -965,8 +964,8 @@ class _Accumulator:
         self.count = 0
         self.mismatched = self.nan = self.inf = self.zero_ref = 0
         self.elems = elems
-        self.x, self.y, self.d, self.t, self.flag, self.ones, self.u = _buffers(elems, cplx)
-        self.full = (self.x, self.y, self.d, self.t, self.flag, self.ones)
+        self.x, self.y, self.d, self.t, self.flag, self.u = _buffers(elems, cplx)
+        self.full = (self.x, self.y, self.d, self.t, self.flag)
 
     def merge(self, o: "_Accumulator") -> None:
         """Fold in the sums of another accumulator (a slice of the same tensor, another thread)."""
@@ -986,9 +985,9 @@ class _Accumulator:
     def add(self, pa: np.ndarray, pb: np.ndarray) -> None:
         n = pa.size
         if n == self.elems:
-            x, y, d, t, flag, ones = self.full
+            x, y, d, t, flag = self.full
         else:
-            x, y, d, t, flag, ones = (b[:n] for b in self.full)
+            x, y, d, t, flag = (b[:n] for b in self.full)
         half_a, half_b = pa.dtype == _F16, pb.dtype == _F16
         (_half_fast if half_a else _to_float)(pa, x, self.u)
         (_half_fast if half_b else _to_float)(pb, y, self.u)
@@ -1015,13 +1014,13 @@ class _Accumulator:
             self.yy += yy
             self.count += n
             np.absolute(d, d)
-            worst = float(d.max())
+            worst = float(np.maximum.reduce(d))
             if worst > self.max_abs:
                 self.max_abs = worst
             if worst == 0.0:
                 self.max_rel = max(self.max_rel, 0.0)
                 return
-            self.sum_abs += float(np.dot(d, ones))
+            self.sum_abs += float(np.add.reduce(d))
             np.absolute(y, t)
             # |a-b| / |b| over the positions where b is not exactly 0 (0/0 is NaN, which fmax
             # skips; x/0 is inf and means a zero of the reference: counted apart, then excluded).
