@@ -412,6 +412,114 @@ DENYLIST: dict[str, str] = {
     "sysconfig": "interpreter configuration",
     "builtins.__loader__": "imports modules",
     "builtins.__builtins__": "the builtins namespace",
+    # --- found by the bypass hunt (every entry below was reported at most HIGH before) ---------
+    # gadgets that call any callable they are given (like functools.reduce / partial)
+    "builtins.map": "calls any callable over an iterable (a gadget like functools.reduce)",
+    "builtins.filter": "calls any callable over an iterable (a gadget like functools.reduce)",
+    "itertools.starmap": "calls any callable with arguments from the pickle",
+    "itertools.accumulate": "calls any callable repeatedly",
+    "itertools.filterfalse": "calls any callable over an iterable",
+    "itertools.takewhile": "calls any callable over an iterable",
+    "itertools.dropwhile": "calls any callable over an iterable",
+    "itertools.groupby": "calls any callable over an iterable",
+    "operator.call": "calls any callable (operator.call, Python 3.11+)",
+    "atexit": "registers a callable to run at interpreter exit",
+    "weakref.finalize": "registers a callable to run when an object dies",
+    "sched": "runs scheduled callables",
+    "contextlib.ExitStack": "runs registered callbacks",
+    "numpy.frompyfunc": "wraps any callable as a ufunc (calls it on every element)",
+    "numpy.vectorize": "wraps any callable (calls it on every element)",
+    # class factories (the builtins.type trick through other doors)
+    "types.new_class": "creates classes dynamically",
+    "abc.ABCMeta": "creates classes dynamically",
+    "dataclasses._create_fn": "exec()s generated source",
+    "dataclasses._FuncBuilder": "exec()s generated source",
+    "unittest": "unittest.main / TestLoader.discover import modules from paths; mock._importer imports any module",
+    "rlcompleter": "Completer.complete eval()s the text it completes",
+    "tkinter": "Tcl().eval runs Tcl, which runs commands (exec)",
+    "_tkinter": "Tcl interpreter: runs commands",
+    "turtle": "opens a Tk window (tkinter)",
+    "_imp": "creates modules from native libraries (_imp.create_dynamic)",
+    "_frozen_importlib": "the import machinery: imports any module",
+    "_frozen_importlib_external": "the import machinery: loads source and native files",
+    "torch._jit_internal": "createResolutionCallback* resolve names in caller frames",
+    "torch._sources": "parses source for compilation",
+    "torch._weights_only_unpickler": "a second unpickler",
+    "torch.serialization.add_safe_globals": "widens torch.load's weights-only allowlist for later loads",
+    "torch.serialization.safe_globals": "widens torch.load's weights-only allowlist",
+    "torch.jit.script": "compiles code",
+    "torch.jit.trace": "compiles code",
+    "torch.jit._trace": "compiles code",
+    "torch.utils.data.dataloader": "DataLoader workers spawn processes",
+    "torch.utils.hipify": "rewrites source files",
+    "torch.utils.tensorboard": "writes event files",
+    "torch.distributed.run": "spawns processes (torchrun)",
+    "torch.distributed.launch": "spawns processes",
+    "torch.testing._internal.common_utils": "test helpers spawn processes and run code",
+    "torch.testing._internal.common_distributed": "test helpers spawn processes",
+    "torch.testing._internal.distributed": "test helpers spawn processes",
+    "torch.profiler": "writes trace files",
+    "torch.autograd.profiler": "writes trace files",
+    # file writes and reads through torch / numpy / pandas
+    "torch.save": "writes a file",
+    "torch.from_file": "maps a file (shared=True writes it)",
+    "torch.storage.UntypedStorage.from_file": "maps a file (shared=True writes it)",
+    "torch.storage.TypedStorage.from_file": "maps a file (shared=True writes it)",
+    "torch.UntypedStorage.from_file": "maps a file (shared=True writes it)",
+    "torch.TypedStorage.from_file": "maps a file (shared=True writes it)",
+    "torch.serialization.save": "writes a file",
+    "torch.serialization._save": "writes a file",
+    "torch.serialization._legacy_save": "writes a file",
+    "numpy.save": "writes a file",
+    "numpy.savez": "writes a file",
+    "numpy.savez_compressed": "writes a file",
+    "numpy.savetxt": "writes a file",
+    "numpy.memmap": "maps a file (mode w+ creates or truncates it)",
+    "numpy.fromfile": "reads a file",
+    "numpy.ndarray.tofile": "writes a file",
+    "numpy.ndarray.dump": "writes a pickle file",
+    "numpy.loadtxt": "reads a file",
+    "numpy.genfromtxt": "reads a file",
+    "numpy.fromregex": "reads a file",
+    "numpy.DataSource": "opens files and URLs",
+    "numpy.lib._datasource": "opens files and URLs",
+    "numpy.lib._npyio_impl": "numpy 2's np.load: loads a second file (allow_pickle)",
+    "numpy.lib.format": "read_array unpickles object arrays; open_memmap creates files",
+    "numpy.lib._format_impl": "numpy 2's read_array unpickles object arrays; open_memmap creates files",
+    "numpy.ma.core.load": "pickle.load of a file",
+    "numpy.ma.core.loads": "pickle.loads",
+    "numpy.ma.load": "pickle.load of a file",
+    "numpy.ma.loads": "pickle.loads",
+    "numpy.ma.core.dump": "writes a pickle file",
+    "numpy.ma.dump": "writes a pickle file",
+    "pandas.eval": "evaluates expressions",
+    "pandas.core.computation": "evaluates expressions (pandas.eval, DataFrame.query)",
+    "pandas.io": "reads and writes files and URLs",
+    **{f"pandas.read_{n}": "reads files and URLs" for n in (
+        "csv table fwf excel json html xml sql sql_query sql_table parquet feather orc hdf stata "
+        "sas spss clipboard gbq").split()},
+    # the standard library's other file, archive and process doors
+    "logging.handlers": "handlers open sockets and files",
+    "logging.basicConfig": "creates a log file (filename=)",
+    "zipfile": "ZipFile(path, 'w') truncates a file; extractall writes anywhere",
+    "tarfile": "extractall writes anywhere (path traversal)",
+    "linecache": "reads files",
+    "codecs.open": "opens a file",
+    "bz2.open": "opens a file", "bz2.BZ2File": "opens a file",
+    "gzip.open": "opens a file", "gzip.GzipFile": "opens a file",
+    "lzma.open": "opens a file", "lzma.LZMAFile": "opens a file",
+    "mailbox": "opens and writes mailboxes",
+    "wave.open": "opens a file",
+    "filecmp": "reads files",
+    "netrc": "reads credential files",
+    "mmap": "maps files and memory",
+    "fcntl": "controls file descriptors",
+    "termios": "controls the terminal",
+    "readline": "reads and writes history files",
+    "cgitb": "writes tracebacks to files",
+    "winreg": "Windows registry access",
+    "_winreg": "Windows registry access (Python 2)",
+    "getpass": "reads from the terminal (stalls loaders)",
 }
 
 # Calls that hand bytes to a deserializer: the bytes are a second stage, scanned recursively.
@@ -481,6 +589,24 @@ def _dunder_step(name: str) -> str | None:
     for part in name.split("."):
         if len(part) > 4 and part.startswith("__") and part.endswith("__"):
             return part
+    return None
+
+
+def _walked_to(name: str) -> tuple[str, str] | None:
+    """(denylist entry, attribute path) when a dotted name reaches a denied module through an
+    attribute of the module it names: protocol 4 resolves ``torch.nn.modules.module`` +
+    ``torch.load`` as ``getattr(getattr(module, 'torch'), 'load')``, i.e. torch.load, behind an
+    allowlisted-looking prefix. Every tail of the attribute path is matched as a dotted name."""
+    if "." not in name:
+        return None
+    parts = name.split(".")
+    for i in range(len(parts)):
+        tail = ".".join(parts[i:])
+        hit = None
+        for cand in _candidates(tail, tail):
+            hit = hit or matches(cand, DENYLIST)
+        if hit is not None:
+            return hit, tail
     return None
 
 
@@ -575,6 +701,11 @@ def _classify(module: str, name: str) -> Verdict:
         hit = matches(cand, DENYLIST)
         if hit is not None:
             return Verdict(DENIED, dotted, DENYLIST[hit], hit)
+    walked = _walked_to(nname)
+    if walked is not None:
+        hit, tail = walked
+        return Verdict(DENIED, dotted, f"walks from {nmod} through attributes to {tail}: "
+                       f"{DENYLIST[hit]}", hit)
     dunder = _dunder_step(nname) if not (set(names) & _SAFE_DUNDERS) else None
     if dunder is not None:
         return Verdict(DENIED, dotted, f"walks to its {dunder} attribute: dunders lead to "
@@ -585,6 +716,11 @@ def _classify(module: str, name: str) -> Verdict:
             return Verdict(ALLOWED, dotted, "needed by a weights-only load", cand)
         if cand.startswith(_NUMPY_DTYPE_PREFIX) and cand.count(".") == 2:
             return Verdict(ALLOWED, dotted, "NumPy dtype class", cand)
+    if "." in nname and not nmod.startswith("__torch__"):
+        # a method or attribute of a framework class (``Module.register_forward_hook``,
+        # ``UntypedStorage.from_file``) is a callable of the file's choosing, not the class:
+        # judged by use, like any unknown name
+        return Verdict(UNKNOWN, dotted, "", None)
     for cand in names:
         for prefix, why in FRAMEWORK_PREFIXES.items():
             if prefix in _FRAMEWORK_EXACT:
