@@ -20,7 +20,7 @@ from .. import policy
 from ..errors import FormatError, LimitExceeded, TensorscopeError, UnknownFormat
 from ..remote import open_source
 from ..source import ByteSource
-from . import pickles, torchscript
+from . import chat_template, pickles, torchscript
 from .report import FileReport, Finding, Severity
 from .rules import anomaly_rule, severity_of
 
@@ -492,6 +492,8 @@ def judge_model_evidence(ctx: _Ctx, model) -> None:
                 ctx.add("onnx.custom-domain",
                         f"operators from custom domain {d!r}: runtimes load a native custom-op "
                         "library to run them", trigger=str(d))
+    if model.format == "gguf":
+        chat_template.check_gguf(ctx, model)
     user_meta = meta.get("__metadata__")
     if model.format == "safetensors" and isinstance(user_meta, dict):
         for k, v in list(user_meta.items())[:4096]:

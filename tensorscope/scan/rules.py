@@ -161,6 +161,14 @@ _rule("onnx.custom-domain", M, "ONNX nodes use operators from a non-standard dom
       "Runtimes load native custom-op libraries to run them. Only domains that a node uses count: "
       "an opset import nobody uses loads nothing.")
 
+# --- GGUF ----------------------------------------------------------------------------------------------
+_rule("gguf.chat-template-code", C, "A GGUF chat template reaches the interpreter",
+      "tokenizer.chat_template is Jinja2 that llama.cpp front ends render for every chat; a tag "
+      "that touches a dunder or mangled private attribute, spells underscores through escapes or "
+      "attr(), or names os/popen/eval/__import__ escapes an unsandboxed renderer (CVE-2024-34359, "
+      "llama-cpp-python) and is what sandbox escapes are made of. Real templates do none of it.",
+      "https://github.com/abetlen/llama-cpp-python/security/advisories/GHSA-56xg-wfcc-g829")
+
 # --- parser anomalies: kind -> (severity, rationale) ---------------------------------------------------
 # Zip sources: picklescan advisories GHSA-w8jq-xcqf-f792 (flag bits), GHSA-7q5r-7gvp-wc82
 # (local/central name), CVE-2025-10156 (bad CRC), zipfile/miniz differences documented in zipfmt.
