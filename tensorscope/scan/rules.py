@@ -147,7 +147,9 @@ _rule("zip.torch-refuses", M, "PyTorch's zip reader (miniz) would refuse this ar
 # --- TorchScript code ---------------------------------------------------------------------------------
 _rule("torchscript.foreign-call", H, "TorchScript code calls outside torch, ops and the builtins",
       "torch.jit.load compiles and runs code/ files; a call outside the TorchScript vocabulary is "
-      "user code. CRITICAL for os/sys/subprocess/eval/open/load_library.", dangerous=C)
+      "user code. CRITICAL for os/sys/subprocess/eval/open/load_library and for the builtins "
+      "that reach the file system from compiled code (torch.save / aten::save writes any path, "
+      "torch.from_file maps any file).", dangerous=C)
 _rule("torchscript.custom-op", M, "TorchScript code calls a custom operator namespace",
       "Loading needs a native library for it.")
 _rule("torchscript.code-unparseable", H, "A TorchScript code/ file does not tokenize",
