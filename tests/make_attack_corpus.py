@@ -492,6 +492,7 @@ def build(out: Path) -> list[Case]:
         "file.unparseable", "high", source="safetensors offsets out of range")
 
     _issue14_sections(add, inner, torch)
+    bypasshunt_sections(add, inner)
     return cases
 
 
@@ -584,3 +585,116 @@ def _issue14_sections(add, inner: bytes, torch) -> None:
         "pickle.dangerous-global", trigger="os.system", source=src6)
     add("terminal/name\x1b[31m\u202eevil.pkl", inner, "pickle.dangerous-global", trigger="os.system",
         source=src6)
+
+
+# --- bypass hunt: tricks that scored below their due (each was reported INFO/HIGH/clean before) ----
+def bypasshunt_sections(add, inner: bytes) -> None:
+    import gguf
+    import numpy as np
+
+    def stack_call(mod: str, name: str, arg: str = CMD) -> bytes:
+        return b"\x80\x04" + _stack_global(mod, name) + _unicode(arg, 4) + b"\x85R."
+
+    # 1. Dotted names walk module attributes (protocol 4 find_class getattr()s each part): a
+    # module that imports torch/os/pickle at top level is a door to them. Was INFO (framework
+    # prefix) or HIGH (unknown call) for these.
+    walk = "dotted STACK_GLOBAL names walk module attributes (fickling GHSA-5j3x-jp52-966f, " \
+           "modelscan issue #89)"
+    for mod, name, trig in (("torch.nn.modules.module", "torch.load", "torch.load"),
+                            ("torch.nn.modules.linear", "F.torch.load", "torch.load"),
+                            ("torch.optim.optimizer", "functools.partial", "functools.partial"),
+                            ("torch.serialization", "pickle.loads", "pickle.loads"),
+                            ("torch._utils", "sys.modules", "sys"),
+                            ("pathlib", "os.system", "os"),
+                            ("numpy", "core._internal.sys.modules", "sys")):
+        d = add(f"hunt/walk_{mod}.{name}.pkl", stack_call(mod, name), "pickle.dangerous-global",
+                source=walk)
+        _ = d, trig
+    # a method of a framework class is a callable of the file's choosing, not the class
+    add("hunt/framework_method_from_file.pkl",
+        b"\x80\x04" + _stack_global("torch.storage", "UntypedStorage.from_file") + _unicode("/etc/passwd", 4)
+        + b"\x88K\x10\x87R.", "pickle.dangerous-global", trigger="torch.storage.UntypedStorage.from_file",
+        source="framework-prefix methods: torch.storage.UntypedStorage.from_file maps any file (was INFO)")
+    # 2. Names outside the old denylist that write/read files, reload pickles or call callables
+    for mod, name, why in (
+            ("numpy.lib._npyio_impl", "load", "numpy 2 path of np.load (allow_pickle): the old entry "
+                                              "numpy.lib.npyio missed it"),
+            ("numpy.lib._format_impl", "read_array", "numpy 2 read_array unpickles object arrays"),
+            ("torch", "save", "torch.save writes any path"),
+            ("numpy", "memmap", "np.memmap(mode='w+') creates or truncates a file"),
+            ("pandas", "eval", "pandas.eval evaluates expressions"),
+            ("pandas", "read_csv", "reads files and URLs"),
+            ("builtins", "map", "map(callable, ...) is a call gadget like functools.reduce"),
+            ("itertools", "starmap", "starmap(callable, args) is a call gadget"),
+            ("atexit", "register", "runs a callable at interpreter exit"),
+            ("weakref", "finalize", "runs a callable when an object dies"),
+            ("unittest.mock", "_importer", "imports any module by dotted name"),
+            ("_frozen_importlib", "_bootstrap", "the import machinery"),
+            ("logging.handlers", "SocketHandler", "opens sockets"),
+            ("zipfile", "ZipFile", "ZipFile(path, 'w') truncates a file"),
+            ("tarfile", "open", "extractall path traversal"),
+            ("rlcompleter", "Completer.complete", "eval()s the completed text"),
+            ("tkinter", "Tcl", "Tcl eval runs commands")):
+        add(f"hunt/name_{mod}.{name}.pkl", stack_call(mod, name, "/tmp/x"), "pickle.dangerous-global",
+            trigger=f"{mod}.{name}", source=f"was HIGH (unknown call): {why}")
+    # 3. BUILD sets attributes on an imported function, then STACK_GLOBAL reads them back as the
+    # module and name (modelscan issue #85): what is imported is only known by running it.
+    p = (b"\x80\x05" + _global("numpy", "prod") + b"N(" + _unicode("a", 0) + _unicode("os", 0) + b"d\x86b"
+         + b"N(" + _unicode("b", 0) + _unicode("system", 0) + b"d\x86b0"
+         + _global("numpy", "prod.a") + b"p0\n" + _global("numpy", "prod.b") + b"p1\n00"
+         + b"g0\ng1\n\x93" + _unicode(CMD, 0) + b"\x85R.")
+    add("hunt/build_setattr_stack_global.pkl", p, "pickle.dynamic-global",
+        source="modelscan issue #85: BUILD slot state rewrites attributes read back by STACK_GLOBAL")
+    # 4. A FRAME longer than the data: pickle.loads (C) stops before it, pickle._Unpickler (what
+    # joblib.load reads with) runs the short frame.
+    body = reduce_call("os", "system", CMD, 2) + b"."
+    add("hunt/frame_longer_than_data.pkl", b"\x80\x04\x95" + struct.pack("<Q", 1 << 40) + body,
+        "pickle.dangerous-global", trigger="os.system",
+        source="pure-Python pickle._Unpickler does not check FRAME lengths (joblib.load uses it); "
+               "was a HIGH parse error with the payload unreported")
+    add("hunt/frame_longer_than_data.joblib", b"\x80\x04\x95" + struct.pack("<Q", 1 << 40) + body,
+        "pickle.dangerous-global", trigger="os.system", source="same, named as joblib")
+
+    # 5. GGUF chat templates that reach the interpreter (CVE-2024-34359, llama-cpp-python)
+    ssti = "CVE-2024-34359 / GHSA-56xg-wfcc-g829: Jinja chat template rendered unsandboxed"
+    base = "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}{% endfor %}"
+    templates = {
+        "mro_subclasses": base + "{{ ''.__class__.__mro__[1].__subclasses__() }}",
+        "template_reference": base + "{{ self._TemplateReference__context.cycler.__init__"
+                                     ".__globals__.os.popen('id').read() }}",
+        "escaped_underscores": base + "{{ ()|attr('\\x5f\\x5fclass\\x5f\\x5f') }}",
+        "built_underscores": base + "{% set u = '_'*2 %}{{ (lipsum|attr(u ~ 'globals' ~ u)) }}",
+    }
+    for name, text in templates.items():
+        path = Path(str(add(f"hunt/gguf_template_{name}.gguf", b"", "gguf.chat-template-code",
+                            source=ssti)))
+        w = gguf.GGUFWriter(str(path), "llama")
+        if name == "built_underscores":
+            w.add_chat_template([{"name": "default", "template": base},
+                                 {"name": "tool_use", "template": text}])
+        else:
+            w.add_chat_template(text)
+        w.add_tensor("w", np.zeros(4, dtype=np.float32))
+        w.write_header_to_file()
+        w.write_kv_data_to_file()
+        w.write_tensors_to_file()
+        w.close()
+
+    # 6. TorchScript code that reaches the file system through torch's own builtins
+    # (aten::save writes any path; the vocabulary check took any torch.* call as inert)
+    import torch
+
+    class M(torch.nn.Module):
+        def forward(self, x):
+            return x * 2
+    buf = io.BytesIO()
+    torch.jit.save(torch.jit.script(M()), buf)
+
+    def file_write(n, d):
+        if "/code/" in n and n.endswith(".py"):
+            return d + b"\ndef persist(x: Tensor) -> Tensor:\n  torch.save(x, \"/tmp/x\")\n  return x\n"
+        return d
+    add("hunt/torchscript_torch_save.pt", _rewrite_zip(buf.getvalue(), file_write),
+        "torchscript.foreign-call", trigger="torch.save",
+        source="TorchScript aten::save / aten::from_file reach the file system (torch.load of a "
+               "TorchScript archive: CVE-2025-32434 class)")
