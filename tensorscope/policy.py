@@ -596,14 +596,17 @@ def _walked_to(name: str) -> tuple[str, str] | None:
     """(denylist entry, attribute path) when a dotted name reaches a denied module through an
     attribute of the module it names: protocol 4 resolves ``torch.nn.modules.module`` +
     ``torch.load`` as ``getattr(getattr(module, 'torch'), 'load')``, i.e. torch.load, behind an
-    allowlisted-looking prefix. Every tail of the attribute path is matched as a dotted name."""
+    allowlisted-looking prefix. Every tail of the attribute path is matched as a dotted name, also
+    without the leading underscores of its first part (``collections._sys`` is ``sys``)."""
     if "." not in name:
         return None
     parts = name.split(".")
     for i in range(len(parts)):
         tail = ".".join(parts[i:])
+        # modules import their dependencies under private names (collections._sys, random._os)
+        bare = ".".join([parts[i].lstrip("_")] + parts[i + 1:])
         hit = None
-        for cand in _candidates(tail, tail):
+        for cand in (*_candidates(tail, tail), bare):
             hit = hit or matches(cand, DENYLIST)
         if hit is not None:
             return hit, tail

@@ -606,7 +606,9 @@ def bypasshunt_sections(add, inner: bytes) -> None:
                             ("torch.serialization", "pickle.loads", "pickle.loads"),
                             ("torch._utils", "sys.modules", "sys"),
                             ("pathlib", "os.system", "os"),
-                            ("numpy", "core._internal.sys.modules", "sys")):
+                            ("numpy", "core._internal.sys.modules", "sys"),
+                            ("collections", "_sys.modules", "sys"),
+                            ("random", "_os.system", "os")):
         d = add(f"hunt/walk_{mod}.{name}.pkl", stack_call(mod, name), "pickle.dangerous-global",
                 source=walk)
         _ = d, trig

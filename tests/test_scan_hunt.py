@@ -106,6 +106,8 @@ def test_chat_template_escape_is_critical(tmp_path):
     ("pathlib", "os.system", "os"),
     ("numpy", "core._internal.sys.modules", "sys"),
     ("torch.nn.modules.linear", "F.posix.system", "posix"),
+    ("collections", "_sys.modules", "sys"),      # dependencies imported under private names
+    ("random", "_os.system", "os"),
 ])
 def test_attribute_walks_reach_the_denylist(module, name, entry):
     v = policy.classify(module, name)
