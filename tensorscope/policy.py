@@ -520,6 +520,9 @@ DENYLIST: dict[str, str] = {
     "winreg": "Windows registry access",
     "_winreg": "Windows registry access (Python 2)",
     "getpass": "reads from the terminal (stalls loaders)",
+    "multiprocess": "dill's multiprocessing fork: spawns processes",
+    "pickle5": "loads a second pickle (the pickle protocol 5 backport)",
+    "pathos": "spawns processes (multiprocess, dill)",
 }
 
 # Calls that hand bytes to a deserializer: the bytes are a second stage, scanned recursively.
@@ -590,6 +593,11 @@ def _dunder_step(name: str) -> str | None:
         if len(part) > 4 and part.startswith("__") and part.endswith("__"):
             return part
     return None
+
+
+# Code-carrying picklers that other packages vendor (srsly.cloudpickle, ray.cloudpickle,
+# pyspark.cloudpickle, joblib.externals.cloudpickle): any module path through one of them.
+_CODE_PICKLERS = frozenset({"cloudpickle", "cloudpickle_fast", "dill", "_dill"})
 
 
 def _walked_to(name: str) -> tuple[str, str] | None:
@@ -704,6 +712,10 @@ def _classify(module: str, name: str) -> Verdict:
         hit = matches(cand, DENYLIST)
         if hit is not None:
             return Verdict(DENIED, dotted, DENYLIST[hit], hit)
+    vendored = next((p for p in nmod.split(".")[1:] if p in _CODE_PICKLERS), None)
+    if vendored is not None:
+        return Verdict(DENIED, dotted, f"a vendored copy of {vendored.lstrip('_')} (rebuilds "
+                       "functions and classes from code objects)", f"{nmod}")
     walked = _walked_to(nname)
     if walked is not None:
         hit, tail = walked

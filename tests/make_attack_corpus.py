@@ -639,6 +639,15 @@ def bypasshunt_sections(add, inner: bytes) -> None:
             ("tkinter", "Tcl", "Tcl eval runs commands")):
         add(f"hunt/name_{mod}.{name}.pkl", stack_call(mod, name, "/tmp/x"), "pickle.dangerous-global",
             trigger=f"{mod}.{name}", source=f"was HIGH (unknown call): {why}")
+    # vendored code picklers: the same function/code rebuilders under another package's name
+    for mod, name in (("srsly.cloudpickle.cloudpickle", "_builtin_type"),
+                      ("ray.cloudpickle.cloudpickle", "_make_function"),
+                      ("pickle5", "loads"), ("multiprocess.util", "spawnv_passfds")):
+        add(f"hunt/vendored_{mod}.{name}.pkl", stack_call(mod, name, "CodeType"),
+            "pickle.dangerous-global", trigger=f"{mod}.{name}",
+            source="vendored cloudpickle/dill/pickle copies (was HIGH): cloudpickle's "
+                   "_builtin_type('CodeType') + _make_function rebuild code, as in fickling's "
+                   "UNSAFE_IMPORTS for cloudpickle/dill")
     # 3. BUILD sets attributes on an imported function, then STACK_GLOBAL reads them back as the
     # module and name (modelscan issue #85): what is imported is only known by running it.
     p = (b"\x80\x05" + _global("numpy", "prod") + b"N(" + _unicode("a", 0) + _unicode("os", 0) + b"d\x86b"
