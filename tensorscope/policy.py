@@ -300,6 +300,13 @@ DENYLIST: dict[str, str] = {
     "dbm": "opens databases",
     "copyreg.add_extension": "rewires pickle's extension registry",
     "copyreg.pickle": "registers reducers",
+    # the registries themselves: a SETITEM into _inverted_registry / _extension_cache makes a later
+    # EXT1/2/4 opcode import any name (or return any object) with no GLOBAL in the file
+    "copyreg._inverted_registry": "rewires pickle's extension registry (EXT then imports any name)",
+    "copyreg._extension_registry": "rewires pickle's extension registry (EXT then imports any name)",
+    "copyreg._extension_cache": "rewires pickle's extension registry (EXT then returns any object)",
+    "copyreg.remove_extension": "rewires pickle's extension registry",
+    "copyreg.dispatch_table": "registers reducers",
     "types.CodeType": "builds code objects",
     "types.FunctionType": "builds functions from code objects",
     "types.LambdaType": "builds functions from code objects",

@@ -648,6 +648,27 @@ def bypasshunt_sections(add, inner: bytes) -> None:
             source="vendored cloudpickle/dill/pickle copies (was HIGH): cloudpickle's "
                    "_builtin_type('CodeType') + _make_function rebuild code, as in fickling's "
                    "UNSAFE_IMPORTS for cloudpickle/dill")
+    # copyreg's registries filled by SETITEM, then EXT1: no GLOBAL names the target (was HIGH)
+    ext = "copyreg extension registry written by the pickle itself, then EXT1 (pickle docs: EXT " \
+          "looks names up in copyreg._inverted_registry); picklescan lists copyreg.add_extension only"
+    add("hunt/ext_inverted_registry.pkl",
+        b"\x80\x02" + _global("copyreg", "_inverted_registry") + b"K\x07" + _unicode("os", 2)
+        + _unicode("system", 2) + b"\x86s0" + b"\x82\x07(" + _unicode(CMD, 2) + b"tR.",
+        "pickle.dangerous-global", trigger="copyreg._inverted_registry", source=ext)
+    add("hunt/ext_extension_cache_py2.pkl",
+        b"\x80\x02" + _global("copy_reg", "_extension_cache") + b"K\x07" + _global("os", "system")
+        + b"s0" + b"\x82\x07(" + _unicode(CMD, 2) + b"tR.",
+        "pickle.dangerous-global", trigger="copyreg._extension_cache", source=ext)
+    # BUILD aimed at an allowlisted class: setattr(argparse.Namespace, '__eq__', len) monkeypatches
+    # the class for the whole process; every name involved is allowlisted (was clean)
+    add("hunt/build_on_allowed_class.pkl",
+        b"\x80\x02" + _global("argparse", "Namespace") + b"N}" + _unicode("__eq__", 2)
+        + _global("builtins", "len") + b"s\x86b0" + b"}.",
+        "pickle.global-mutation", trigger="argparse.Namespace",
+        source="modelscan issue #85: BUILD's slot state is setattr() on whatever is on the stack")
+    add("hunt/build_setattr_stack_global_mutation.pkl",
+        b"\x80\x05" + _global("numpy", "prod") + b"N(" + _unicode("a", 0) + _unicode("os", 0) + b"d\x86b0}.",
+        "pickle.global-mutation", trigger="numpy.prod", source="modelscan issue #85")
     # 3. BUILD sets attributes on an imported function, then STACK_GLOBAL reads them back as the
     # module and name (modelscan issue #85): what is imported is only known by running it.
     p = (b"\x80\x05" + _global("numpy", "prod") + b"N(" + _unicode("a", 0) + _unicode("os", 0) + b"d\x86b"

@@ -188,9 +188,13 @@ def judge_result(ctx: "loader._Ctx", r, member: str | None, base: int, offset_ba
     # need no judging: they are set aside once, by the identity of their Global.
     plain: dict[int, bool] = {}
     to_judge = []
+    mutated = []
     for c in r.calls:
         f = c.func
         if type(f) is Global:
+            if c.opcode in _CONTAINER_OPS:
+                mutated.append(c)   # BUILD/SETITEM on an imported object, not on one built here
+                continue
             p = plain.get(id(f))
             if p is None:
                 p = plain[id(f)] = _plain_callable(f.module, f.name)
@@ -268,6 +272,13 @@ def judge_result(ctx: "loader._Ctx", r, member: str | None, base: int, offset_ba
                         f"imports {dotted} (outside the allowlist) without calling it{times}",
                         at, dotted))
 
+    for c in mutated[:_MUTATION_CAP]:
+        g = c.func
+        out.append(("pickle.global-mutation",
+                    f"{c.opcode} writes into the imported object {g.dotted} (no writer does: they "
+                    "fill objects the pickle built): a monkeypatch that outlives the load "
+                    "(copyreg's extension registry, a class's methods, a function's attributes)",
+                    base + c.pos, policy.classify(g.module, g.name).dotted))
     for at, what in r.reader_disagreements:
         out.append(("pickle.reader-disagreement",
                     f"CPython's readers disagree on these bytes ({what}): opcodes can hide from "
@@ -378,6 +389,7 @@ def _is_loader(module: str, name: str) -> bool:
     return _call_facts(module, name)[1]
 
 
+_MUTATION_CAP = 16   # global-mutation findings per pickle (each one is already CRITICAL)
 # Opcodes recorded as calls that only fill containers (no callable runs).
 _CONTAINER_OPS = frozenset({"BUILD", "APPEND", "APPENDS", "SETITEM", "SETITEMS", "ADDITEMS"})
 _COPYREG_CONSTRUCTORS = (("copyreg", "_reconstructor"), ("copyreg", "__newobj__"),

@@ -52,6 +52,12 @@ _rule("pickle.dangerous-global", C, "The pickle imports a callable that can run 
 _rule("pickle.dynamic-global", C, "A STACK_GLOBAL imports a name computed while loading",
       "What it imports (a call's result, a global such as os.name) cannot be known without running "
       "the pickle, so it is judged as the worst it could be.", _FICKLING)
+_rule("pickle.global-mutation", C, "The pickle writes into an object it imported",
+      "BUILD, SETITEM or APPEND aimed at a global (a class, a function, a module-level dict) "
+      "rather than at an object the pickle built: it rewires copyreg's extension registry so EXT "
+      "opcodes import names no GLOBAL shows, or sets attributes that a later STACK_GLOBAL reads "
+      "back (modelscan issue #85). Standard picklers never emit it.",
+      _PICKLE, "https://github.com/protectai/modelscan/issues/85")
 _rule("pickle.reader-disagreement", C, "CPython's own readers read these bytes differently",
       "An opcode across a FRAME end: pickle.loads reads on, torch.load's io.BytesIO reads from after "
       "the frame. Opcodes can hide from any one reading, and no writer produces this.", _PICKLE)
