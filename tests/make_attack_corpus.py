@@ -617,6 +617,13 @@ def bypasshunt_sections(add, inner: bytes) -> None:
         b"\x80\x04" + _stack_global("torch.storage", "UntypedStorage.from_file") + _unicode("/etc/passwd", 4)
         + b"\x88K\x10\x87R.", "pickle.dangerous-global", trigger="torch.storage.UntypedStorage.from_file",
         source="framework-prefix methods: torch.storage.UntypedStorage.from_file maps any file (was INFO)")
+    # torch's process-wide module hooks live under the framework prefix torch.nn.modules. (was INFO)
+    add("hunt/global_forward_hook.pkl",
+        b"\x80\x04" + _stack_global("torch.nn.modules.module", "register_module_forward_hook")
+        + _stack_global("builtins", "print") + b"\x85R.", "pickle.dangerous-global",
+        trigger="torch.nn.modules.module.register_module_forward_hook",
+        source="framework prefix covered torch.nn.modules.module's module-level functions: "
+               "register_module_forward_hook installs a callable run on every forward of every module")
     # 2. Names outside the old denylist that write/read files, reload pickles or call callables
     for mod, name, why in (
             ("numpy.lib._npyio_impl", "load", "numpy 2 path of np.load (allow_pickle): the old entry "
@@ -636,7 +643,10 @@ def bypasshunt_sections(add, inner: bytes) -> None:
             ("zipfile", "ZipFile", "ZipFile(path, 'w') truncates a file"),
             ("tarfile", "open", "extractall path traversal"),
             ("rlcompleter", "Completer.complete", "eval()s the completed text"),
-            ("tkinter", "Tcl", "Tcl eval runs commands")):
+            ("tkinter", "Tcl", "Tcl eval runs commands"),
+            ("torch.utils.model_zoo", "load_url", "downloads and torch.loads a checkpoint"),
+            ("torch.distributed.checkpoint.state_dict_loader", "load", "loads checkpoints from paths"),
+            ("torch.onnx", "export", "writes files")):
         add(f"hunt/name_{mod}.{name}.pkl", stack_call(mod, name, "/tmp/x"), "pickle.dangerous-global",
             trigger=f"{mod}.{name}", source=f"was HIGH (unknown call): {why}")
     # vendored code picklers: the same function/code rebuilders under another package's name
