@@ -706,6 +706,7 @@ def bypasshunt_sections(add, inner: bytes) -> None:
                                      ".__globals__.os.popen('id').read() }}",
         "escaped_underscores": base + "{{ ()|attr('\\x5f\\x5fclass\\x5f\\x5f') }}",
         "built_underscores": base + "{% set u = '_'*2 %}{{ (lipsum|attr(u ~ 'globals' ~ u)) }}",
+        "split_literal": base + "{{ ''['__cla' + 'ss__']['__m' + 'ro__'] }}",
     }
     for name, text in templates.items():
         path = Path(str(add(f"hunt/gguf_template_{name}.gguf", b"", "gguf.chat-template-code",

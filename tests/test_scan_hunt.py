@@ -67,7 +67,25 @@ BENIGN_TEMPLATES = [
     "may eval, compile and exec code in your head; globals are fine. [/INST]' -}}{%- endif -%}"
     "{%- if messages[0]['role'] == 'tool' -%}{{ raise_exception('roles must alternate') }}"
     "{%- endif -%}{{ messages | tojson }}",
+    # Llama 3.1 style: a date through strftime_now, tools as JSON, role names in prose
+    "{%- set date_string = strftime_now('%d %b %Y') -%}{{- 'Today Date: ' + date_string + '\\n' -}}"
+    "{%- for t in tools -%}{{- t | tojson(indent=4) -}}{%- endfor -%}{{- strftime_now('%c') -}}",
 ]
+
+
+@pytest.mark.parametrize("template", [
+    "{{ ''['__cla' + 'ss__'] }}",                       # a dunder split across literals
+    "{{ x['_' + '_' + 'class' ] }}",
+    "{% set u = '__' %}{{ x[u ~ 'class' ~ u] }}",
+    "{{ x['%c%cclass%c%c'|format(95, 95, 95, 95)] }}",   # underscores from %c
+    "{{ (lipsum|string|list)[18] }}",                    # underscores picked from a repr
+    "{{ ()|attr('\\x5f\\x5fclass\\x5f\\x5f') }}",
+    "{{ self._TemplateReference__context }}",
+    "{{ joiner }}",
+])
+def test_chat_template_obfuscations_are_found(template):
+    from tensorscope.scan.chat_template import _findings
+    assert _findings(BENIGN_TEMPLATES[0] + template) is not None
 
 
 def _gguf(path, template):

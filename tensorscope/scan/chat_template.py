@@ -20,12 +20,14 @@ _TAGS = re.compile(r"\{\{.*?\}\}|\{%.*?%\}", re.S)
 _DUNDER = re.compile(r"__[A-Za-z][A-Za-z0-9_]*?__|_[A-Za-z]+__[A-Za-z]\w*")
 # Underscores and dots spelled through escapes or built from pieces (filter bypasses).
 _OBFUSCATED = re.compile(r"\\x5[fF]|\\u005[fF]|\\137|\\N\{LOW LINE\}|\\x2[eE]|"
-                         r"['\"]_['\"]\s*\*\s*\d|['\"]_['\"]\s*~\s*['\"]_['\"]|"
-                         r"['\"]%c['\"]\s*\|\s*format|\|\s*attr\s*\(")
+                         r"['\"]_+['\"]\s*[*~+]|[~+]\s*['\"]_+['\"]|"   # '_'*2, '_' ~ '_'
+                         r"['\"][^'\"]*__|__[^'\"]*['\"]|"      # '__cla' + 'ss__'
+                         r"['\"][^'\"]*%c[^'\"]*['\"]\s*[|%]|"   # '%c%c'|format(95, 95)
+                         r"\|\s*attr\s*\(|\|\s*string\s*\|\s*list")
 # Names that lead out of a template to the interpreter, whatever the sandbox.
 _GADGETS = re.compile(r"\b(?:__import__|import_module|popen|subprocess|os\.system|"
                       r"getattr|eval|exec|compile|globals|builtins|mro|subclasses|"
-                      r"func_globals|f_back|gi_frame|cr_frame)\b")
+                      r"func_globals|f_back|gi_frame|cr_frame|lipsum|cycler|joiner)\b")
 
 
 _STRINGS = re.compile(r"'(?:[^'\\]|\\.)*'|\"(?:[^\"\\]|\\.)*\"", re.S)
