@@ -560,6 +560,25 @@ DENYLIST: dict[str, str] = {
     "multiprocess": "dill's multiprocessing fork: spawns processes",
     "pickle5": "loads a second pickle (the pickle protocol 5 backport)",
     "pathos": "spawns processes (multiprocess, dill)",
+    # third-party wrappers around commands and eval (a model's environment often has them)
+    "IPython": "runs shell commands and code (IPython.utils.process.system, get_ipython)",
+    "invoke": "runs shell commands (invoke.run)",
+    "fabric": "runs remote and local commands",
+    "sh": "runs shell commands (sh.Command)",
+    "plumbum": "runs shell commands",
+    "paramiko": "SSH: runs remote commands",
+    "pexpect": "spawns processes",
+    "ptyprocess": "spawns processes",
+    "sympy.sympify": "eval()s strings",
+    "sympy.core.sympify": "eval()s strings",
+    "sympy.parsing": "eval()s strings (parse_expr)",
+    "numexpr": "evaluates expressions",
+    "mako": "templates run code",
+    "Cython": "compiles and runs code (Cython.inline)",
+    "pyximport": "compiles and imports code",
+    "docker": "runs containers",
+    "dask.distributed": "remote code execution on workers",
+    "distributed": "remote code execution on workers",
 }
 
 # Calls that hand bytes to a deserializer: the bytes are a second stage, scanned recursively.
@@ -631,6 +650,13 @@ def _dunder_step(name: str) -> str | None:
             return part
     return None
 
+
+# Final names that only command and code runners carry (os, subprocess, commands, IPython...).
+_RUNNER_NAMES = frozenset({
+    "system", "popen", "popen2", "popen3", "popen4", "getoutput", "getstatusoutput",
+    "check_output", "check_call", "exec_command", "run_command", "startfile", "execfile",
+    "eval", "exec", "__import__", "import_module", "load_library", "LoadLibrary", "dlopen",
+    "fork_exec", "forkpty"})
 
 # Code-carrying picklers that other packages vendor (srsly.cloudpickle, ray.cloudpickle,
 # pyspark.cloudpickle, joblib.externals.cloudpickle): any module path through one of them.
@@ -758,6 +784,12 @@ def _classify(module: str, name: str) -> Verdict:
         hit, tail = walked
         return Verdict(DENIED, dotted, f"walks from {nmod} through attributes to {tail}: "
                        f"{DENYLIST[hit]}", hit)
+    verb = nname.rsplit(".", 1)[-1]
+    if verb in _RUNNER_NAMES or verb.startswith(("spawn", "execv", "execl", "posix_spawn")):
+        # a command runner re-exported under another module (``from os import system`` in a
+        # package we do not list): its name is all the scan knows, and it says enough
+        return Verdict(DENIED, dotted, f"named like a command or code runner ({verb}), "
+                       "whatever module re-exports it", dotted)
     dunder = _dunder_step(nname) if not (set(names) & _SAFE_DUNDERS) else None
     if dunder is not None:
         return Verdict(DENIED, dotted, f"walks to its {dunder} attribute: dunders lead to "

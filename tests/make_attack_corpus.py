@@ -646,7 +646,11 @@ def bypasshunt_sections(add, inner: bytes) -> None:
             ("tkinter", "Tcl", "Tcl eval runs commands"),
             ("torch.utils.model_zoo", "load_url", "downloads and torch.loads a checkpoint"),
             ("torch.distributed.checkpoint.state_dict_loader", "load", "loads checkpoints from paths"),
-            ("torch.onnx", "export", "writes files")):
+            ("torch.onnx", "export", "writes files"),
+            ("IPython.utils.process", "system", "IPython's shell runner"),
+            ("sympy", "sympify", "sympify eval()s strings"),
+            ("somepkg.shell_utils", "check_output", "a command runner re-exported by a package "
+                                                    "no list names (from subprocess import check_output)")):
         add(f"hunt/name_{mod}.{name}.pkl", stack_call(mod, name, "/tmp/x"), "pickle.dangerous-global",
             trigger=f"{mod}.{name}", source=f"was HIGH (unknown call): {why}")
     # vendored code picklers: the same function/code rebuilders under another package's name
