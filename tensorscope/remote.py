@@ -29,13 +29,11 @@ the budget (the counters say so); otherwise it is a `RemoteError` before anythin
 """
 from __future__ import annotations
 
-import http.client
 import mmap
 import os
 import posixpath
 import random
 import re
-import ssl
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -157,6 +155,13 @@ def reset_totals() -> None:
             _TOTALS[k] = 0
 
 
+def _net_errors() -> tuple:
+    """OSError and http.client's errors. http.client (with ssl and email) is imported on first
+    use: ~30 ms of start-up that commands on local files never need."""
+    import http.client
+    return OSError, http.client.HTTPException
+
+
 class _Retry(Exception):
     """A transient failure: try the request again (after a backoff)."""
 
@@ -176,6 +181,8 @@ class _HTTP:
         conns = self._local.__dict__.setdefault("conns", {})
         conn = conns.get((scheme, netloc))
         if conn is None:
+            import http.client
+            import ssl
             if scheme == "https":
                 conn = http.client.HTTPSConnection(netloc, timeout=self.timeout,
                                                    context=ssl.create_default_context())
@@ -213,7 +220,7 @@ class _HTTP:
                     conn.request("GET", target, headers=headers)
                     resp = conn.getresponse()
                     break
-                except (OSError, http.client.HTTPException) as e:
+                except _net_errors() as e:
                     self._drop(parts.scheme, parts.netloc)
                     if reused and not fresh:
                         continue  # the server closed an idle keep-alive connection: reconnect
@@ -344,7 +351,7 @@ def _read_exact(resp, n: int, url: str, start: int) -> bytes:
     try:
         data = resp.read(n)
         extra = resp.read(1) if len(data) == n else b""
-    except (OSError, http.client.HTTPException) as e:
+    except _net_errors() as e:
         resp.close()
         raise _Retry(f"response for bytes {start}-{start + n - 1} cut short ({e})") from None
     if len(data) < n:
@@ -520,7 +527,7 @@ class RemoteSource:
                     break
                 self._mm[pos:pos + len(chunk)] = chunk
                 pos += len(chunk)
-        except (OSError, http.client.HTTPException) as e:
+        except _net_errors() as e:
             raise RemoteError(self.path, f"whole-object download cut short at byte {pos}: {e}") \
                 from None
         finally:
