@@ -458,6 +458,7 @@ class RemoteSource:
         path: the URL as given.
         size: the object's size in bytes.
         bytes_fetched, requests: what reading it has cost so far.
+        waits: how many times a read waited on requests (a batch of concurrent requests is one).
         budget: the most bytes this object may fetch.
     """
 
@@ -467,6 +468,7 @@ class RemoteSource:
             if budget is None else budget
         self.bytes_fetched = 0
         self.requests = 0
+        self.waits = 0          # times a read waited on the network: round trips in a row
         self.ranges_ok = True
         self._lock = threading.Lock()
         self._pool: ThreadPoolExecutor | None = None
@@ -607,6 +609,8 @@ class RemoteSource:
                                       f"over the fetch budget of {self.budget} bytes (raise "
                                       "TENSORSCOPE_FETCH_BUDGET to allow it)")
 
+        self.waits += 1
+
         def one(job):
             a, b = job
             data = self._retrying(lambda: self._transport.fetch(a, b, self.size), a, b)
@@ -627,6 +631,10 @@ class RemoteSource:
         ranges = [(max(0, o), min(n, self.size - max(0, o))) for o, n in ranges if o < self.size]
         with self._lock:
             self._ensure(ranges)
+
+    def cached(self, offset: int, length: int) -> bool:
+        """True when ``[offset, offset + length)`` (clipped to the object) needs no request."""
+        return not self._missing(max(0, offset), min(offset + length, self.size))
 
     # -- the ByteSource interface ---------------------------------------------------------------
     @property

@@ -130,6 +130,65 @@ def test_zip_local_headers_are_fetched_together(big_models):
         assert s.knobs.requests <= 6, s.knobs.requests
 
 
+@pytest.fixture(scope="module")
+def many_initializers(tmp_path_factory):
+    """ONNX models of 121 initializers written by onnx: 24 layers of 5 tensors (two of them the
+    same size, as attention projections are), and the same count with sizes of no pattern."""
+    import onnx
+    from onnx import helper, numpy_helper
+
+    d = tmp_path_factory.mktemp("initializers")
+    rng = np.random.default_rng(0)
+    shapes = [(256, 256), (256, 512), (512, 256), (512,), (128, 300)]
+    layered = [(f"model.layers.{i}.t{k}.weight", shape) for i in range(24)
+               for k, shape in enumerate(shapes)] + [("norm.weight", (512,))]
+    noise = [(f"w{i}", (int(rng.integers(100, 400)), 257)) for i in range(121)]
+    for name, tensors in (("layers.onnx", layered), ("noise.onnx", noise)):
+        inits = [numpy_helper.from_array(rng.standard_normal(shape).astype(np.float16), n)
+                 for n, shape in tensors]
+        graph = helper.make_graph([helper.make_node("Identity", [tensors[0][0]], ["y"])], "g", [],
+                                  [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT16,
+                                                                 list(tensors[0][1]))],
+                                  initializer=inits)
+        onnx.save(helper.make_model(graph), str(d / name))
+    return d
+
+
+@pytest.mark.parametrize("name", ["layers.onnx", "noise.onnx"])
+def test_onnx_walk_asks_for_the_tensors_to_come_in_batches(many_initializers, name):
+    """The walk hops from initializer to initializer over their raw data: the starts it will
+    need are guessed and fetched together (few waits on the network for a repeating model), the
+    listing is the local one whatever the guesses, and no tensor's data is fetched."""
+    d = many_initializers
+    with Server(d) as s:
+        with tensorscope.open(d / name) as a, tensorscope.open(s.url(name)) as b:
+            assert _listing(b) == _listing(a)
+            src = b.sources[s.url(name)]
+            assert src.requests == s.knobs.requests
+            big = [t for t in b.tensors if t.nbytes > 64 * 1024]
+            assert len(big) > 70
+            assert not any(src.cached(t.byte_offset + 4096, t.nbytes - 8192) for t in big)
+            assert src.bytes_fetched < 0.1 * os.path.getsize(d / name)
+            if name == "layers.onnx":
+                # one wait per tensor without the guesses
+                assert src.waits <= len(b.tensors) // 5, src.waits
+
+
+def test_scan_of_a_url_opens_it_once(big_models):
+    d, _ = big_models
+    with Server(d) as s:
+        for name in ("model.safetensors", "model.onnx", "model.gguf"):
+            remote.reset_totals()
+            with tensorscope.open(s.url(name)):
+                pass
+            listed = remote.totals()
+            remote.reset_totals()
+            scan_paths(s.url(name))
+            scanned = remote.totals()
+            assert scanned["objects"] == 1, (name, scanned)
+            assert scanned["requests"] <= listed["requests"] + 1, (name, listed, scanned)
+
+
 # -- misbehaving servers ------------------------------------------------------------------------------
 def test_server_that_ignores_range_is_read_whole_within_the_budget(fixtures_server):
     rel = "formats/st_torch.safetensors"
