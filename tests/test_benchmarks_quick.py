@@ -1,10 +1,9 @@
 """CI smoke test of the benchmark driver: ``benchmarks/run.py --quick`` still runs end to end.
 
 It proves that every case (inspect, scale, read, scan, diff, convert, tui, pertensor, remote,
-fleet) can generate its tiny
-inputs, run tensorscope and its peers as whole processes and render the table. Nothing about
-time or memory is asserted: CI machines are too noisy for that, and the real figures come from a
-full run (BENCHMARKS.md).
+fleet) can generate its tiny inputs, run tensorscope and its peers as whole processes and render
+the table. Nothing about time or memory is asserted: CI machines are too noisy for that, and the
+real figures come from a full run (BENCHMARKS.md).
 """
 from __future__ import annotations
 
