@@ -369,6 +369,104 @@ def test_s3_listing_equals_local_and_change_is_detected(s3_server, big_models):
         assert sorted(m.names) == sorted(tensors)
 
 
+# -- hf:// through huggingface_hub against a local hub server -----------------------------------------
+@pytest.fixture
+def hub(monkeypatch, tmp_path):
+    """`HubServer` with ``org/llama`` (a sharded safetensors folder) and ``org/mixed`` (a torch
+    zip, a safetensors file, an ONNX model and a pickle payload); the real HfFileSystem pointed
+    at it the way fsspec configures it (`HF_ENDPOINT` is tested in a child process below)."""
+    pytest.importorskip("huggingface_hub")
+    import fsspec
+    from huggingface_hub import HfFileSystem
+
+    import make_attack_corpus
+    from http_server import HubServer
+
+    mixed = tmp_path / "mixed"
+    mixed.mkdir()
+    for rel in ("torch/dtypes.pt", "formats/st_torch.safetensors", "onnx/mlp.onnx"):
+        shutil.copy(os.path.join(FIX, rel), mixed / os.path.basename(rel))
+    (mixed / "evil.bin").write_bytes(make_attack_corpus.torch_zip_with_payload(
+        make_attack_corpus.payload("os", "system", 2, "global-reduce")))
+    with HubServer() as server:
+        server.commit("org/llama", os.path.join(FIX, "realworld/hf/llama/sharded_st"))
+        server.commit("org/mixed", mixed)
+        monkeypatch.setitem(fsspec.config.conf, "hf", {"endpoint": server.endpoint})
+        monkeypatch.setenv("HF_HUB_DISABLE_TELEMETRY", "1")
+        HfFileSystem.clear_instance_cache()
+        try:
+            yield server, mixed
+        finally:
+            HfFileSystem.clear_instance_cache()
+
+
+def test_hf_listing_equals_local(hub):
+    server, mixed = hub
+    for name in ("dtypes.pt", "st_torch.safetensors", "mlp.onnx"):
+        with tensorscope.open(mixed / name) as a, tensorscope.open(f"hf://org/mixed/{name}") as b:
+            assert _listing(b) == _listing(a)
+            for t in a.tensors[:3]:
+                assert b.values(t.name).tobytes() == a.values(t.name).tobytes()
+    # a repository is a folder: the index and its shards, as the local snapshot opens
+    local = os.path.join(FIX, "realworld/hf/llama/sharded_st")
+    with tensorscope.open(local) as a, tensorscope.open("hf://org/llama") as b:
+        assert b.format == a.format and _listing(b) == _listing(a)
+    assert remote.totals()["objects"] >= 4 and server.knobs.requests > 0
+
+
+def test_hf_reads_stay_on_the_commit_opened(hub, big_models, tmp_path):
+    """A branch that moves while a model is open does not mix two versions: the values are read
+    from the commit the branch pointed at when the file was opened."""
+    server, _ = hub
+    d, tensors = big_models
+    old, new = tmp_path / "old", tmp_path / "new"
+    old.mkdir()
+    new.mkdir()
+    data = (d / "model.safetensors").read_bytes()
+    start = 8 + int.from_bytes(data[:8], "little")   # every tensor byte changes, the header not
+    (old / "model.safetensors").write_bytes(data)
+    (new / "model.safetensors").write_bytes(data[:start] + bytes(b ^ 0xFF for b in data[start:]))
+    server.commit("org/pinned", old)
+    with tensorscope.open("hf://org/pinned/model.safetensors") as b:
+        server.commit("org/pinned", new)   # main moves on before any value is read
+        for name, t in tensors.items():
+            assert np.array_equal(b.read(name), t.numpy()), name
+    with tensorscope.open("hf://org/pinned/model.safetensors") as b:   # opened again: new
+        assert not np.array_equal(b.read("layers.3.weight"), tensors["layers.3.weight"].numpy())
+
+
+def test_hf_scan_gives_the_local_verdicts(hub):
+    server, mixed = hub
+    for name in ("dtypes.pt", "st_torch.safetensors", "mlp.onnx", "evil.bin"):
+        local, far = scan_paths(mixed / name), scan_paths(f"hf://org/mixed/{name}")
+        assert _verdicts(far, f"hf://org/mixed/{name}") == _verdicts(local, str(mixed / name))
+        assert far.exit_code(1) == local.exit_code(1)
+    assert scan_paths("hf://org/mixed").unsafe
+
+
+def test_hf_missing_repo_revision_or_file_is_exit_2(hub, capsys):
+    for url in ("hf://org/nothere/model.safetensors", "hf://org/mixed@v9/dtypes.pt",
+                "hf://org/mixed/nothere.safetensors"):
+        assert main(["inspect", url]) == 2
+        err = capsys.readouterr().err
+        assert url.split("://")[1].split("/")[1].split("@")[0] in err and "Traceback" not in err
+
+
+def test_hf_endpoint_variable_points_the_cli_at_the_server(hub):
+    """The real set-up: `HF_ENDPOINT` in the environment of a fresh process."""
+    import subprocess
+    import sys
+    server, mixed = hub
+    env = {**os.environ, "HF_ENDPOINT": server.endpoint, "HF_HUB_DISABLE_TELEMETRY": "1"}
+    out = subprocess.run([sys.executable, "-m", "tensorscope", "inspect", "hf://org/llama",
+                          "--json"], capture_output=True, text=True, env=env, timeout=120)
+    assert out.returncode == 0, out.stderr
+    doc = json.loads(out.stdout)
+    with tensorscope.open(os.path.join(FIX, "realworld/hf/llama/sharded_st")) as a:
+        assert [t["name"] for t in doc["tensors"]] == [t.name for t in a.tensors]
+    assert doc["fetched"]["objects"] >= 3
+
+
 def test_tui_browses_a_url(fixtures_server):
     import asyncio
 
