@@ -1197,8 +1197,8 @@ class _Walker:
         if known is not None:
             return known
         target = self.resolve(location, where, at)
-        if is_url(target):  # beside a remote model: its size from the server, nothing read
-            with RemoteSource(target) as src:
+        if is_url(target):  # beside a remote model: its size from the server, one byte read
+            with RemoteSource(target, first=1) as src:
                 self.external_files[location] = (target, src.size)
             return target, src.size
         try:

@@ -174,6 +174,22 @@ def test_onnx_walk_asks_for_the_tensors_to_come_in_batches(many_initializers, na
                 assert src.waits <= len(b.tensors) // 5, src.waits
 
 
+def test_onnx_external_data_costs_its_size_only(big_models, tmp_path):
+    """Listing an ONNX model over HTTP asks its external data file for its size (one byte), not
+    for a head of it."""
+    import onnx
+    d, _ = big_models
+    m = onnx.load(str(d / "model.onnx"))
+    onnx.save(m, str(tmp_path / "model.onnx"), save_as_external_data=True,
+              all_tensors_to_one_file=True, location="weights.bin", size_threshold=0)
+    with Server(tmp_path) as s:
+        with tensorscope.open(tmp_path / "model.onnx") as a, \
+                tensorscope.open(s.url("model.onnx")) as b:
+            assert _listing(b) == _listing(a)
+    assert remote.totals()["objects"] == 2
+    assert remote.totals()["bytes"] == os.path.getsize(tmp_path / "model.onnx") + 1
+
+
 def test_scan_of_a_url_opens_it_once(big_models):
     d, _ = big_models
     with Server(d) as s:
