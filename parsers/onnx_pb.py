@@ -1198,7 +1198,7 @@ class _Walker:
             return known
         target = self.resolve(location, where, at)
         if is_url(target):  # beside a remote model: its size from the server, one byte read
-            with RemoteSource(target, first=1) as src:
+            with RemoteSource(target, first_fetch=1) as src:
                 self.external_files[location] = (target, src.size)
             return target, src.size
         try:

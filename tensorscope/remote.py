@@ -462,9 +462,9 @@ class RemoteSource:
         budget: the most bytes this object may fetch.
     """
 
-    def __init__(self, url: str, *, budget: int | None = None, first: int = HEAD_FETCH):
-        """``first``: bytes asked for by the first request, which also learns the size and the
-        version (1 when only those are wanted)."""
+    def __init__(self, url: str, *, budget: int | None = None, first_fetch: int = HEAD_FETCH):
+        """``first_fetch``: bytes asked for by the first request, which also learns the size and
+        the version (1 when only those are wanted)."""
         self.path = url
         self.budget = parse_budget(os.environ.get("TENSORSCOPE_FETCH_BUDGET")) \
             if budget is None else budget
@@ -480,7 +480,7 @@ class RemoteSource:
             else _FSSpec(url)
         try:
             size, first, self.ranges_ok = self._retrying(
-                lambda: self._transport.stat(first, self.budget), 0, first)
+                lambda: self._transport.stat(first_fetch, self.budget), 0, first_fetch)
             if size > MAX_SIZE:
                 raise RemoteError(url, f"the server says the object has {size} bytes: more than "
                                   f"any model file ({MAX_SIZE}), not believed")

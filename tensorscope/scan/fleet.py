@@ -110,7 +110,8 @@ PRELOAD = ("numpy", "tensorscope.parsers.zip_dispatch", "tensorscope.parsers.zip
            "tensorscope.parsers.pickle_vm", "tensorscope.parsers.safetensors",
            "tensorscope.parsers.onnx_pb", "tensorscope.parsers.gguf",
            "tensorscope.parsers.numpy_fmt", "tensorscope.parsers.joblib_arrays",
-           "tensorscope.parsers.compression", "tensorscope.scan.fleet")
+           "tensorscope.parsers.compression",
+           "tensorscope.scan.fleet")   # a forkserver's workers unpickle `_scan_batch` from here
 
 
 def _preload() -> None:
@@ -174,7 +175,7 @@ def _scan_batch(batch, limits) -> list[dict[str, Any]]:
     return [scan_record(path, explicit, limits, ident) for path, explicit, ident in batch]
 
 
-def _run_dask(items, address: str, limits) -> Iterator[dict[str, Any]]:
+def _run_dask(items, address: str, limits) -> Iterator[list[dict[str, Any]]]:
     try:
         from distributed import Client, LocalCluster, as_completed
     except ImportError:
