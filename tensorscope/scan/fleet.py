@@ -104,19 +104,22 @@ def _unchanged(prev: dict[str, Any] | None, ident: dict[str, Any]) -> bool:
 
 # What scanning imports on first use (numpy, the parsers): imported before the workers start,
 # so that each inherits them (fork) or gets them from the server's copy (forkserver) instead of
-# paying ~0.2 s of CPU each for imports a sequential scan pays once.
-PRELOAD = ("numpy", "tensorscope.parsers.zip_dispatch", "tensorscope.parsers.zipfmt",
-           "tensorscope.parsers.torch_zip", "tensorscope.parsers.torch_pickle",
-           "tensorscope.parsers.pickle_vm", "tensorscope.parsers.safetensors",
-           "tensorscope.parsers.onnx_pb", "tensorscope.parsers.gguf",
-           "tensorscope.parsers.numpy_fmt", "tensorscope.parsers.joblib_arrays",
-           "tensorscope.parsers.compression",
-           "tensorscope.scan.fleet")   # a forkserver's workers unpickle `_scan_batch` from here
+# paying ~0.2 s of CPU each for imports a sequential scan pays once. Every format parser, and
+# the modules the scanner reaches into directly; `scan.fleet` itself for a forkserver's workers,
+# which unpickle `_scan_batch` from it.
+_SCANNER_MODULES = ("zipfmt", "torch_zip", "torch_pickle", "pickle_vm", "joblib_arrays",
+                    "compression")
+
+
+def _preload_names() -> list[str]:
+    from ..formats import DIR_PARSERS, FILE_PARSERS
+    names = dict.fromkeys([*FILE_PARSERS, *DIR_PARSERS, *_SCANNER_MODULES])
+    return ["numpy", *(f"tensorscope.parsers.{n}" for n in names), "tensorscope.scan.fleet"]
 
 
 def _preload() -> None:
     import importlib
-    for name in PRELOAD:
+    for name in _preload_names():
         try:
             importlib.import_module(name)
         except ImportError:  # an optional part missing here is missing in a sequential scan too
@@ -142,7 +145,7 @@ def _run_processes(items, jobs: int, limits) -> Iterator[list[dict[str, Any]]]:
         method = "forkserver" if "forkserver" in methods else "spawn"
     ctx = multiprocessing.get_context(method)
     if method == "forkserver":
-        ctx.set_forkserver_preload(list(PRELOAD))
+        ctx.set_forkserver_preload(_preload_names())
     batches = _batches(items, jobs)
     with ProcessPoolExecutor(jobs, mp_context=ctx) as pool:
         # at most two batches per worker in flight: results stream back as batches finish, and
