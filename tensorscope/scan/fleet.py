@@ -34,10 +34,11 @@ __all__ = ["identity", "scan_record", "scan_fleet", "load_resume", "file_report"
 
 def identity(path: str) -> dict[str, Any]:
     """``{"size", "version", "mtime_ns"}``: what says the file is still the one scanned.
-    A URL costs one small request (its ETag); a local file one stat."""
+    A URL costs one request for one byte (its size and ETag come with it); a local file one
+    stat."""
     if remote.is_url(path):
         try:
-            with remote.RemoteSource(path) as src:
+            with remote.RemoteSource(path, first_fetch=1) as src:
                 return {"size": src.size, "version": src.version, "mtime_ns": None}
         except (OSError, TensorscopeError):
             return {"size": None, "version": None, "mtime_ns": None}
