@@ -393,6 +393,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.quick:
         common.CACHE = Path(cache)
     files = 40 if args.quick else args.files
+    from run import _compile_package
+    _compile_package()   # as run.py does: no process recompiles the package (PYTHONDONTWRITEBYTECODE)
     t0 = time.perf_counter()
     folder = prepare(cache, args.quick, files, remote=not args.skip_remote)
     print(f"inputs ready in {time.perf_counter() - t0:.0f} s", file=sys.stderr)

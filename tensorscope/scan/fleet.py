@@ -169,9 +169,9 @@ def _run_processes(items, jobs: int, limits) -> Iterator[list[dict[str, Any]]]:
 
 def _batches(items: list, workers: int) -> list[list]:
     """Chunks of the plan, one task each: a task costs a round trip to a worker and a small
-    file ~1 ms of scanning, so a task holds many files; small enough (~1/16 of a worker's
-    share, at most 64 files) that the last ones finish together."""
-    size = max(1, min(64, len(items) // (workers * 16)))
+    file ~1 ms of scanning, so a task holds many files; small enough (~1/32 of a worker's
+    share, at most 64 files) that the workers' last tasks end within a few ms of each other."""
+    size = max(1, min(64, len(items) // (workers * 32)))
     return [items[i:i + size] for i in range(0, len(items), size)]
 
 
