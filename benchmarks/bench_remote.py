@@ -336,7 +336,8 @@ def render(result: dict) -> str:
                   "45% torch zip, 45% safetensors, 9% ONNX, 1% with a pickle payload). Whole "
                   "`tensorscope scan FOLDER --json` processes (interpreter start and imports "
                   "included), the three runs in turn, one warm-up round then the median of "
-                  f"{result.get('repeat', '?')}; CPU is the process and its workers:", "",
+                  f"{len(f.get('jobs1', {}).get('walls', ())) or '?'}; CPU is the process and "
+                  "its workers:", "",
                   "| run | wall | files/s | CPU | runs | verdicts |", "|---|---:|---:|---:|---|---|"]
         for label, text in (("jobs1", "`--jobs 1`"), ("jobs2", "`--jobs 2`"),
                             ("dask_local", "`--dask local` (cluster start included)")):
