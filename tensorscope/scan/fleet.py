@@ -7,7 +7,10 @@ and returns a JSON-ready dict; it touches no shared state, so it maps onto any e
 `scan_fleet` plans the files exactly as `scan_paths` does (`walk.plan`: same walk, same
 de-duplication, ONNX models first), runs the records on ``jobs`` processes or a Dask cluster,
 writes each record as it finishes, and folds them into the same `ScanReport` (`report.merge`):
-the verdicts are those of a sequential scan.
+the verdicts are those of a sequential scan. Work goes out in batches of files (a task per file
+would cost as much in round trips to the workers as a small file costs to scan), and the
+processes start with the parsers already imported (`_run_processes`), so that N workers do the
+CPU work of one sequential scan.
 
 A JSON line: ``{"path", "size", "version" (ETag or content hash for a URL, else null),
 "mtime_ns" (local files), "scanned", "error", "severity" (worst, null when none), "findings"
