@@ -55,6 +55,20 @@ def _int_items(values: tuple) -> bool:
     return not values or set(map(type, values)) == _INT_ONLY
 
 
+_new = object.__new__
+_set = object.__setattr__
+
+
+def shared_stride(shape: tuple[int, ...]) -> tuple[int, ...]:
+    """`contiguous_stride`, one shared tuple per shape (checkpoints repeat a few shapes)."""
+    stride = _STRIDES.get(shape)
+    if stride is None:
+        stride = contiguous_stride(shape)
+        if len(_STRIDES) < 4096:
+            _STRIDES[shape] = stride
+    return stride
+
+
 def contiguous_stride(shape: tuple[int, ...]) -> tuple[int, ...]:
     """C-order strides in elements."""
     stride, acc = [], 1
@@ -156,6 +170,35 @@ class TensorInfo:
         if type(extras) is not FrozenDict:
             set_(self, "extras", FrozenDict(extras) if extras else _EMPTY)
 
+    @classmethod
+    def trusted(cls, name: str, dtype: str, shape: tuple[int, ...], stride: tuple[int, ...],
+                storage_offset: int, byte_offset: int | None, nbytes: int, file: str,
+                storage_key: str | None, storage_nbytes: int | None, path: tuple[str, ...],
+                source_format: str, role: str, chunks: tuple, extras: Mapping[str, Any],
+                has_data: bool = True) -> "TensorInfo":
+        """A record from fields a parser has already checked, without `__post_init__`'s checks
+        (half the cost of a record, paid 10^5-10^6 times per checkpoint): ``shape`` and ``stride``
+        tuples of ints of one length, ``dtype`` a canonical name, ``nbytes`` computed, ``path``
+        non-empty, ``extras`` a `FrozenDict` (shared ones are fine: they are read-only)."""
+        self = _new(cls)
+        _set(self, "name", name)
+        _set(self, "dtype", dtype)
+        _set(self, "shape", shape)
+        _set(self, "stride", stride)
+        _set(self, "storage_offset", storage_offset)
+        _set(self, "byte_offset", byte_offset)
+        _set(self, "nbytes", nbytes)
+        _set(self, "file", file)
+        _set(self, "storage_key", storage_key)
+        _set(self, "storage_nbytes", storage_nbytes)
+        _set(self, "path", path)
+        _set(self, "source_format", source_format)
+        _set(self, "role", role)
+        _set(self, "chunks", chunks)
+        _set(self, "extras", extras)
+        _set(self, "has_data", has_data)
+        return self
+
     @property
     def numel(self) -> int:
         return math.prod(self.shape)
@@ -256,9 +299,9 @@ def _extras_text(extras: Mapping[str, Any]) -> str | None:
         t = type(v)
         if t is str:
             text = _str_json(v)
-        elif t is list:
+        elif t is list or t is tuple:   # a tuple is written as a list, as the encoder does
             if v and set(map(type, v)) == _INT_ONLY:
-                text = list.__repr__(v)   # "[32, 64]": what the encoder writes for ints
+                text = "[" + ", ".join(map(int.__repr__, v)) + "]"   # "[32, 64]", as the encoder
             else:
                 items = [_scalar_json(x) for x in v]
                 if None in items:
@@ -272,31 +315,56 @@ def _extras_text(extras: Mapping[str, Any]) -> str | None:
     return '"extras": {' + ", ".join(parts) + "}, "
 
 
-def json_text(t: "TensorInfo") -> str | None:
-    """``t.to_dict()`` as sorted-key JSON text, or None when the record needs the general encoder
-    (chunks, no data, extras other than scalars and flat lists of str/int)."""
-    if t.chunks or not t.has_data:
-        return None
-    bo = t.byte_offset
-    if (bo is not None and type(bo) is not int) or type(t.storage_offset) is not int \
-            or type(t.nbytes) is not int:
+# A row's text is a template per kind of record (dtype, shape, stride, file, format, role, size,
+# extras object: a checkpoint has a handful) around the fields that vary per tensor (name, path,
+# byte offset, storage key and offset). The extras object is keyed by identity and kept
+# referenced by its entry, so that its id cannot be reused while the entry exists; per-record
+# extras (not shared) stop filling the table at `_ROWS_MAX` and are then encoded per row.
+_ROWS: dict[tuple, tuple | None] = {}
+_ROWS_MAX = 4096
+
+
+def _row_parts(t: "TensorInfo") -> tuple | None:
+    """(text up to the name, text from the name to the path, the role, the shape and
+    storage_key's key) for `json_text`, or None when the record needs the general encoder."""
+    if type(t.nbytes) is not int:
         return None
     extras = t.extras
     ex = _extras_text(extras) if extras else ""
     if ex is None:
         return None
-    shape, path = t.shape, t.path
-    name = _str_json(t.name)
+    shape = t.shape
+    head = (f'"dtype": {_cached(t.dtype)}, {ex}"file": {_cached(t.file)}, '
+            f'"format": {_cached(t.source_format)}, "name": ')
+    mid = f', "nbytes": {int.__repr__(t.nbytes)}, "numel": {int.__repr__(math.prod(shape))}, "path": '
+    tail = (f', "role": {_cached(t.role)}, "shape": {_cached(shape)}, "storage_key": ')
+    return head, mid, tail, f', "stride": {_cached(t.stride)}}}', extras
+
+
+def json_text(t: "TensorInfo") -> str | None:
+    """``t.to_dict()`` as sorted-key JSON text, or None when the record needs the general encoder
+    (chunks, no data, extras other than scalars and flat lists of str/int)."""
+    if t.chunks or not t.has_data:
+        return None
+    extras = t.extras
+    key = (t.dtype, t.shape, t.stride, t.file, t.source_format, t.role, t.nbytes, id(extras))
+    parts = _ROWS.get(key, False)
+    if parts is False:
+        parts = _row_parts(t)
+        if len(_ROWS) < _ROWS_MAX:
+            _ROWS[key] = parts
+    if parts is None:
+        return None
+    bo, so, sk = t.byte_offset, t.storage_offset, t.storage_key
+    if (bo is not None and type(bo) is not int) or type(so) is not int:
+        return None
+    name, path = _str_json(t.name), t.path
     path_text = "[" + name + "]" if len(path) == 1 and path[0] == t.name else \
         "[" + ", ".join(map(_str_json, path)) + "]"
-    key = t.storage_key
-    return (f'{{"byte_offset": {"null" if bo is None else int.__repr__(bo)}, '
-            f'"dtype": {_cached(t.dtype)}, {ex}"file": {_cached(t.file)}, '
-            f'"format": {_cached(t.source_format)}, "name": {name}, '
-            f'"nbytes": {int.__repr__(t.nbytes)}, "numel": {int.__repr__(math.prod(shape))}, '
-            f'"path": {path_text}, "role": {_cached(t.role)}, "shape": {_cached(shape)}, '
-            f'"storage_key": {"null" if key is None else _str_json(key)}, '
-            f'"storage_offset": {int.__repr__(t.storage_offset)}, "stride": {_cached(t.stride)}}}')
+    head, mid, tail, stride, _ = parts
+    return ('{"byte_offset": ' + ("null" if bo is None else int.__repr__(bo)) + ", " + head + name
+            + mid + path_text + tail + ("null" if sk is None else _str_json(sk))
+            + ', "storage_offset": ' + int.__repr__(so) + stride)
 
 
 def _plain_extras(extras: Mapping[str, Any]) -> dict:
@@ -309,7 +377,7 @@ def _plain_extras(extras: Mapping[str, Any]) -> dict:
             return _jsonable(dict(extras))
         if t in _SCALAR_TYPES:
             out[k] = v
-        elif t is list and set(map(type, v)) <= _SCALAR_TYPES:
+        elif (t is list or t is tuple) and set(map(type, v)) <= _SCALAR_TYPES:
             out[k] = [*v]
         else:
             return _jsonable(dict(extras))

@@ -92,7 +92,7 @@ def test_sharded_safetensors_list_what_safe_open_reads(checkpoint):
             file, st_dtype, shape, raw = seen[info.name]
             assert info.file.endswith(file)
             assert info.extras["safetensors_dtype"] == st_dtype
-            assert list(info.shape) == shape == info.extras["header_shape"]
+            assert list(info.shape) == shape == list(info.extras["header_shape"])
             assert _file_bytes(model, info) == raw, info.name
         assert not model.evidence.anomalies
 
