@@ -33,6 +33,7 @@ Public: ``FORMAT``, ``sniff_dir(path)``, ``open_dir(path)``, ``open_index(path)`
 from __future__ import annotations
 
 import json
+import operator
 import os
 import re
 from typing import Any
@@ -200,30 +201,59 @@ def _read_index(path: str) -> tuple[dict, dict, list[str]]:
                 raw = f.read(size + 1)  # not INDEX_MAX + 1: read() allocates what it asks for
     except OSError as e:
         raise _fail(f"cannot read the index: {e.strerror}", path) from None
+    doc = _loads_index(raw, path, None)
     dups: list[str] = []
+    if json.detect_encoding(raw) != "utf-8" or _string_count(raw) != _strings(doc):
+        # a key appeared twice (or UTF-16/32 text, not counted): read again to name them
+        def pairs(items):
+            d = {}
+            for k, v in items:
+                if k in d:
+                    dups.append(k)
+                d[k] = v
+            return d
+        doc = _loads_index(raw, path, pairs)
+    if not isinstance(doc, dict) or not isinstance(doc.get("weight_map"), dict):
+        raise _fail('index has no "weight_map" object', path)
+    wm = doc["weight_map"]
+    if set(map(type, wm.values())) - {str}:
+        k, v = next((k, v) for k, v in wm.items() if not isinstance(v, str))
+        raise _fail(f"weight_map[{k!r}] is {type(v).__name__}, not a shard file name", path)
+    meta = doc.get("metadata") if isinstance(doc.get("metadata"), dict) else {}
+    return wm, meta, dups
 
-    def pairs(items):
-        d = {}
-        for k, v in items:
-            if k in d:
-                dups.append(k)
-            d[k] = v
-        return d
+
+def _loads_index(raw: bytes, path: str, pairs) -> Any:
     try:
-        doc = json.loads(raw, object_pairs_hook=pairs)
+        return json.loads(raw, object_pairs_hook=pairs)
     except RecursionError:
         raise _fail("index JSON nests too deeply", path) from None
     except ValueError as e:
         pos = getattr(e, "pos", None)
         raise _fail(f"invalid index JSON: {e}", path, pos if isinstance(pos, int) else None) from None
-    if not isinstance(doc, dict) or not isinstance(doc.get("weight_map"), dict):
-        raise _fail('index has no "weight_map" object', path)
-    wm = doc["weight_map"]
-    for k, v in wm.items():
-        if not isinstance(v, str):
-            raise _fail(f"weight_map[{k!r}] is {type(v).__name__}, not a shard file name", path)
-    meta = doc.get("metadata") if isinstance(doc.get("metadata"), dict) else {}
-    return wm, meta, dups
+
+
+# Duplicate keys, without a Python hook per object (a 1M-tensor index is one object of 10^6
+# pairs): json keeps the last value of a repeated key, so the parsed document then holds fewer
+# strings (keys and string values) than the text. Counted in C: without a backslash every quote
+# delimits a string; with one, a regex skips the escaped quotes.
+_STRING = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"')
+
+
+def _string_count(raw: bytes) -> int:
+    return raw.count(b'"') // 2 if b"\\" not in raw else len(_STRING.findall(raw))
+
+
+def _strings(v: Any) -> int:
+    """Strings (keys and values) in a parsed JSON value; a weight_map's are counted in C."""
+    if isinstance(v, dict):
+        vals = v.values()
+        if set(map(type, vals)) <= {str}:
+            return 2 * len(v)
+        return len(v) + sum(map(_strings, vals))
+    if isinstance(v, list):
+        return sum(map(_strings, v))
+    return isinstance(v, str)
 
 
 class _Merger:
@@ -257,41 +287,29 @@ def _from_index(index: str, folder: str, root: str) -> ModelFile:
     model = merger.model
     model.files.append(index)
     try:
-        order: list[str] = []
-        first: dict[str, str] = {}
-        for tname, shard in wm.items():
-            if shard not in first:
-                first[shard] = tname
-                order.append(shard)
+        shards = list(wm.values())
+        order = list(dict.fromkeys(shards))                     # in first-mapped order
+        first = dict(zip(reversed(shards), reversed(wm)))       # shard -> first tensor mapped
         for shard in order:
             merger.add(shard, _open_shard(folder, root, shard, index,
                                           f"(named by the index for {first[shard]!r})"))
+        del first
         for name in dups:
             model.evidence.add("sharded.duplicate_key", f"weight_map names {name!r} twice; the "
                                "last entry wins", file=index)
-        mapped = set(wm)
-        by_name = {shard: merger.opened[shard]._by_name() for shard in order}
-        for tname, shard in wm.items():
-            t = by_name[shard].get(tname)
-            if t is None:
-                raise _fail(f"tensor {tname!r} is mapped to shard {shard}, which does not hold it",
-                            index)
-            model.tensors.append(t)
-        for shard in order:
-            for t in merger.opened[shard].tensors:
-                if t.name not in mapped:
-                    model.evidence.add("sharded.unmapped_tensor", f"shard {shard} holds {t.name!r}, "
-                                       "which the index does not map (transformers loads it anyway)",
-                                       file=index)
-                    model.tensors.append(t)
-                elif wm[t.name] != shard:
-                    model.evidence.add("sharded.duplicate_tensor", f"{t.name!r} is in shard {shard} "
-                                       f"too; the index maps it to {wm[t.name]}", file=index)
+        subs = [merger.opened[shard] for shard in order]
+        tensors = _mapped(wm, shards, order, subs)
+        exact = tensors is not None
+        if not exact:
+            tensors = _mapped_slowly(wm, order, merger.opened, model.evidence, index)
+        model.tensors = tensors
         total = imeta.get("total_size")
-        # One storage under two names (tied weights) is counted once, as transformers does.
-        spans = {(t.file, t.byte_offset, t.nbytes) if t.byte_offset is not None else id(t): t.nbytes
-                 for t in model.tensors[:len(wm)]}
-        mapped_bytes = sum(spans.values())
+        if exact and all(sub.format == "safetensors" for sub in subs):
+            mapped_bytes = sum(map(_nbytes, tensors))   # safetensors tiles: no shared bytes
+        else:   # one storage under two names (tied weights) counts once, as in transformers
+            spans = {(t.file, t.byte_offset, t.nbytes) if t.byte_offset is not None else id(t):
+                     t.nbytes for t in tensors[:len(wm)]}
+            mapped_bytes = sum(spans.values())
         if isinstance(total, int) and not isinstance(total, bool) and total != mapped_bytes:
             model.evidence.add("sharded.total_size_mismatch", f"index total_size is {total}, the "
                                f"mapped tensors take {mapped_bytes} bytes", file=index)
@@ -301,6 +319,56 @@ def _from_index(index: str, folder: str, root: str) -> ModelFile:
     except BaseException:
         merger.close()
         raise
+
+
+_name = operator.attrgetter("name")
+_file = operator.attrgetter("file")
+_nbytes = operator.attrgetter("nbytes")
+
+
+def _mapped(wm: dict, shards: list[str], order: list[str], subs: list[ModelFile]) -> list | None:
+    """The records in index order when every mapped tensor is in its shard and the shards hold
+    nothing else, each name once (checked in C over whole columns); else None."""
+    records: dict[str, Any] = {}
+    shard_of: dict[str, str] = {}   # record file -> shard
+    held = 0
+    for shard, sub in zip(order, subs):
+        records.update(zip(map(_name, sub.tensors), sub.tensors))
+        held += len(sub.tensors)
+        for f in set(map(_file, sub.tensors)):
+            if shard_of.setdefault(f, shard) != shard:
+                return None
+    if not len(records) == held == len(wm) or records.keys() != wm.keys():
+        return None
+    tensors = list(map(records.__getitem__, wm))
+    if list(map(shard_of.__getitem__, map(_file, tensors))) != shards:
+        return None
+    return tensors
+
+
+def _mapped_slowly(wm: dict, order: list[str], opened: dict[str, ModelFile], evidence,
+                   index: str) -> list:
+    """`_mapped` one tensor at a time: the error or the anomalies (tensors in no shard, in a
+    shard the map does not name, or in two shards)."""
+    tensors = []
+    by_name = {shard: opened[shard]._by_name() for shard in order}
+    for tname, shard in wm.items():
+        t = by_name[shard].get(tname)
+        if t is None:
+            raise _fail(f"tensor {tname!r} is mapped to shard {shard}, which does not hold it",
+                        index)
+        tensors.append(t)
+    for shard in order:
+        for t in opened[shard].tensors:
+            if t.name not in wm:
+                evidence.add("sharded.unmapped_tensor", f"shard {shard} holds {t.name!r}, "
+                             "which the index does not map (transformers loads it anyway)",
+                             file=index)
+                tensors.append(t)
+            elif wm[t.name] != shard:
+                evidence.add("sharded.duplicate_tensor", f"{t.name!r} is in shard {shard} "
+                             f"too; the index maps it to {wm[t.name]}", file=index)
+    return tensors
 
 
 def _from_shards(folder: str, root: str, key: tuple[str, str, str], names: list[str]) -> ModelFile:

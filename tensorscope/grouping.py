@@ -8,6 +8,8 @@ groups the same way everywhere.
 """
 from __future__ import annotations
 
+import re
+
 __all__ = ["components", "group_key", "group_indices", "index_ranges", "range_labels",
            "describe_ranges", "layer_key", "module_key", "GroupCollector"]
 
@@ -23,14 +25,31 @@ def components(name: str, path: tuple[str, ...] = ()) -> tuple[str, ...]:
     return tuple(out)
 
 
+# An all-digit (ASCII) component, in a name given a leading dot: a dot, digits, then the end
+# or a dot. One regex call per name instead of a loop over its components (10^5-10^6 names per
+# checkpoint); the literal dot lets the regex engine skip to candidates (1.6x faster than
+# look-behind for "start or dot").
+_INDEX = re.compile(r"\.([0-9]+)(?![^.])")
+
+
+def _dotted(name: str, path: tuple[str, ...]) -> str:
+    """``.`` and the components joined by dots (what `components` splits)."""
+    return "." + (".".join(path) if len(path) > 1 else (path[0] if path else name))
+
+
+def _split(name: str, path: tuple[str, ...]) -> list[str]:
+    """[text, index, text, index, ..., text]; the texts keep no dot next to an index."""
+    return _INDEX.split(_dotted(name, path))
+
+
 def group_key(name: str, path: tuple[str, ...] = ()) -> str:
     """``model.layers.3.mlp.experts.17.up_proj.weight`` -> ``model.layers.#.mlp.experts.#.up_proj.weight``."""
-    return ".".join("#" if c.isdigit() and c.isascii() else c for c in components(name, path))
+    return ".#".join(_split(name, path)[::2])[1:]
 
 
 def group_indices(name: str, path: tuple[str, ...] = ()) -> tuple[int, ...]:
     """The numeric components of a name, in order (``(3, 17)`` for the example above)."""
-    return tuple(int(c) for c in components(name, path) if c.isdigit() and c.isascii())
+    return tuple(map(int, _split(name, path)[1::2]))
 
 
 def index_ranges(indices: list[tuple[int, ...]]) -> list[tuple[int, int, int]]:
@@ -97,8 +116,9 @@ def module_key(name: str, path: tuple[str, ...] = ()) -> str:
 class GroupCollector:
     """Streaming grouping: feed tensors once, read groups in first-seen order.
 
-    A group is (pattern, dtype, shape); it keeps its count, its first member's name and the index
-    ranges seen, never the whole member list (a million tensors stay a few thousand groups).
+    A group is (pattern, dtype, shape); it keeps its count, its first member's name and the
+    index values seen per ``#`` position (as the digit strings: converted once, at the end),
+    never the whole member list (a million tensors stay a few thousand groups).
     """
 
     __slots__ = ("_groups",)
@@ -108,26 +128,20 @@ class GroupCollector:
 
     def add(self, name: str, dtype: str, shape: tuple[int, ...], nbytes: int = 0,
             path: tuple[str, ...] = ()) -> None:
-        parts = (path[0] if path else name).split(".") if len(path) <= 1 else components(name, path)
-        # list comprehensions, not a loop with appends: this runs once per tensor (10^5-10^6)
-        digits = [c for c in parts if c.isdigit() and c.isascii()]
-        if digits:
-            parts = ["#" if c.isdigit() and c.isascii() else c for c in parts]
-        key = (".".join(parts), dtype, tuple(shape))
+        # runs once per tensor: one regex split gives the pattern's pieces and the indices
+        parts = _INDEX.split("." + (".".join(path) if len(path) > 1 else (path[0] if path else name)))
+        digits = parts[1::2]
+        key = (".#".join(parts[::2])[1:] if digits else parts[0][1:], dtype,
+               shape if type(shape) is tuple else tuple(shape))
         g = self._groups.get(key)
-        idx = [int(c) for c in digits]
         if g is None:
-            # count, bytes, first name, per-position [lo, hi, seen-set]
-            self._groups[key] = [1, nbytes, name, [[i, i, {i}] for i in idx]]
+            # count, bytes, first name, per-position set of the digit strings seen
+            self._groups[key] = [1, nbytes, name, [{d} for d in digits]]
             return
         g[0] += 1
         g[1] += nbytes
-        for r, i in zip(g[3], idx):
-            if i < r[0]:
-                r[0] = i
-            elif i > r[1]:
-                r[1] = i
-            r[2].add(i)
+        for seen, d in zip(g[3], digits):
+            seen.add(d)
 
     def __len__(self) -> int:
         return len(self._groups)
@@ -135,6 +149,7 @@ class GroupCollector:
     def groups(self):
         """Yields dicts: pattern, dtype, shape, count, bytes, first, ranges [(lo, hi, distinct)]."""
         for (pattern, dtype, shape), (count, nbytes, first, ranges) in self._groups.items():
+            values = [set(map(int, seen)) for seen in ranges]   # "07" and "7" are one index
             yield {"pattern": pattern, "dtype": dtype, "shape": list(shape), "count": count,
                    "bytes": nbytes, "first": first,
-                   "ranges": [(lo, hi, len(seen)) for lo, hi, seen in ranges]}
+                   "ranges": [(min(v), max(v), len(v)) for v in values]}
