@@ -197,7 +197,10 @@ def _header_text(src: ByteSource) -> tuple[int, str]:
     if 8 + n > src.size:
         raise SafetensorsError(f"truncated: the header (length {n}) needs {8 + n} bytes, the file "
                                f"ends at {src.size}", file=path, offset=0)
-    raw = src.view(8, n, "header", fmt=FORMAT)
+    # A local file's header is read with a system call, not through the map: the pages it
+    # spans would otherwise stay resident (10 shards of 10^5 tensors: 11 MB of RSS).
+    pread = getattr(src, "pread", None)
+    raw = pread(8, n) if pread is not None else src.view(8, n, "header", fmt=FORMAT)
     try:
         text = str(raw, "utf-8")
     except UnicodeDecodeError as e:

@@ -127,6 +127,8 @@ def outside_allowlist(model) -> list[tuple[str, str]]:
     """``(dotted global, category)`` for every global the parse's pickles referenced that
     torch's weights-only allowlist does not hold and that is not torch's own framework code:
     denied names first, then unknown ones. Read from the evidence the parse already recorded."""
+    if not any(getattr(rec.result, "globals", None) for rec in model.evidence.pickles):
+        return []   # no pickle named a global (safetensors, GGUF ...): no policy to load
     from ..policy import DENIED, UNKNOWN, classify
     seen: dict[tuple, object] = {}
     for rec in model.evidence.pickles:
