@@ -201,10 +201,15 @@ def _read_index(path: str) -> tuple[dict, dict, list[str]]:
                 raw = f.read(size + 1)  # not INDEX_MAX + 1: read() allocates what it asks for
     except OSError as e:
         raise _fail(f"cannot read the index: {e.strerror}", path) from None
+    encoding = json.detect_encoding(raw)
+    strings = _string_count(raw) if encoding == "utf-8" else -1   # UTF-16/32: not counted
+    try:   # decoded as json.loads decodes bytes, and the bytes dropped (a 1M index: 90 MB)
+        raw = raw.decode(encoding, "surrogatepass")
+    except ValueError as e:
+        raise _fail(f"invalid index JSON: {e}", path) from None
     doc = _loads_index(raw, path, None)
     dups: list[str] = []
-    if json.detect_encoding(raw) != "utf-8" or _string_count(raw) != _strings(doc):
-        # a key appeared twice (or UTF-16/32 text, not counted): read again to name them
+    if strings != _strings(doc):   # a key appeared twice: read again to name it
         def pairs(items):
             d = {}
             for k, v in items:
@@ -220,6 +225,9 @@ def _read_index(path: str) -> tuple[dict, dict, list[str]]:
         k, v = next((k, v) for k, v in wm.items() if not isinstance(v, str))
         raise _fail(f"weight_map[{k!r}] is {type(v).__name__}, not a shard file name", path)
     meta = doc.get("metadata") if isinstance(doc.get("metadata"), dict) else {}
+    # json makes a string per value: one per shard name instead (a 1M index: 80 MB less)
+    canon: dict[str, str] = {}
+    wm = dict(zip(wm, map(canon.setdefault, wm.values(), wm.values())))
     return wm, meta, dups
 
 

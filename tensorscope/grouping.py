@@ -143,6 +143,25 @@ class GroupCollector:
         for seen, d in zip(g[3], digits):
             seen.add(d)
 
+    def add_tensors(self, tensors) -> None:
+        """`add` for each `TensorInfo` (its bytes when it has data): one loop here instead of a
+        call per tensor."""
+        groups, split = self._groups, _INDEX.split
+        for t in tensors:
+            path = t.path
+            parts = split("." + (".".join(path) if len(path) > 1 else (path[0] if path else t.name)))
+            digits = parts[1::2]
+            key = (".#".join(parts[::2])[1:] if digits else parts[0][1:], t.dtype, t.shape)
+            g = groups.get(key)
+            nbytes = t.nbytes if t.has_data else 0
+            if g is None:
+                groups[key] = [1, nbytes, t.name, [{d} for d in digits]]
+                continue
+            g[0] += 1
+            g[1] += nbytes
+            for seen, d in zip(g[3], digits):
+                seen.add(d)
+
     def __len__(self) -> int:
         return len(self._groups)
 

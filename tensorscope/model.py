@@ -351,7 +351,15 @@ def _row_parts(t: "TensorInfo") -> tuple | None:
 
 def json_text(t: "TensorInfo") -> str | None:
     """``t.to_dict()`` as sorted-key JSON text, or None when the record needs the general encoder
-    (chunks, no data, extras other than scalars and flat lists of str/int)."""
+    (chunks, no data, extras other than scalars and flat lists of str/int, a field of an
+    unexpected type: the encoder then says what it is)."""
+    try:
+        return _json_text(t)
+    except TypeError:
+        return None
+
+
+def _json_text(t: "TensorInfo") -> str | None:
     if t.chunks or not t.has_data:
         return None
     extras = t.extras

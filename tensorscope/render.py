@@ -5,6 +5,7 @@ Only `tensorscope/cli.py`, `tensorscope/commands/` and `tui/` present; the libra
 from __future__ import annotations
 
 import contextlib
+import itertools
 import json
 import os
 import shutil
@@ -74,18 +75,15 @@ def emit_json_stream(doc: dict, key: str, rows: Iterable[Any], batch: int = 2048
     head = encode(doc)
     write = sys.stdout.write
     write(head[:-1] + (", " if doc else "") + json.dumps(key) + ": [")
-    pending: list[str] = []
-    first = True
-    for row in rows:
-        text = to_text(row) if to_text else None
-        pending.append(text if text is not None else
-                       encode(to_dict(row) if to_dict else row))
-        if len(pending) == batch:
-            write(("" if first else ", ") + ", ".join(pending))
-            pending.clear()
-            first = False
-    if pending:
-        write(("" if first else ", ") + ", ".join(pending))
+    rows = iter(rows)
+    sep = ""
+    while chunk := list(itertools.islice(rows, batch)):
+        texts = list(map(to_text, chunk)) if to_text else [None] * len(chunk)
+        if None in texts:   # the rows the fast path left to the encoder
+            texts = [encode(to_dict(r) if to_dict else r) if x is None else x
+                     for r, x in zip(chunk, texts)]
+        write(sep + ", ".join(texts))
+        sep = ", "
     write("]}\n")
 
 

@@ -321,13 +321,20 @@ def test_group_collector_agrees_with_the_one_name_functions():
              ("blocks.0.attn.q", ("blocks", "0", "attn.q")),
              ("blocks.4.attn.q", ("blocks", "4", "attn.q")),
              ("x.².w", ()), ("x.1.w", ()), ("alias", ("h.7.w",)), ("alias2", ("h.2.w",)),
-             ("0.1", ())]
+             ("h.07.w", ()), ("0.1", ()), ("a..3.", ()), ("9", ())]
     c = GroupCollector()
     expect: dict[str, list] = {}
     for name, path in items:
         c.add(name, "float32", (2,), 8, path)
         expect.setdefault(group_key(name, path), []).append((name, group_indices(name, path)))
     got = {g["pattern"]: g for g in c.groups()}
+    # add_tensors (the loop inspect runs over records) groups exactly as add
+    from tensorscope.model import TensorInfo
+    records = GroupCollector()
+    records.add_tensors([TensorInfo(name, "float32", (2,), path=path) for name, path in items])
+    assert list(records.groups()) == list(c.groups())
+    assert got["h.#.w"]["ranges"] == [(2, 7, 2)]   # "07" and "7" are one index
+    assert set(got) >= {"a..#.", "#", "#.#"}
     assert set(got) == set(expect)
     for pattern, members in expect.items():
         g = got[pattern]
