@@ -9,6 +9,8 @@ groups the same way everywhere.
 from __future__ import annotations
 
 import re
+from operator import itemgetter
+from typing import Any
 
 __all__ = ["components", "group_key", "group_indices", "index_ranges", "range_labels",
            "describe_ranges", "layer_key", "module_key", "GroupCollector"]
@@ -113,6 +115,39 @@ def module_key(name: str, path: tuple[str, ...] = ()) -> str:
     return ".".join("#" if c.isdigit() and c.isascii() else c for c in tail)
 
 
+# The pattern of a name depends only on where its digits are: names with the same skeleton
+# (digits turned into NUL: for an ASCII name, a C call on its bytes, 10x faster than the regex)
+# have the same pattern and their indices at the same offsets, read with one itemgetter of
+# slices. Other names (non-ASCII, or holding NUL themselves) take the regex.
+_DIGITS_TO_NUL = bytes.maketrans(b"0123456789", b"\0" * 10)
+_SKELETONS: dict[bytes, tuple[str, Any]] = {}
+_SKELETONS_MAX = 4096
+
+
+def _pattern(text: str) -> tuple[str, tuple[str, ...]]:
+    """(pattern, the index components as digit strings) of a name's dotted text; the skeleton's
+    reader is remembered (`_SKELETONS`)."""
+    parts = _INDEX.split("." + text)
+    digits = tuple(parts[1::2])
+    pattern = ".#".join(parts[::2])[1:]
+    if _cacheable(text) and len(_SKELETONS) < _SKELETONS_MAX:
+        slices, pos = [], -1            # offsets in ``text`` (the split ran on "." + text)
+        for k, part in enumerate(parts):
+            if k % 2:
+                slices.append(slice(pos + 1, pos + 1 + len(part)))
+                pos += 1 + len(part)
+            else:
+                pos += len(part)
+        reader = (itemgetter(*slices) if len(slices) > 1 else
+                  (lambda s, one=slices[0]: (s[one],)) if slices else (lambda s: ()))
+        _SKELETONS[text.encode().translate(_DIGITS_TO_NUL)] = (pattern, reader)
+    return pattern, digits
+
+
+def _cacheable(text: str) -> bool:
+    return text.isascii() and "\0" not in text
+
+
 class GroupCollector:
     """Streaming grouping: feed tensors once, read groups in first-seen order.
 
@@ -128,11 +163,11 @@ class GroupCollector:
 
     def add(self, name: str, dtype: str, shape: tuple[int, ...], nbytes: int = 0,
             path: tuple[str, ...] = ()) -> None:
-        # runs once per tensor: one regex split gives the pattern's pieces and the indices
-        parts = _INDEX.split("." + (".".join(path) if len(path) > 1 else (path[0] if path else name)))
-        digits = parts[1::2]
-        key = (".#".join(parts[::2])[1:] if digits else parts[0][1:], dtype,
-               shape if type(shape) is tuple else tuple(shape))
+        pattern, digits = _pattern(".".join(path) if len(path) > 1 else (path[0] if path else name))
+        self._count((pattern, dtype, shape if type(shape) is tuple else tuple(shape)), digits,
+                    nbytes, name)
+
+    def _count(self, key: tuple, digits: tuple[str, ...], nbytes: int, name: str) -> None:
         g = self._groups.get(key)
         if g is None:
             # count, bytes, first name, per-position set of the digit strings seen
@@ -144,14 +179,20 @@ class GroupCollector:
             seen.add(d)
 
     def add_tensors(self, tensors) -> None:
-        """`add` for each `TensorInfo` (its bytes when it has data): one loop here instead of a
-        call per tensor."""
-        groups, split = self._groups, _INDEX.split
+        """`add` for each `TensorInfo` (its bytes when it has data): `_pattern` and `_count`
+        inlined, since this runs once per tensor (10^5-10^6)."""
+        groups, skeletons, translate = self._groups, _SKELETONS, bytes.translate
         for t in tensors:
             path = t.path
-            parts = split("." + (".".join(path) if len(path) > 1 else (path[0] if path else t.name)))
-            digits = parts[1::2]
-            key = (".#".join(parts[::2])[1:] if digits else parts[0][1:], t.dtype, t.shape)
+            text = path[0] if len(path) == 1 else (".".join(path) if path else t.name)
+            got = skeletons.get(translate(text.encode(), _DIGITS_TO_NUL)) \
+                if text.isascii() and "\0" not in text else None
+            if got is None:
+                pattern, digits = _pattern(text)
+            else:
+                pattern, indices = got
+                digits = indices(text)
+            key = (pattern, t.dtype, t.shape)
             g = groups.get(key)
             nbytes = t.nbytes if t.has_data else 0
             if g is None:

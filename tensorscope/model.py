@@ -353,34 +353,55 @@ def json_text(t: "TensorInfo") -> str | None:
     """``t.to_dict()`` as sorted-key JSON text, or None when the record needs the general encoder
     (chunks, no data, extras other than scalars and flat lists of str/int, a field of an
     unexpected type: the encoder then says what it is)."""
-    try:
-        return _json_text(t)
-    except TypeError:
-        return None
+    return json_texts((t,))[0]
 
 
-def _json_text(t: "TensorInfo") -> str | None:
+def json_texts(records) -> list[str | None]:
+    """`json_text` of each record, in one loop (10^5-10^6 rows: no call per row). The parts of
+    a record's kind are looked up again only when it differs from the previous record's."""
+    out: list[str | None] = []
+    append = out.append
+    prev = parts = None
+    for t in records:
+        if not (prev is not None and t.shape is prev.shape and t.extras is prev.extras
+                and t.dtype is prev.dtype and t.file is prev.file and t.stride is prev.stride
+                and t.nbytes == prev.nbytes and t.role is prev.role
+                and t.source_format is prev.source_format and t.has_data and not t.chunks):
+            parts = _parts_of(t)
+            prev = t if parts is not None else None
+            if parts is None:
+                append(None)
+                continue
+        bo, so, sk = t.byte_offset, t.storage_offset, t.storage_key
+        try:
+            if (bo is not None and type(bo) is not int) or type(so) is not int:
+                raise TypeError
+            name, path = _str_json(t.name), t.path
+            path_text = f"[{name}]" if len(path) == 1 and path[0] == t.name else \
+                f'[{", ".join(map(_str_json, path))}]'
+            head, mid, tail, stride, _ = parts
+            append(f'{{"byte_offset": {"null" if bo is None else int.__repr__(bo)}, {head}{name}'
+                   f'{mid}{path_text}{tail}{"null" if sk is None else _str_json(sk)}, '
+                   f'"storage_offset": {int.__repr__(so)}{stride}')
+        except TypeError:
+            append(None)
+    return out
+
+
+def _parts_of(t: "TensorInfo") -> tuple | None:
+    """`_row_parts` of a record's kind, from the table or made (None: the general encoder)."""
     if t.chunks or not t.has_data:
         return None
-    extras = t.extras
-    key = (t.dtype, t.shape, t.stride, t.file, t.source_format, t.role, t.nbytes, id(extras))
+    key = (t.dtype, t.shape, t.stride, t.file, t.source_format, t.role, t.nbytes, id(t.extras))
     parts = _ROWS.get(key, False)
     if parts is False:
-        parts = _row_parts(t)
+        try:
+            parts = _row_parts(t)
+        except TypeError:
+            parts = None
         if len(_ROWS) < _ROWS_MAX:
             _ROWS[key] = parts
-    if parts is None:
-        return None
-    bo, so, sk = t.byte_offset, t.storage_offset, t.storage_key
-    if (bo is not None and type(bo) is not int) or type(so) is not int:
-        return None
-    name, path = _str_json(t.name), t.path
-    path_text = "[" + name + "]" if len(path) == 1 and path[0] == t.name else \
-        "[" + ", ".join(map(_str_json, path)) + "]"
-    head, mid, tail, stride, _ = parts
-    return ('{"byte_offset": ' + ("null" if bo is None else int.__repr__(bo)) + ", " + head + name
-            + mid + path_text + tail + ("null" if sk is None else _str_json(sk))
-            + ', "storage_offset": ' + int.__repr__(so) + stride)
+    return parts
 
 
 def _plain_extras(extras: Mapping[str, Any]) -> dict:

@@ -59,12 +59,12 @@ def emit_json(obj: Any) -> None:
 
 def emit_json_stream(doc: dict, key: str, rows: Iterable[Any], batch: int = 2048,
                      to_dict: Callable[[Any], Any] | None = None,
-                     to_text: Callable[[Any], str | None] | None = None) -> None:
+                     to_texts: Callable[[list], list[str | None]] | None = None) -> None:
     """`emit_json` of ``doc`` plus ``doc[key] = [to_dict(r) for r in rows]``, written batch by
     batch: the rows are encoded ``batch`` at a time and never all held at once. ``key`` must sort
     after every key of ``doc`` (the output is then byte for byte what `emit_json` writes when
-    piped). ``to_text(row)``, when given, returns the row's encoded text (exactly what the encoder
-    would write for ``to_dict(row)``) or None to take the encoder. On a terminal the whole
+    piped). ``to_texts(rows)``, when given, returns each row's encoded text (exactly what the
+    encoder would write for ``to_dict(row)``) or None to take the encoder. On a terminal the whole
     document is indented by `emit_json` instead (a person reads it, not a pipe)."""
     if sys.stdout.isatty():
         emit_json({**doc, key: [to_dict(r) for r in rows] if to_dict else list(rows)})
@@ -78,7 +78,7 @@ def emit_json_stream(doc: dict, key: str, rows: Iterable[Any], batch: int = 2048
     rows = iter(rows)
     sep = ""
     while chunk := list(itertools.islice(rows, batch)):
-        texts = list(map(to_text, chunk)) if to_text else [None] * len(chunk)
+        texts = to_texts(chunk) if to_texts else [None] * len(chunk)
         if None in texts:   # the rows the fast path left to the encoder
             texts = [encode(to_dict(r) if to_dict else r) if x is None else x
                      for r, x in zip(chunk, texts)]

@@ -321,7 +321,8 @@ def test_group_collector_agrees_with_the_one_name_functions():
              ("blocks.0.attn.q", ("blocks", "0", "attn.q")),
              ("blocks.4.attn.q", ("blocks", "4", "attn.q")),
              ("x.².w", ()), ("x.1.w", ()), ("alias", ("h.7.w",)), ("alias2", ("h.2.w",)),
-             ("h.07.w", ()), ("0.1", ()), ("a..3.", ()), ("9", ())]
+             ("h.07.w", ()), ("0.1", ()), ("a..3.", ()), ("9", ()), ("n\0.3.w", ()),
+             ("n\0.12.w", ()), ("é.5.w", ()), ("é.51.w", ())]
     c = GroupCollector()
     expect: dict[str, list] = {}
     for name, path in items:

@@ -11,7 +11,7 @@ from operator import attrgetter
 
 from .. import open as open_model
 from ..errors import TensorscopeError
-from ..model import TensorInfo, json_text
+from ..model import TensorInfo, json_texts
 from ..grouping import GroupCollector, describe_ranges, range_labels
 from ..remote import with_cost
 from ..render import (TextTable, emit_json_stream, human_bytes, human_count, progress,
@@ -183,7 +183,7 @@ def _emit_json(model, tensors, stats, groups):
         emit_json_stream(with_cost(doc), "tensors", tensors, to_dict=lambda t: _stats_row(t, stats))
     else:
         emit_json_stream(with_cost(doc), "tensors", tensors, to_dict=TensorInfo.to_dict,
-                         to_text=json_text)
+                         to_texts=json_texts)
 
 
 
