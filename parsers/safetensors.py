@@ -242,7 +242,7 @@ _STRING = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"')   # a JSON string token, escap
 _get_dtype = operator.itemgetter("dtype")
 _get_shape = operator.itemgetter("shape")
 _get_offsets = operator.itemgetter("data_offsets")
-_first, _second = operator.itemgetter(0), operator.itemgetter(1)
+_first, _second, _nbytes_of = operator.itemgetter(0), operator.itemgetter(1), operator.itemgetter(3)
 _KINDS: dict[tuple[str, tuple[int, ...]], tuple | None] = {}   # (header dtype, shape) -> kind
 
 
@@ -321,12 +321,12 @@ def _fast(header: dict, text: str, path: str, data_start: int) -> tuple[list, di
     if None in kinds.values():
         return None
     per = list(map(kinds.__getitem__, keys))
-    if list(map(operator.sub, ends, begins)) != [k[3] for k in per]:
+    if list(map(operator.sub, ends, begins)) != list(map(_nbytes_of, per)):
         return None
     trusted = TensorInfo.trusted
-    tensors = [trusted(name, k[0], k[1], k[2], 0, data_start + b, k[3], path, None, k[3], (name,),
-                       FORMAT, "tensor", (), k[4])
-               for name, k, b in zip(names, per, begins)]
+    tensors = [trusted(name, dtype, shape, stride, 0, data_start + b, nbytes, path, None, nbytes,
+                       (name,), FORMAT, "tensor", (), extras)
+               for name, (dtype, shape, stride, nbytes, extras), b in zip(names, per, begins)]
     return tensors, (dict(meta) if meta is not None else None)
 
 
