@@ -225,6 +225,10 @@ def _read_index(path: str) -> tuple[dict, dict, list[str]]:
         k, v = next((k, v) for k, v in wm.items() if not isinstance(v, str))
         raise _fail(f"weight_map[{k!r}] is {type(v).__name__}, not a shard file name", path)
     meta = doc.get("metadata") if isinstance(doc.get("metadata"), dict) else {}
+    # json makes a string per value: one per shard name instead, since the map lives until the
+    # shards are merged (100k tensors: 9 MB less at the peak for 0.02 s)
+    canon: dict[str, str] = {}
+    wm = dict(zip(wm, map(canon.setdefault, wm.values(), wm.values())))
     return wm, meta, dups
 
 
