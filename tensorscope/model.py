@@ -243,8 +243,8 @@ class _Trusted:
         self.__class__ = TensorInfo
 
 
-# every field is stored above, in order (a new field must be added there too)
-assert _Trusted.__init__.__code__.co_varnames[1:17] == TensorInfo.__slots__
+if _Trusted.__init__.__code__.co_varnames[1:17] != TensorInfo.__slots__:
+    raise TypeError("_Trusted.__init__ must store every TensorInfo field, in order")
 TensorInfo.trusted = _Trusted
 
 
@@ -333,8 +333,9 @@ _ROWS_MAX = 4096
 
 
 def _row_parts(t: "TensorInfo") -> tuple | None:
-    """(text up to the name, text from the name to the path, the role, the shape and
-    storage_key's key) for `json_text`, or None when the record needs the general encoder."""
+    """The fixed text of a kind's rows, around the fields that vary: (up to the name, from the
+    name to the path, from the path to the storage key, after the storage offset, the extras
+    object kept alive); None when the record needs the general encoder."""
     if type(t.nbytes) is not int:
         return None
     extras = t.extras

@@ -186,8 +186,6 @@ def _emit_json(model, tensors, stats, groups):
                          to_texts=json_texts)
 
 
-
-
 def _stats_row(t, stats):
     row = t.to_dict()
     if t.name in stats:
