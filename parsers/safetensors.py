@@ -236,8 +236,8 @@ def _loads(text: str, path: str, pairs: bool) -> Any:
 # (map, set, list comparisons run in C) instead of one Python loop per entry; each distinct
 # (dtype, shape) is checked once and its record fields (dtype, shape, stride, size, extras)
 # shared by every tensor of that kind. Anything the checks do not accept (a duplicate key,
-# an extra field, holes, tensors out of data order, a bad size) returns None, and `_open`'s
-# general path reads the header again and says exactly what is wrong.
+# an extra field, holes or overlaps, a bad size) returns None, and `_open`'s general path reads
+# the header again and says exactly what is wrong.
 _STRING = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"')   # a JSON string token, escapes included
 _get_dtype = operator.itemgetter("dtype")
 _get_shape = operator.itemgetter("shape")
@@ -275,7 +275,7 @@ def _kind(st_dtype: str, shape: tuple[int, ...]) -> tuple | None:
 def _fast(header: dict, text: str, path: str, data_start: int) -> tuple[list, dict | None] | None:
     """(records in data order, user metadata) of a header whose every entry is exactly
     ``{dtype, shape, data_offsets}``, well typed, without duplicate keys anywhere, tiling the
-    data region in header order; else None."""
+    data region; else None."""
     meta = header.get("__metadata__")
     strings = len(header)
     if meta is not None:
@@ -311,8 +311,13 @@ def _fast(header: dict, text: str, path: str, data_start: int) -> tuple[list, di
     begins, ends = list(map(_first, offsets)), list(map(_second, offsets))
     if set(map(type, begins)) != {int} or set(map(type, ends)) != {int}:
         return None
-    # Tiling in header order (writers sort the header by data offset): first at 0, each begins
-    # where the previous ends, none ends before it begins.
+    if begins[0] != 0 or begins[1:] != ends[:-1]:
+        # Not in data order (older writers sorted the header by name): sorted as the reference
+        # reader sorts, by (begin, end), ties in header order.
+        order = sorted(range(len(names)), key=list(zip(begins, ends)).__getitem__)
+        names, st_dtypes, shapes, begins, ends = (list(map(column.__getitem__, order)) for column
+                                                  in (names, st_dtypes, shapes, begins, ends))
+    # Tiling: first at 0, each begins where the previous ends, none ends before it begins.
     if begins[0] != 0 or begins[1:] != ends[:-1] or not all(map(operator.le, begins, ends)) \
             or ends[-1] >= _U64_LIMIT:
         return None
