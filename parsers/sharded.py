@@ -43,6 +43,8 @@ from tensorscope.errors import FormatError
 from tensorscope.model import ModelFile
 from tensorscope.remote import is_url
 
+from . import safetensors
+
 __all__ = ["FORMAT", "sniff_dir", "open_dir", "open_index", "is_index_file", "single_file"]
 
 FORMAT = "sharded"
@@ -299,9 +301,10 @@ def _from_index(index: str, folder: str, root: str) -> ModelFile:
         shards = list(wm.values())
         order = list(dict.fromkeys(shards))                     # in first-mapped order
         first = dict(zip(reversed(shards), reversed(wm)))       # shard -> first tensor mapped
-        for shard in order:
-            merger.add(shard, _open_shard(folder, root, shard, index,
-                                          f"(named by the index for {first[shard]!r})"))
+        with safetensors.sharing_names(dict(zip(wm, wm))):   # one string per name, not two
+            for shard in order:
+                merger.add(shard, _open_shard(folder, root, shard, index,
+                                              f"(named by the index for {first[shard]!r})"))
         del first
         for name in dups:
             model.evidence.add("sharded.duplicate_key", f"weight_map names {name!r} twice; the "

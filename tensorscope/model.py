@@ -9,6 +9,7 @@ from __future__ import annotations
 import gc
 import json
 import math
+import operator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping
 
@@ -489,6 +490,9 @@ class Evidence:
         self.code.update(other.code)
 
 
+_name_of = operator.attrgetter("name")
+
+
 class ModelFile:
     """One opened model: tensors in saved order, metadata, object tree, evidence.
 
@@ -515,16 +519,20 @@ class ModelFile:
         # Readers for tensors whose values are not a plain strided view (set by parsers).
         self.custom_readers: dict[str, Callable[[], np.ndarray]] = {}
         self._index: dict[str, TensorInfo] | None = None
+        self._indexed: tuple = (None, 0)   # (the tensors list, its length) _index was built from
         # The files a multi-file model was merged from (sharded checkpoints), by path: a scan
         # of the model's folder reads them from here instead of parsing them again.
         self.parts: dict[str, ModelFile] = {}
 
     # -- lookup -------------------------------------------------------------------------------
     def _by_name(self) -> dict[str, TensorInfo]:
-        if self._index is None or len(self._index) != len(self.tensors):
-            self._index = {}
-            for t in self.tensors:
-                self._index.setdefault(t.name, t)
+        """name -> the first tensor of that name; rebuilt when the list was replaced or grew."""
+        tensors = self.tensors
+        if self._index is None or self._indexed[0] is not tensors \
+                or self._indexed[1] != len(tensors):
+            # reversed: dict keeps the last of a repeated key, so the first tensor wins (in C)
+            self._index = dict(zip(map(_name_of, reversed(tensors)), reversed(tensors)))
+            self._indexed = (tensors, len(tensors))
         return self._index
 
     def tensor(self, name: str) -> TensorInfo:

@@ -290,8 +290,11 @@ def test_fast_and_general_paths_agree_with_safe_open(tmp_path, label, header, fa
         return
     assert _fields(_open(path)) == _fields(_general(path))
     model = _open(path)
-    assert [(t.name, t.extras["safetensors_dtype"], list(t.extras["header_shape"]))
-            for t in model.tensors] == ref
+    ours = [(t.name, t.extras["safetensors_dtype"], list(t.extras["header_shape"]))
+            for t in model.tensors]
+    # data order; tensors of one offset (empty ones) come in hash order from safe_open
+    assert sorted(ours) == sorted(ref)
+    assert [t.byte_offset for t in model.tensors] == sorted(t.byte_offset for t in model.tensors)
     assert (st._fast(st._loads(path.read_bytes()[8:8 + len(raw)].decode(), "p", False),
                      path.read_bytes()[8:8 + len(raw)].decode(), "p", 8 + len(raw)) is not None) == fast
 
