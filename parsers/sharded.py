@@ -206,10 +206,11 @@ def _read_index(path: str) -> tuple[dict, dict, list[str]]:
     encoding = json.detect_encoding(raw)
     strings = _string_count(raw) if encoding == "utf-8" else -1   # UTF-16/32: not counted
     try:   # decoded as json.loads decodes bytes, and the bytes dropped (a 1M index: 90 MB)
-        raw = raw.decode(encoding, "surrogatepass")
+        text = raw.decode(encoding, "surrogatepass")
     except ValueError as e:
         raise _fail(f"invalid index JSON: {e}", path) from None
-    doc = _loads_index(raw, path, None)
+    del raw
+    doc = _loads_index(text, path, None)
     dups: list[str] = []
     if strings != _strings(doc):   # a key appeared twice: read again to name it
         def pairs(items):
@@ -219,7 +220,7 @@ def _read_index(path: str) -> tuple[dict, dict, list[str]]:
                     dups.append(k)
                 d[k] = v
             return d
-        doc = _loads_index(raw, path, pairs)
+        doc = _loads_index(text, path, pairs)
     if not isinstance(doc, dict) or not isinstance(doc.get("weight_map"), dict):
         raise _fail('index has no "weight_map" object', path)
     wm = doc["weight_map"]
@@ -234,9 +235,9 @@ def _read_index(path: str) -> tuple[dict, dict, list[str]]:
     return wm, meta, dups
 
 
-def _loads_index(raw: bytes, path: str, pairs) -> Any:
+def _loads_index(text: str, path: str, pairs) -> Any:
     try:
-        return json.loads(raw, object_pairs_hook=pairs)
+        return json.loads(text, object_pairs_hook=pairs)
     except RecursionError:
         raise _fail("index JSON nests too deeply", path) from None
     except ValueError as e:
