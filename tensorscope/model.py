@@ -337,8 +337,6 @@ def _row_parts(t: "TensorInfo") -> tuple | None:
     """The fixed text of a kind's rows, around the fields that vary: (up to the name, from the
     name to the path, from the path to the storage key, after the storage offset, the extras
     object kept alive); None when the record needs the general encoder."""
-    if type(t.nbytes) is not int:
-        return None
     extras = t.extras
     ex = _extras_text(extras) if extras else ""
     if ex is None:
@@ -367,7 +365,7 @@ def json_texts(records) -> list[str | None]:
     for t in records:
         if not (prev is not None and t.shape is prev.shape and t.extras is prev.extras
                 and t.dtype is prev.dtype and t.file is prev.file and t.stride is prev.stride
-                and t.nbytes == prev.nbytes and t.role is prev.role
+                and type(t.nbytes) is int and t.nbytes == prev.nbytes and t.role is prev.role
                 and t.source_format is prev.source_format and t.has_data and not t.chunks):
             parts = _parts_of(t)
             prev = t if parts is not None else None
@@ -392,7 +390,7 @@ def json_texts(records) -> list[str | None]:
 
 def _parts_of(t: "TensorInfo") -> tuple | None:
     """`_row_parts` of a record's kind, from the table or made (None: the general encoder)."""
-    if t.chunks or not t.has_data:
+    if t.chunks or not t.has_data or type(t.nbytes) is not int:   # True == 1: not one kind
         return None
     key = (t.dtype, t.shape, t.stride, t.file, t.source_format, t.role, t.nbytes, id(t.extras))
     parts = _ROWS.get(key, False)

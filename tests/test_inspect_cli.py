@@ -289,6 +289,14 @@ def test_json_text_is_what_the_encoder_writes_for_every_fixture_record():
                       storage_key="7", file="/p/\u00e9.pt")]
     for t in odd:
         assert json_text(t) == encode(t.to_dict())
+    # rows in one call: a record that equals the previous one's kind but for a type (True == 1)
+    # is written as the encoder writes it, not with the previous row's text
+    from tensorscope.model import json_texts
+    a = TensorInfo("a", "uint8", (1,), nbytes=1)
+    b = TensorInfo("b", "uint8", (1,), nbytes=True, stride=a.stride)
+    object.__setattr__(b, "shape", a.shape)
+    assert [x or encode(t.to_dict()) for x, t in zip(json_texts([a, b]), (a, b))] == \
+        [encode(a.to_dict()), encode(b.to_dict())]
     for extras in ({"f": 0.5}, {"n": float("nan")}, {"d": {"x": 1}}, {"l": [1.5]}, {1: "x"}):
         assert json_text(TensorInfo("x", "float32", (1,), extras=extras)) is None
     assert json_text(TensorInfo("x", "float32", (1,), has_data=False)) is None

@@ -100,8 +100,7 @@ def _is_buffer(role: str) -> bool:
     return role.startswith("buffer")
 
 
-_dtype, _role, _shape = attrgetter("dtype"), attrgetter("role"), attrgetter("shape")
-_nbytes, _has_data = attrgetter("nbytes"), attrgetter("has_data")
+_kind = attrgetter("dtype", "role", "shape", "nbytes", "has_data")
 
 
 def summarize(model, tensors) -> dict:
@@ -111,8 +110,7 @@ def summarize(model, tensors) -> dict:
     by_role: dict[str, dict[str, int]] = {}
     params = nbytes = 0
     # counted per kind of record (a checkpoint has a handful), in C; then summed per kind
-    kinds = Counter(zip(map(_dtype, tensors), map(_role, tensors), map(_shape, tensors),
-                        map(_nbytes, tensors), map(_has_data, tensors)))
+    kinds = Counter(map(_kind, tensors))
     for (dtype, role, shape, b, has_data), count in kinds.items():
         n = math.prod(shape) * count
         b = b * count if has_data else 0   # data-less (traced inputs): no bytes
