@@ -745,3 +745,17 @@ def bypasshunt_sections(add, inner: bytes) -> None:
         "torchscript.foreign-call", trigger="torch.save",
         source="TorchScript aten::save / aten::from_file reach the file system (torch.load of a "
                "TorchScript archive: CVE-2025-32434 class)")
+
+    # 7. A local entry before the first member the central directory lists: zipfile and torch
+    # skip it, streaming unzippers read it first (local vs central header disagreement)
+    import zlib
+    benign = _torch_zip_bytes({"w": torch.zeros(2)})
+    body = payload("os", "system", 2, "global-reduce")
+    name = b"archive/data.pkl"
+    local = struct.pack("<4sHHHHHIIIHH", b"PK\x03\x04", 20, 0, 0, 0, 0, zlib.crc32(body), len(body),
+                        len(body), len(name), 0) + name + body
+    add("hunt/hidden_local_entry.pt", local + benign, "pickle.dangerous-global", trigger="os.system",
+        source="local headers the central directory does not list (JFrog/Sonatype zip "
+               "disagreement write-ups; picklescan GHSA-7q5r-7gvp-wc82 class): was HIGH "
+               "prepended-bytes with the payload unscanned")
+    add("hunt/hidden_local_entry_flag.pt", local + benign, "zip.hidden-local-entry", "high")

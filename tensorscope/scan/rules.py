@@ -169,6 +169,11 @@ _rule("onnx.custom-domain", M, "ONNX nodes use operators from a non-standard dom
       "Runtimes load native custom-op libraries to run them. Only domains that a node uses count: "
       "an opset import nobody uses loads nothing.")
 
+_rule("zip.hidden-local-entry", H, "A zip entry only streaming readers see carries findings",
+      "Local file headers before the first listed member are skipped by zipfile and miniz but read "
+      "first by streaming unzippers; their content is scanned and this says where it hides.",
+      "https://github.com/mmaitre314/picklescan/security/advisories/GHSA-7q5r-7gvp-wc82")
+
 # --- GGUF ----------------------------------------------------------------------------------------------
 _rule("gguf.chat-template-code", C, "A GGUF chat template reaches the interpreter",
       "tokenizer.chat_template is Jinja2 that llama.cpp front ends render for every chat; a tag "
