@@ -177,7 +177,15 @@ def _open_url(url: str, format: str | None) -> ModelFile:
     return _open_source(src, url, format)
 
 
-def _open_source(src, path: str, format: str | None) -> ModelFile:
+def open_model_source(src, path: str, *, format: str | None = None) -> ModelFile:
+    """`open_model` on a file source the caller already holds open (the scan's, so that a URL
+    is not opened, and its head fetched, a second time). The source stays the caller's: it is
+    not closed when parsing fails."""
+    with gc_paused():
+        return _open_source(src, path, format, owned=False)
+
+
+def _open_source(src, path: str, format: str | None, *, owned: bool = True) -> ModelFile:
     advise = getattr(src, "advise", None)   # a local map (a remote source fetches by range)
     if advise is not None:
         advise(random=True)  # parsing touches headers only: no read-ahead around them
@@ -203,7 +211,8 @@ def _open_source(src, path: str, format: str | None) -> ModelFile:
         raise UnknownFormat(f"{path}: not a model file this tool recognises "
                             f"(starts with {head[:8]!r}, {src.size} bytes)")
     except BaseException:
-        src.close()
+        if owned:
+            src.close()
         raise
 
 
