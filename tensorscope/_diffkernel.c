@@ -6,7 +6,7 @@
  * `diffing._Accumulator` computes the same figures with numpy (and the tests compare the two).
  *
  * Semantics are those of `_Accumulator.add`'s finite path, operation for operation:
- *   x, y   = a, b widened exactly to float64 (float16, bfloat16, float32, float64)
+ *   x, y   = a, b widened exactly to float64 (float16, bfloat16, float32, float64, int8-32)
  *   d      = x - y;  ad = |d|;  ay = |y|
  *   sums   = Σ d·d, Σ x·x, Σ y·y, Σ x·y, Σ ad        (float64; 4 interleaved partial sums)
  *   max_abs = max ad
@@ -74,6 +74,18 @@ static int widen(const char *p, char code, Py_ssize_t n, double *out) {
             out[i] = (double)f[i];
             special |= !(fabs(out[i]) <= 1.7976931348623157e308);
         }
+    } else if (code == 'c') {
+        const int8_t *v = (const int8_t *)p;
+        for (Py_ssize_t i = 0; i < n; i++) out[i] = (double)v[i];
+    } else if (code == 'B') {
+        const uint8_t *v = (const uint8_t *)p;
+        for (Py_ssize_t i = 0; i < n; i++) out[i] = (double)v[i];
+    } else if (code == 'h') {
+        const int16_t *v = (const int16_t *)p;
+        for (Py_ssize_t i = 0; i < n; i++) out[i] = (double)v[i];
+    } else if (code == 'i') {
+        const int32_t *v = (const int32_t *)p;
+        for (Py_ssize_t i = 0; i < n; i++) out[i] = (double)v[i];
     } else {
         const double *d = (const double *)p;
         for (Py_ssize_t i = 0; i < n; i++) {
@@ -123,8 +135,9 @@ static void block_stats(const double *restrict xs, const double *restrict ys, Py
 
 static Py_ssize_t itemsize(char code) {
     switch (code) {
-    case 'e': case 'b': return 2;
-    case 'f': return 4;
+    case 'c': case 'B': return 1;
+    case 'e': case 'b': case 'h': return 2;
+    case 'f': case 'i': return 4;
     case 'd': return 8;
     default: return 0;
     }
@@ -133,7 +146,7 @@ static Py_ssize_t itemsize(char code) {
 /* stats(a, code_a, b, code_b, atol, rtol) -> (sum_sq, xx, yy, dot, sum_abs, max_abs, max_rel,
  * zero_ref, mismatched) or None when a value is not finite. a and b: C-contiguous buffers of n
  * elements each, codes 'e' float16, 'b' bfloat16 (both as their uint16 bits), 'f' float32,
- * 'd' float64. max_rel is -inf when every element of b is 0. */
+ * 'd' float64, 'c' int8, 'B' uint8, 'h' int16, 'i' int32 (all exact in float64). max_rel is -inf when every element of b is 0. */
 static PyObject *stats(PyObject *self, PyObject *args) {
     Py_buffer ba, bb;
     int ca, cb;

@@ -898,8 +898,11 @@ try:
     from . import _diffkernel as _KERNEL
 except ImportError:
     _KERNEL = None
-_KERNEL_CODES = {_F16: "e", _BF16: "b", np.dtype(np.float32): "f", np.dtype(np.float64): "d"}
-_KERNEL_VIEW = {"e": np.uint16, "b": np.uint16, "f": np.float32, "d": np.float64}
+_KERNEL_CODES = {_F16: "e", _BF16: "b", np.dtype(np.float32): "f", np.dtype(np.float64): "d",
+                 np.dtype(np.int8): "c", np.dtype(np.uint8): "B", np.dtype(np.int16): "h",
+                 np.dtype(np.int32): "i"}
+_KERNEL_VIEW = {"e": np.uint16, "b": np.uint16, "f": np.float32, "d": np.float64, "c": np.int8,
+                "B": np.uint8, "h": np.int16, "i": np.int32}
 _HALF_SIGN_EXP_MANT = np.int32(-0x70002000)  # 0x8FFFE000: the sign, then float16's 15 low bits
 _TWO_112 = np.float32(2.0 ** 112)             # float32's exponent bias minus float16's
 HALF_OVER = 2.0 ** 32  # a sum of squares of finite float16 values reaching this holds a 65504^2
