@@ -738,8 +738,7 @@ class _Walker:
                 nxt = slice(e, min(hi, e + step))
                 self.rel_a.prefetch_piece(ia.file, fa[nxt])
                 self.rel_b.prefetch_piece(ib.file, fb[nxt])
-                for i in range(0, e - s, elems):
-                    acc.add(sa[i:i + elems], sb[i:i + elems])
+                acc.add(sa, sb)   # one compiled call, or numpy passes of `elems`
                 self.rel_a.release_piece(ia.file, sa)
                 self.rel_b.release_piece(ib.file, sb)
                 advance((e - s) * item)
@@ -1000,8 +999,17 @@ class _Accumulator:
         self.zero_ref += o.zero_ref
 
     def add(self, pa: np.ndarray, pb: np.ndarray) -> None:
+        """Fold in one pair of pieces: in one compiled call where it applies (any length), else
+        through the numpy passes in pieces of at most ``elems``."""
         if _KERNEL is not None and self.x.dtype.kind != "c" and self._kernel(pa, pb):
             return
+        if pa.size <= self.elems:
+            self._add_numpy(pa, pb)
+            return
+        for i in range(0, pa.size, self.elems):
+            self._add_numpy(pa[i:i + self.elems], pb[i:i + self.elems])
+
+    def _add_numpy(self, pa: np.ndarray, pb: np.ndarray) -> None:
         n = pa.size
         if n == self.elems:
             x, y, d, t, flag = self.full
@@ -1069,13 +1077,8 @@ class _Accumulator:
             return False
         got = _KERNEL.stats(pa.view(_KERNEL_VIEW[ca]), ca, pb.view(_KERNEL_VIEW[cb]), cb,
                             self.atol, self.rtol)
-        if got is None:   # a NaN or an infinity in the piece: the careful path
-            n = pa.size
-            x, y = self.x[:n], self.y[:n]
-            _to_float(pa, x, self.u)
-            _to_float(pb, y, self.u)
-            self._general(x, y)
-            return True
+        if got is None:   # a NaN or an infinity in the piece: the numpy passes' careful path
+            return False
         sq, xx, yy, dot, sum_abs, worst, rel, zero_ref, mismatched = got
         self.sum_sq += sq
         self.xx += xx
