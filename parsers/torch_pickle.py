@@ -29,6 +29,8 @@ from typing import Any, Callable, Iterator
 from tensorscope.errors import FormatError, brief
 from tensorscope.model import FrozenDict, TensorInfo
 
+_NO_EXTRAS = FrozenDict()   # shared by the tensors without extras (read-only: copied to add)
+
 from . import pickle_vm
 from .pickle_vm import Call, Global
 
@@ -227,7 +229,8 @@ def _dense(storage, offset, size, stride, pos, dtype=None, requires_grad=False) 
         dtype = storage.dtype
         if dtype is None:
             raise _err("an untyped storage needs _rebuild_tensor_v3's dtype argument", pos)
-    return TensorRef(storage, offset, shape, strides, dtype, bool(requires_grad), "tensor", pos)
+    return TensorRef(storage, offset, shape, strides, dtype, bool(requires_grad), "tensor", pos,
+                     _NO_EXTRAS)
 
 
 def _args(args, n_min: int, n_max: int, name: str, pos: int) -> tuple:
@@ -554,6 +557,16 @@ def to_tensor_info(path: tuple[str, ...], raw: tuple[str, ...], t: TensorRef, *,
                    file: str = "") -> TensorInfo:
     """A TensorInfo from a TensorRef whose storage the container has resolved."""
     s = t.storage
+    if (s is not None and s.error is None and s.data_offset is not None and s.member
+            and not t.extras and not t.requires_grad and (raw is path or raw == path or not raw)):
+        # The usual tensor (a state dict's): the general case below, in one step.
+        offset = t.storage_offset
+        dtype = t.dtype
+        return TensorInfo(
+            dotted(path), dtype, t.shape, t.stride, offset,
+            s.data_offset + (offset * _cached_bits(dtype) // 8 if offset else 0), -1,
+            s.file or file, s.key, s.nbytes, path or (ROOT_NAME,), fmt, t.role, (),
+            FrozenDict(location=s.location, member=s.member))
     extras = dict(t.extras) if t.extras else {}
     if t.requires_grad:
         extras["requires_grad"] = True

@@ -74,8 +74,10 @@ def make_storage_resolver(archive: ZipArchive, prefix: str, data_dir: str = "dat
         if key in storages:
             return storages[key]
         name = f"{prefix}/{data_dir}/{key}"
-        storage = StorageRef(key, dtype, numel, location, file=src.path, member=name)
         member = archive.get(name)
+        if member is not None and member.name == name:
+            name = member.name      # one string object for both (10^5 members)
+        storage = StorageRef(key, dtype, numel, location, src.path, name)
         if member is None:
             storage.error = f"record {name} is missing"
         elif member.error:

@@ -209,6 +209,7 @@ class ZipArchive:
     prepended: int = 0
     eocd_count: int = 0
     miniz_error: str | None = None
+    _exact: dict[str, ZipMember] | None = field(default=None, repr=False)
     _miniz_index: dict[bytes, list[int]] | None = field(default=None, repr=False)
     _miniz_sorted: list[int] | None = field(default=None, repr=False)
     _crc_checked: set[int] = field(default_factory=set, repr=False)
@@ -228,6 +229,11 @@ class ZipArchive:
         choice (the last one). The disagreement is recorded as ``zip.duplicate_name`` by
         `read_zip`. Returns None when miniz would not find the name.
         """
+        exact = self._exact
+        if exact is None:
+            exact = self._exact_table()
+        if type(name) is str and name in exact:     # the common case, see _exact_table
+            return exact[name]
         raw = name.encode("utf-8", "surrogateescape") if isinstance(name, str) else bytes(name)
         if b"\0" in raw:
             raw = raw.split(b"\0", 1)[0]  # miniz takes a C string
@@ -244,6 +250,20 @@ class ZipArchive:
 
     def _visible(self) -> int:
         return min(self.eocd_count, len(self.members))
+
+    def _exact_table(self) -> dict[str, ZipMember]:
+        """ASCII names without NUL -> member, when no two visible names are alike ignoring
+        case: for such a name miniz's case-insensitive search can only return that member, so
+        `get` answers from a plain dict (a torch archive has one member per tensor: 10^5
+        lookups). Empty when names collide: every lookup then takes miniz's path."""
+        visible = self.members[:self._visible()]
+        lowered = {m.raw_name.lower() for m in visible}
+        if len(lowered) != len(visible):
+            self._exact = {}
+        else:
+            self._exact = {m.name: m for m in visible
+                           if m.raw_name.isascii() and b"\0" not in m.raw_name}
+        return self._exact
 
     def _miniz_lookup_table(self) -> dict[bytes, list[int]]:
         if self._miniz_index is None:
