@@ -59,7 +59,7 @@ before the failure: a loader runs every opcode before a broken one.
 
 Public API: `run`, `Limits`, `DEFAULT_LIMITS`, `PickleResult`, `GlobalSeen`, `CallSeen`, `Global`,
 `Call`, `PersistentRef`, `OutOfBandBuffer`, `Extension`, `UnhashableKey`, `BuildStates`, `NOTSET`,
-`DECLINE`, `CONTAINER_HOOKS`, `PickleError`, `MAX_NESTED_RUNS`.
+`DECLINE`, `CONTAINER_HOOKS`, `PickleError`, `MAX_NESTED_RUNS`, `NotRecorded`.
 
 Example:
     >>> import pickle
@@ -89,7 +89,7 @@ __all__ = [
     "run", "Limits", "DEFAULT_LIMITS", "PickleResult", "GlobalSeen", "CallSeen", "Global", "Call",
     "PersistentRef", "OutOfBandBuffer", "Extension", "UnhashableKey", "BuildStates", "NOTSET",
     "DECLINE", "CONTAINER_HOOKS", "PickleError", "HIGHEST_PROTOCOL", "MAX_NESTED_RUNS",
-    "DYNAMIC",
+    "DYNAMIC", "NotRecorded", "EvidenceNotKept",
 ]
 
 HIGHEST_PROTOCOL = 5
@@ -387,6 +387,34 @@ class CallSeen:
     kwargs: dict | None
     pos: int
     opcode: str
+
+
+class EvidenceNotKept(RuntimeError):
+    """Evidence read from a run made with ``record_calls=False`` (a programming error)."""
+
+
+class NotRecorded(list):
+    """`PickleResult.calls` / ``persistent_ids`` of a run made with ``record_calls=False``: the
+    VM's appends are dropped, and reading raises `EvidenceNotKept`, so that a scan of such a
+    result fails loudly instead of finding no calls."""
+
+    __slots__ = ("what",)
+
+    def __init__(self, what: str):
+        super().__init__()
+        self.what = what
+
+    def append(self, item) -> None:
+        pass
+
+    def extend(self, items) -> None:
+        pass
+
+    def _refuse(self, *args):
+        raise EvidenceNotKept(f"the pickle's {self.what} were not recorded (record_calls=False): "
+                              "run it again to scan it")
+
+    __iter__ = __len__ = __getitem__ = __bool__ = __contains__ = _refuse
 
 
 @dataclass
@@ -1996,7 +2024,7 @@ def run(data: bytes | memoryview, *, start: int = 0, persistent_load=None,
         hooks: Mapping[tuple[str, str], Callable[[tuple, int], object]] | None = None,
         build_hooks: Mapping[tuple[str, str], Callable] | None = None,
         limits: Limits = DEFAULT_LIMITS, file: str | None = None, member: str | None = None,
-        base_offset: int = 0) -> PickleResult:
+        base_offset: int = 0, record_calls: bool = True) -> PickleResult:
     """Run one pickle symbolically, from ``data[start]`` to its STOP.
 
     Args:
@@ -2016,6 +2044,8 @@ def run(data: bytes | memoryview, *, start: int = 0, persistent_load=None,
         limits: resource bounds (`DEFAULT_LIMITS`).
         file, member, base_offset: where ``data`` comes from, for error messages; an error at
             ``pos`` reports ``offset = base_offset + pos``.
+        record_calls: False for a caller that only lists (the scan needs them): ``calls`` and
+            ``persistent_ids`` are `NotRecorded` (~300 bytes less per torch tensor).
 
     Returns:
         A `PickleResult`. Bad input never raises: it sets ``result.error`` (a `PickleError` or
@@ -2030,6 +2060,9 @@ def run(data: bytes | memoryview, *, start: int = 0, persistent_load=None,
         ([1, 2], 12, 8)
     """
     vm = _VM(data, start, persistent_load, hooks, limits, file, member, base_offset, build_hooks)
+    if not record_calls:
+        vm.result.calls = NotRecorded("calls")
+        vm.result.persistent_ids = NotRecorded("persistent ids")
     # The VM allocates up to millions of small acyclic objects. CPython's generational GC would
     # rescan the growing heap again and again (about a third of the run time), and it cannot
     # free anything here: pause it for the run and restore the caller's setting.

@@ -442,7 +442,7 @@ def _is_module_state(state) -> bool:
 
 
 def named_tensors(root, *, max_items: int = 10_000_000, max_depth: int = 1000,
-                  leaf: Callable[[Call], TensorRef | None] | None = None,
+                  leaf: Callable[[Call], TensorRef | None] | None = None, consume: bool = False,
                   ) -> Iterator[tuple[tuple[str, ...], tuple[str, ...], TensorRef]]:
     """Yield ``(path, raw_path, tensor)`` in saved order.
 
@@ -456,6 +456,9 @@ def named_tensors(root, *, max_items: int = 10_000_000, max_depth: int = 1000,
     Containers more than ``max_depth`` levels down are not expanded: every level copies its
     path, so a million-deep list would otherwise cost O(depth^2) (hostile input, issue #9).
     Sparse tensors yield one entry per component (``name.indices``, ``name.values``).
+    ``consume``: a flat state dict's values are set to None as they are yielded, so that each
+    tensor's inert objects can be freed as soon as the caller has made its record (the tree is
+    not kept: ``listing_only``).
     """
     seen: set[int] = set()
     # Stack of (obj, path, raw_path, role); children are pushed reversed to keep saved order.
@@ -487,6 +490,8 @@ def named_tensors(root, *, max_items: int = 10_000_000, max_depth: int = 1000,
             emitted += len(obj)
             for k, v in obj.items():
                 p = path + (k,)
+                if consume:
+                    obj[k] = None   # a value replaced, not a key: the iteration goes on
                 yield p, (raw + (k,) if raw else p), v
             continue
         children: list[tuple[Any, tuple, tuple, str | None]] = []

@@ -20,7 +20,7 @@ from tensorscope.errors import FormatError
 from tensorscope.model import ModelFile, PickleRecord
 from tensorscope.source import ByteSource
 
-from . import pickle_vm, torch_pickle
+from . import pickle_vm, torch_pickle, zip_dispatch
 from .torch_pickle import StorageRef
 from .zipfmt import METHOD_STORED, ZipArchive
 
@@ -96,7 +96,8 @@ def make_storage_resolver(archive: ZipArchive, prefix: str, data_dir: str = "dat
 
 
 def load_pickle_member(archive: ZipArchive, name: str, *, persistent_load=None, hooks=None,
-                       role: str = "data") -> tuple[object, PickleRecord]:
+                       role: str = "data", record_calls: bool = True
+                       ) -> tuple[object, PickleRecord]:
     """Run the VM over one pickle record of the zip; errors carry file, member and absolute offset."""
     src = archive.source
     member = archive.get(name)
@@ -111,7 +112,7 @@ def load_pickle_member(archive: ZipArchive, name: str, *, persistent_load=None, 
         data = archive.read_bytes(member, PICKLE_INFLATE_MAX)
         base = 0
     result = pickle_vm.run(data, persistent_load=persistent_load, hooks=hooks, file=src.path,
-                           member=name, base_offset=base)
+                           member=name, base_offset=base, record_calls=record_calls)
     record = PickleRecord(src.path, name, base, len(data), result, role=role)
     return result, record
 
@@ -129,23 +130,31 @@ def open_zip(src: ByteSource, archive: ZipArchive) -> ModelFile:
     model = ModelFile(FORMAT, src.path, sources={src.path: src})
     model.evidence.anomalies.extend(archive.anomalies)
     persistent_load, storages = make_storage_resolver(archive, prefix)
+    light = zip_dispatch.listing_only_active()
     result, record = load_pickle_member(archive, pkl, persistent_load=persistent_load,
-                                        hooks=torch_pickle.rebuild_hooks())
+                                        hooks=torch_pickle.rebuild_hooks(),
+                                        record_calls=not light)
     model.evidence.pickles.append(record)
     result.raise_for_error()
-    model.objects = result.value
     model.metadata = archive_metadata(archive, prefix)
     model.metadata["pickle_protocol"] = result.protocol
-    model.tensors = build_tensor_list(result.value, FORMAT, src.path, model)
+    if light:   # no object tree: each tensor's inert objects are freed once its record is made
+        storages.clear()
+        root, result.value = result.value, None
+        model.tensors = build_tensor_list(root, FORMAT, src.path, model, consume=True)
+    else:
+        model.objects = result.value
+        model.tensors = build_tensor_list(result.value, FORMAT, src.path, model)
     if model.metadata.get("byteorder", "little") not in ("little",):
         _install_byteswap_readers(model)
     return model
 
 
-def build_tensor_list(root, fmt: str, file: str, model: ModelFile) -> list:
-    """Name every tensor in ``root`` and check each against its storage record."""
+def build_tensor_list(root, fmt: str, file: str, model: ModelFile, consume: bool = False) -> list:
+    """Name every tensor in ``root`` and check each against its storage record (``consume``:
+    see `torch_pickle.named_tensors`)."""
     tensors = []
-    for path, raw, ref in torch_pickle.named_tensors(root):
+    for path, raw, ref in torch_pickle.named_tensors(root, consume=consume):
         info = torch_pickle.to_tensor_info(path, raw, ref, fmt=fmt, file=file)
         s = ref.storage
         if s is not None and s.error:

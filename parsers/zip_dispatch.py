@@ -82,3 +82,25 @@ def keeping_archive():
         yield
     finally:
         _KEEP_ARCHIVE.reset(token)
+
+
+_LISTING_ONLY = contextvars.ContextVar("tensorscope_listing_only", default=False)
+
+
+@contextmanager
+def listing_only():
+    """Within it, a torch zip model keeps its tensors, metadata, anomalies and the globals its
+    pickles import, but neither the object tree (``model.objects`` is None) nor the per-call
+    evidence (each pickle result's ``calls`` and ``persistent_ids``, never recorded): ~800 bytes
+    less per tensor at the parse's peak, for commands that list or compare (inspect, diff). A scan needs that evidence: such a model must not be scanned, and the lists not kept
+    (`pickle_vm.NotRecorded`) raise when read rather than look empty."""
+    token = _LISTING_ONLY.set(True)
+    try:
+        yield
+    finally:
+        _LISTING_ONLY.reset(token)
+
+
+def listing_only_active() -> bool:
+    return _LISTING_ONLY.get()
+
