@@ -1123,13 +1123,21 @@ class _Reader:
                               "member", m))
             elif m.local_name is not None:
                 spans.append((m.header_offset, min(m.data_end, self.size), None, "bad", m))
-        spans.append((cd_start, cd_start + cd_size, "central directory", "struct", None))
+        structs = [(cd_start, cd_start + cd_size, "central directory", "struct", None)]
         if z64_pos is not None:
-            spans.append((z64_pos, z64_end, "zip64 end-of-central-directory record", "struct",
-                          None))
+            structs.append((z64_pos, z64_end, "zip64 end-of-central-directory record", "struct",
+                            None))
         if loc_pos >= 0:
-            spans.append((loc_pos, eocd_pos, "zip64 locator", "struct", None))
-        spans.append((eocd_pos, eocd_end, "end-of-central-directory record", "struct", None))
+            structs.append((loc_pos, eocd_pos, "zip64 locator", "struct", None))
+        structs.append((eocd_pos, eocd_end, "end-of-central-directory record", "struct", None))
+        if (len(spans) == len(members) > 1 and not any(m.error for m in members)
+                and min(s[0] for s in structs) >= spans[-1][1]
+                and all(a[1] == b[0] for a, b in zip(spans, spans[1:]))):
+            # Readable members laid end to end, in order, before every structure (as torch and
+            # most writers lay them out): they neither overlap nor leave gaps among themselves,
+            # so one span for the run finds exactly what the member spans would.
+            spans = [(spans[0][0], spans[-1][1], None, "member", spans[0][4])]
+        spans += structs
         spans.sort(key=_span_key)
 
         # Overlaps, against the span reaching furthest so far.
