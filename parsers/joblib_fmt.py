@@ -72,7 +72,21 @@ def sniff(head: bytes, size: int) -> bool:
         return False
     if not inner:
         return kind == "bz2"    # bz2 gives nothing before a whole block: decided when opened
-    return plain_pickle.sniff(inner[:4096], len(inner))
+    return _inner_parser(inner[:4096], len(inner)) is not None
+
+
+def _inner_parser(head: bytes, size: int):
+    """The parser for a decompressed payload: a model file gzipped as a whole (``model.pt.gz``,
+    ``model.safetensors.gz``, a legacy torch stream) is that format inside, else a pickle. One
+    layer only: a compressed stream inside is not inflated again (no nested bombs)."""
+    from tensorscope.formats import FILE_PARSERS, _parser
+    for name in FILE_PARSERS:
+        if name in ("joblib_fmt", "plain_pickle"):
+            continue
+        mod = _parser(name)
+        if mod.sniff(head, size):
+            return mod
+    return plain_pickle if plain_pickle.sniff(head, size) else None
 
 
 def open_source(src: ByteSource) -> ModelFile:
@@ -86,29 +100,40 @@ def open_source(src: ByteSource) -> ModelFile:
     # The scanner's name for a decompressed stream, so that it reuses this run (zf holds zlib).
     member = "<zlib>" if kind == "zf" else f"<{kind}>"
     inner_src = ByteSource.from_bytes(payload, name=src.path)
+    # A compressed model file (``model.pt.gz``: torch.load(gzip.open(f)) reads it) is that
+    # format inside: a legacy stream read as one pickle would list nothing after the magic.
+    inner_parser = _inner_parser(bytes(payload[:4096]), len(payload)) or plain_pickle
     try:
-        inner = plain_pickle.open_source(inner_src)
+        inner = inner_parser.open_source(inner_src)
     except FormatError as e:
         if e.member is None:
             e.member = member
             e.args = (e._render(),)
         raise
-    model = ModelFile(FORMAT, src.path, sources={src.path: src}, objects=inner.objects)
+    # values come from the decompressed copy: never from the (compressed) file of that name
+    inner.sources[src.path] = inner_src
+    fmt = FORMAT if inner_parser is plain_pickle else inner.format
+    model = ModelFile(fmt, src.path, sources={src.path: src}, objects=inner.objects)
     model.sources[member] = inner_src
-    for rec in inner.evidence.pickles:
-        model.evidence.pickles.append(PickleRecord(src.path, member, rec.offset, rec.length,
-                                                   rec.result, role=rec.role))
+    for rec in inner.evidence.pickles:   # members of an inner archive as the scanner names them
+        model.evidence.pickles.append(PickleRecord(src.path, _joined(member, rec.member),
+                                                   rec.offset, rec.length, rec.result, role=rec.role))
     for a in inner.evidence.anomalies:
-        model.evidence.add(a.kind, a.message, file=src.path, member=member, offset=a.offset)
+        model.evidence.add(a.kind, a.message, file=src.path, member=_joined(member, a.member),
+                           offset=a.offset)
     for t in inner.tensors:
         extras = {**t.extras, "compression": kind, "decompressed_offset": t.byte_offset}
-        info = dataclasses.replace(t, byte_offset=None, file=src.path, source_format=FORMAT,
+        info = dataclasses.replace(t, byte_offset=None, file=src.path, source_format=fmt,
                                    extras=extras)
         model.tensors.append(info)
         model.custom_readers[info.name] = _copying_reader(inner, t)
     model.metadata = {**inner.metadata, "compression": kind, "decompressed_bytes": len(payload),
                       "compressed_bytes": src.size}
     return model
+
+
+def _joined(stream: str, member: str | None) -> str:
+    return f"{stream}!{member}" if member else stream
 
 
 def _copying_reader(inner: ModelFile, t):

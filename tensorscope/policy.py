@@ -469,6 +469,21 @@ _MODULE_ALIASES: dict[str, str] = {
 }
 
 
+# Dunder names that pickles made by the standard library name themselves.
+_SAFE_DUNDERS = frozenset({"copyreg.__newobj__", "copyreg.__newobj_ex__"})
+
+
+def _dunder_step(name: str) -> str | None:
+    """The first ``__x__`` component of a global's attribute path (``object.__getattribute__``,
+    ``Module.__init__.__globals__``), None when there is none. CPython's ``find_class`` resolves a
+    dotted name by ``getattr`` steps, refusing only ``<locals>``: a class's or a function's dunders
+    are a way from an innocent-looking global to any object of the interpreter."""
+    for part in name.split("."):
+        if len(part) > 4 and part.startswith("__") and part.endswith("__"):
+            return part
+    return None
+
+
 def normalize(module: str, name: str) -> tuple[str, str]:
     """The (module, name) pair ``find_class`` would import for protocol < 3 (``_compat_pickle``),
     so ``__builtin__ eval`` and ``builtins eval`` judge alike."""
@@ -560,6 +575,11 @@ def _classify(module: str, name: str) -> Verdict:
         hit = matches(cand, DENYLIST)
         if hit is not None:
             return Verdict(DENIED, dotted, DENYLIST[hit], hit)
+    dunder = _dunder_step(nname) if not (set(names) & _SAFE_DUNDERS) else None
+    if dunder is not None:
+        return Verdict(DENIED, dotted, f"walks to its {dunder} attribute: dunders lead to "
+                       "interpreter internals (a sandbox-escape gadget)",
+                       f"{nmod}.{nname}" if nmod else nname)
     for cand in names:
         if cand in SAFE_GLOBALS or cand in TRANSPARENT_CONSTRUCTORS:
             return Verdict(ALLOWED, dotted, "needed by a weights-only load", cand)

@@ -296,6 +296,14 @@ def build(out: Path) -> list[Case]:
         payload("asyncio.unix_events", "_UnixSubprocessTransport", 4, "stack-global"),
         "pickle.dangerous-global", trigger="asyncio.unix_events._UnixSubprocessTransport",
         source="JFrog CVE-2025-10157 (sub-module of a denied module)")
+    for dotted in ("object.__getattribute__", "object.__subclasses__",
+                   "Module.__init__.__globals__"):
+        mod = "torch.nn.modules.module" if dotted.startswith("Module") else "builtins"
+        add(f"bypass/dunder_{dotted.rsplit('.', 1)[1].strip('_')}.pkl",
+            payload(mod, dotted, 4, "stack-global", "os"), "pickle.dangerous-global",
+            trigger=f"{mod}.{dotted}",
+            source="protocol 4 dotted names walk attributes (pickle._getattribute): dunders "
+                   "reach interpreter internals from an allowlisted class")
     add("bypass/_pickle_loads.pkl",
         _proto(2) + _global("_pickle", "loads") + b"(" + b"C" + bytes([len(os_system) + 3])
         + b"\x80\x02" + os_system + b"." + b"tR.", "pickle.second-stage",

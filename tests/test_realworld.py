@@ -169,6 +169,56 @@ def test_compressed_joblib_is_read_from_a_decompressed_copy(rel, kind):
                 assert np.array_equal(plain.read(t), comp.read(t.name))
 
 
+@pytest.mark.parametrize("kind", ["gzip", "bz2", "xz"])
+def test_compressed_legacy_torch_stream_lists_like_torch_load(tmp_path, kind):
+    # `model.pt.gz`: a legacy torch.save stream through a compressor, which torch.load reads from
+    # gzip.open(...). Read as one pickle it would list nothing after the magic number.
+    import bz2, gzip, lzma
+    codec = {"gzip": gzip, "bz2": bz2, "xz": lzma}[kind]
+    state = {"model.layers.0.mlp.up_proj.weight": torch.randn(3, 4),
+             "model.layers.1.mlp.up_proj.weight": torch.randn(3, 4).to(torch.bfloat16),
+             "step": torch.tensor(7)}
+    buf = io.BytesIO()
+    torch.save(state, buf, _use_new_zipfile_serialization=False)
+    path = tmp_path / f"model.pt.{kind}"
+    path.write_bytes(codec.compress(buf.getvalue()))
+    with codec.open(path, "rb") as f:
+        expected = torch.load(io.BytesIO(f.read()), weights_only=True)
+    with tensorscope.open(path) as model:
+        assert model.format == "torch-legacy" and model.metadata["compression"] == kind
+        assert [t.name for t in model.tensors] == list(expected)
+        for t in model.tensors:
+            want = expected[t.name]
+            assert list(t.shape) == list(want.shape)
+            assert model.read(t).tobytes() == want.reshape(-1).view(torch.uint8).numpy().tobytes()
+    assert scan_paths(path).exit_code() == 0
+
+
+@pytest.mark.parametrize("fmt", ["torch-zip", "safetensors", "npy"])
+def test_a_gzipped_model_file_is_its_format_inside(tmp_path, fmt):
+    import gzip
+    from safetensors.torch import save_file
+    state = {"model.layers.0.self_attn.q_proj.weight": torch.randn(4, 3),
+             "model.embed_tokens.weight": torch.randn(5, 3).to(torch.float16)}
+    plain = tmp_path / "plain"
+    if fmt == "torch-zip":
+        torch.save(state, plain)
+    elif fmt == "safetensors":
+        save_file(state, plain)
+    else:
+        state = {"<root>": torch.arange(6.0).reshape(2, 3)}
+        with open(plain, "wb") as f:
+            np.save(f, state["<root>"].numpy())
+    packed = tmp_path / "model.gz"
+    packed.write_bytes(gzip.compress(plain.read_bytes()))
+    with tensorscope.open(packed) as model:
+        assert model.format == fmt and model.metadata["compression"] == "gzip"
+        assert sorted(t.name for t in model.tensors) == sorted(state)
+        for t in model.tensors:
+            assert model.read(t).tobytes() == state[t.name].reshape(-1).numpy().tobytes()
+    assert scan_paths(packed).exit_code() == 0
+
+
 # -- scan: the severity table ---------------------------------------------------------------------
 SCAN_TARGETS = sorted({"/".join(f.split("/")[:3]) + "/" if f.startswith("hf/") else f
                        for f in FILES} | set(FOLDERS))
