@@ -61,6 +61,7 @@ from __future__ import annotations
 
 import bz2
 import lzma
+import mmap
 import operator
 import re
 import struct
@@ -724,7 +725,21 @@ class _Reader:
                     if start + n > size or crc32(view(start, n, fmt=FORMAT)) != m.crc32:
                         archive.verify_crc(m)
         archive.miniz_error = self.miniz_error
+        self.release_pages()
         return archive
+
+    def release_pages(self) -> None:
+        """Unmap the pages of the file this read touched through the map (every local header and
+        small member of a dense archive: all of a 10^5-member checkpoint's pages). They stay in
+        the page cache, and fault back in when read again (the pickle, tensor values); the
+        resident set no longer carries bytes the listing has merely passed."""
+        mm = getattr(self.src, "_mmap", None) if self.buf is not None and not self.sparse \
+            else None
+        if mm is not None and hasattr(mmap, "MADV_DONTNEED"):
+            try:
+                mm.madvise(mmap.MADV_DONTNEED)
+            except (OSError, ValueError):   # a hint only: a kernel that refuses it changes nothing
+                pass
 
     def locate_cd(self, cd_offset: int, cd_size: int, concat: int, n_total: int,
                   eocd_pos: int) -> tuple[int, int]:
