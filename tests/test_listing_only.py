@@ -54,3 +54,22 @@ def test_the_tree_and_call_evidence_are_not_kept(tmp_path):
         assert model.read("w3").tolist() == sd["w3"].tolist()
     with tensorscope.open(path) as full:    # outside the context: everything is kept
         assert full.objects is not None and len(full.evidence.pickles[0].result.calls) == 10
+
+
+@pytest.mark.parametrize("new", [b"m/DATA/0", b"m/Data/0"])
+def test_records_found_as_the_archive_finds_them(tmp_path, new):
+    """The records kept for a listing are looked up as miniz looks members up (ignoring ASCII
+    case): a member whose name differs in case from the one the pickle asks for is still found,
+    by torch.load and by both kinds of open."""
+    path = tmp_path / "m.pt"
+    torch.save({"w": torch.arange(6.0).view(2, 3)}, path)
+    raw = path.read_bytes()
+    assert raw.count(b"m/data/0") == 2          # local header and central directory
+    path.write_bytes(raw.replace(b"m/data/0", new))
+    expected = torch.load(path, weights_only=True)["w"].tolist()
+    with tensorscope.open(path) as full:
+        with listing_only():
+            light = tensorscope.open(path)
+        with light:
+            assert _records(light) == _records(full)
+            assert light.read("w").tolist() == expected
