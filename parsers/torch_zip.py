@@ -110,9 +110,9 @@ class _Record(NamedTuple):
 
 
 def data_records(archive: ZipArchive, prefix: str, data_dir: str = "data") -> dict | None:
-    """The members under ``P/<data_dir>/`` as `_Record` s, keyed so that `_record_lookup` finds
-    exactly what `ZipArchive.get` (miniz's case-insensitive search) would; None when that cannot
-    be promised cheaply (names alike ignoring case, a name that is not plain ASCII)."""
+    """The members under ``P/<data_dir>/`` as `_Record` tuples, keyed so that `_record_lookup`
+    finds exactly what `ZipArchive.get` (miniz's case-insensitive search) would; None when that
+    cannot be promised cheaply (names alike ignoring case, a name that is not plain ASCII)."""
     start = f"{prefix}/{data_dir}/"
     if "\0" in start or not start.isascii() or not archive.exact_lookups():
         return None
