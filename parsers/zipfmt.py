@@ -119,6 +119,7 @@ MAX_COMMENT = 0xFFFF
 SMALL_CRC_LIMIT = 1 << 20               # check_small_crc reads STORED members up to 1 MiB
 _CHUNK = 1 << 20                         # decompression input chunk
 SPARSE_SPAN = 256 << 10                  # bytes per member above which headers are pread
+_SHORTCUTS = True   # the plain-member step and the one-span layout check (tests turn them off)
 _IRREGULAR_FLAGS = FLAG_ENCRYPTED | FLAG_STRONG_ENCRYPTION | FLAG_MASKED_LOCAL
 # Names make_member reports something about (NUL, absolute, drive letter, parent): a superset.
 _IRREGULAR_NAME = re.compile(rb"[\x00:\\]|\.\.|\A/")
@@ -808,7 +809,8 @@ class _Reader:
         members: list[ZipMember] = []
         pos = 0
         cd_end = start + cd_size
-        regular = self.regular_member if self.buf is not None and not self.sparse else None
+        regular = self.regular_member if self.buf is not None and not self.sparse and \
+            _SHORTCUTS else None
         while pos < cd_size:
             i = len(members)
             at = start + pos
@@ -1173,7 +1175,7 @@ class _Reader:
         if loc_pos >= 0:
             structs.append((loc_pos, eocd_pos, "zip64 locator", "struct", None))
         structs.append((eocd_pos, eocd_end, "end-of-central-directory record", "struct", None))
-        if (len(spans) == len(members) > 1 and not any(m.error for m in members)
+        if (_SHORTCUTS and len(spans) == len(members) > 1 and not any(m.error for m in members)
                 and min(s[0] for s in structs) >= spans[-1][1]
                 and all(a[1] == b[0] for a, b in zip(spans, spans[1:]))):
             # Readable members laid end to end, in order, before every structure (as torch and
