@@ -44,6 +44,7 @@ Public API: `FORMAT`, `FORMATS`, `sniff`, `open_source`, `open_zip`, `parse_head
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 import re
 import struct
@@ -491,6 +492,38 @@ def _scan_pickle(model: ModelFile, data, *, file: str, member: str | None, offse
                            member=member, offset=offset + result.end)
 
 
+def _object_elements(model: ModelFile, key: str, h: NpyHeader, data, *, file: str, fmt: str,
+                     base: int | None) -> list[TensorInfo]:
+    """List the numeric arrays an object array holds (ragged arrays saved with allow_pickle) as
+    ``key[i]`` / ``key[i, j]`` (then the path inside a dict or list element).
+
+    The pickle is ``ndarray._reconstruct`` + ``BUILD (version, shape, dtype, fortran, items)``,
+    ``items`` in C order whatever the array's order; `plain_pickle` lists the same bytes (nothing
+    is unpickled) and names those arrays ``4.<flat index>...``. ``base`` is the pickle's offset in
+    the file when its bytes are the file's own (zero-copy), None for a decompressed copy."""
+    from tensorscope.errors import TensorscopeError
+    from . import plain_pickle
+    try:
+        inner = plain_pickle.open_source(ByteSource.from_bytes(data, name=file))
+    except TensorscopeError:
+        return []  # the scanner's run of the same pickle reports what is wrong with it
+    count = math.prod(h.shape)
+    out = []
+    for t in inner.tensors:
+        if len(t.path) < 2 or t.path[0] != "4" or not t.path[1].isdigit() or int(t.path[1]) >= count:
+            continue
+        index = np.unravel_index(int(t.path[1]), h.shape) if h.shape else ()
+        name = f"{key}[{', '.join(str(int(i)) for i in index)}]" + "".join(f".{p}" for p in t.path[2:])
+        zero_copy = base is not None and t.byte_offset is not None and t.name not in inner.custom_readers
+        info = dataclasses.replace(
+            t, name=name, path=(name,), file=file, source_format=fmt, storage_key=None,
+            byte_offset=base + t.byte_offset if zero_copy else None,
+            extras={**t.extras, "object_array": key, "element": [int(i) for i in index]})
+        out.append(info)
+        model.custom_readers[name] = (lambda t=t: inner.read(t))
+    return out
+
+
 def open_source(src: ByteSource, *, max_header_size: int = MAX_HEADER_SIZE) -> ModelFile:
     """Parse a .npy file: one array named `ROOT_NAME` (reads no array data).
 
@@ -522,8 +555,10 @@ def open_source(src: ByteSource, *, max_header_size: int = MAX_HEADER_SIZE) -> M
     if h.layout == "swapped":
         model.custom_readers[info.name] = _swapped_reader(model, info, h)
     if h.layout == "object":
-        _scan_pickle(model, src.view(h.data_start, src.size - h.data_start), file=path, member=None,
-                     offset=h.data_start)
+        pickled = src.view(h.data_start, src.size - h.data_start)
+        _scan_pickle(model, pickled, file=path, member=None, offset=h.data_start)
+        model.tensors += _object_elements(model, ROOT_NAME, h, pickled, file=path, fmt=FORMAT,
+                                          base=h.data_start)
     model.metadata["npy"] = _header_meta(h)
     return model
 
@@ -580,23 +615,25 @@ def open_zip(src: ByteSource, archive, *, max_header_size: int = MAX_HEADER_SIZE
     for m in archive.members:  # zipfile (so np.load) keeps the last member of a name
         if m.name.endswith(".npy") and not m.is_dir:
             chosen[m.name] = m
-    compressed = 0
+    compressed = arrays = 0
     for m in chosen.values():
         key = m.name[:-4]
         try:
-            info = _npz_member(model, archive, m, key, max_header_size)
+            infos = _npz_member(model, archive, m, key, max_header_size)
         except FormatError as e:
             ev.add("npz.bad_member", f"member cannot be read: {e.reason}", file=path,
                    member=m.name, offset=e.offset if e.offset is not None else m.header_offset)
             continue
         compressed += not m.is_stored
-        model.tensors.append(info)
-    model.metadata["npz"] = {"members": len(archive.members), "arrays": len(model.tensors),
+        arrays += 1
+        model.tensors += infos
+    model.metadata["npz"] = {"members": len(archive.members), "arrays": arrays,
                              "compressed": compressed}
     return model
 
 
-def _npz_member(model: ModelFile, archive, m, key: str, max_header_size: int) -> TensorInfo:
+def _npz_member(model: ModelFile, archive, m, key: str, max_header_size: int) -> list[TensorInfo]:
+    """The member's array, then (object arrays) the numeric arrays it holds."""
     path = model.path
     ev = model.evidence
     if m.error:
@@ -620,7 +657,9 @@ def _npz_member(model: ModelFile, archive, m, key: str, max_header_size: int) ->
         if h.layout == "object":
             _scan_pickle(model, buf[h.data_start:], file=path, member=m.name,
                          offset=m.data_offset + h.data_start)
-        return info
+            return [info, *_object_elements(model, key, h, buf[h.data_start:], file=path,
+                                            fmt="npz", base=m.data_offset + h.data_start)]
+        return [info]
 
     # Compressed: decompress the header only; the data are decompressed when read.
     # Magic, version, length field and a header of at most max_header_size characters.
@@ -643,7 +682,9 @@ def _npz_member(model: ModelFile, archive, m, key: str, max_header_size: int) ->
         data = content()
         _scan_pickle(model, memoryview(data)[h.data_start:], file=path, member=m.name,
                      offset=m.data_offset)
-    return info
+        return [info, *_object_elements(model, key, h, memoryview(data)[h.data_start:],
+                                        file=path, fmt="npz", base=None)]
+    return [info]
 
 
 def _member_prefix(archive, m, n: int) -> bytes:

@@ -266,3 +266,52 @@ def test_malicious_object_array_is_recorded_not_run(tmp_path):
 @pytest.mark.parametrize("seed", range(3))
 def test_mutated_fixtures_never_raise_raw_exceptions(seed):
     assert_mutants_fail_cleanly(N.open_source, sorted(FIXTURES.glob("*.npy")), seed)
+
+
+def _ragged():
+    a = np.empty((2, 3), dtype=object)
+    a[0, 0] = np.arange(5, dtype=np.float16)
+    a[0, 1] = np.asfortranarray(np.arange(6, dtype=np.float32).reshape(2, 3))
+    a[0, 2] = "text"
+    a[1, 0] = {"weight": np.ones((2, 2), dtype=np.int64), "name": "x"}
+    a[1, 1] = np.arange(4, dtype=">i4")
+    a[1, 2] = None
+    return a
+
+
+def _element(ref, name: str, key: str):
+    """The value np.load gives for one listed element name (``key[i, j].weight``)."""
+    index, _, rest = name[len(key) + 1:].partition("]")
+    value = ref[tuple(int(i) for i in index.split(","))]
+    for part in filter(None, rest.split(".")):
+        value = value[part]
+    return value
+
+
+@pytest.mark.parametrize("container", ["npy", "npz", "npz-compressed"])
+def test_object_array_elements_are_listed_like_np_load_gives_them(tmp_path, container):
+    # A ragged list of arrays saved with allow_pickle: each numeric element is a tensor of its own
+    # (np.load(allow_pickle=True) is the oracle; we never unpickle).
+    arr = _ragged()
+    if container == "npy":
+        path, key = tmp_path / "ragged.npy", N.ROOT_NAME
+        np.save(path, arr, allow_pickle=True)
+        ref = np.load(path, allow_pickle=True)
+    else:
+        path, key = tmp_path / "ragged.npz", "ragged"
+        (np.savez_compressed if container == "npz-compressed" else np.savez)(path, ragged=arr)
+        ref = np.load(path, allow_pickle=True)["ragged"]
+    raw = path.read_bytes()
+    with tensorscope.open(path) as model:
+        names = [t.name for t in model.tensors]
+        assert names == [key, f"{key}[0, 0]", f"{key}[0, 1]", f"{key}[1, 0].weight", f"{key}[1, 1]"]
+        for t in model.tensors[1:]:
+            want = _element(ref, t.name, key)
+            got = model.read(t)
+            assert got.shape == want.shape and t.shape == want.shape
+            assert np.array_equal(got, want) and got.dtype == want.dtype.newbyteorder("=")
+            if container == "npy" and t.extras["numpy_dtype"][0] == "<":  # zero-copy, file bytes
+                assert raw[t.byte_offset:t.byte_offset + t.nbytes] == np.ascontiguousarray(want).tobytes(
+                    order="F" if want.flags.f_contiguous and not want.flags.c_contiguous else "C")
+        [rec] = model.evidence.pickles
+        assert rec.role == "npy.object"
