@@ -29,8 +29,6 @@ from typing import Any, Callable, Iterator
 from tensorscope.errors import FormatError, brief
 from tensorscope.model import FrozenDict, TensorInfo
 
-_NO_EXTRAS = FrozenDict()   # shared by the tensors without extras (read-only: copied to add)
-
 from . import pickle_vm
 from .pickle_vm import Call, Global
 
@@ -38,6 +36,7 @@ __all__ = ["StorageRef", "TensorRef", "SparseRef", "STORAGE_DTYPES", "TORCH_DTYP
            "rebuild_hooks", "named_tensors", "to_tensor_info", "ROOT_NAME"]
 
 ROOT_NAME = "<root>"  # the name of a tensor saved on its own (torch.save(tensor)): it has no key
+_NO_EXTRAS = FrozenDict()   # shared by the tensors without extras (read-only: copied to add)
 
 # Storage classes -> dtype. TorchScript writes classes that do not exist in Python's torch
 # namespace (UInt16Storage, Float8_e4m3fnStorage ...): the table covers them too.
