@@ -894,6 +894,7 @@ class _VM:
         self.buffers = 0
         self.hash_guard = _HashGuard(limits.max_depth)
         self.result = PickleResult()
+        self.recording = True   # False: calls and persistent ids are NotRecorded (see `run`)
 
     # -- errors --------------------------------------------------------------------------------
 
@@ -1326,7 +1327,8 @@ class _VM:
         memo.append(pid)
         at = m.end(9)                                   # BINPERSID
         self.fast_at = (at, 11)
-        self.result.persistent_ids.append((pid, at))
+        if self.recording:
+            self.result.persistent_ids.append((pid, at))
         load = self.persistent_load
         if load is None:
             storage = PersistentRef(pid, at)
@@ -1353,7 +1355,8 @@ class _VM:
 
     def reduce_global(self, func: Global, args: tuple, pos: int) -> Any:
         """REDUCE of a `Global` with an argument tuple, as `execute` runs it inline."""
-        self.result.calls.append(CallSeen(func, args, None, pos, "REDUCE"))
+        if self.recording:
+            self.result.calls.append(CallSeen(func, args, None, pos, "REDUCE"))
         hook = func._hook
         if hook is None:
             return Call(func, args, None, pos, "REDUCE")
@@ -2063,6 +2066,7 @@ def run(data: bytes | memoryview, *, start: int = 0, persistent_load=None,
     if not record_calls:
         vm.result.calls = NotRecorded("calls")
         vm.result.persistent_ids = NotRecorded("persistent ids")
+        vm.recording = False
     # The VM allocates up to millions of small acyclic objects. CPython's generational GC would
     # rescan the growing heap again and again (about a third of the run time), and it cannot
     # free anything here: pause it for the run and restore the caller's setting.
