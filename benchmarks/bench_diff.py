@@ -3,6 +3,7 @@
     python benchmarks/bench_diff.py              # generate once into benchmarks/.cache/, then measure
     python benchmarks/bench_diff.py --runs 5 --formats safetensors
     python benchmarks/bench_diff.py --cases finetune many --baseline ../main   # issue 17 / 13 cases
+    python benchmarks/bench_diff.py --cases finetune kernel    # the all-changed pair, CPU per pair
 
 Cases (``--cases``, default all):
 
@@ -11,6 +12,10 @@ Cases (``--cases``, default all):
   two layer norms and the rotary ``inv_freq`` buffer, embeddings, final norm, lm_head: 483 tensors)
   where EVERY tensor differs by ~1e-3 noise (a fine-tune): tensorscope, the torch loop, and the
   read-once floor ``cat A B > /dev/null`` (warm cache), measured in the same run;
+- ``kernel``: in-process, the fused pass's CPU time per element pair per dtype (one thread, pieces
+  in memory, the caller's and the pool's piece sizes), each numpy call of the float16 pass timed
+  on its own (the per-element cost breakdown), and ``diff_models`` on the fine-tune pair (wall, CPU
+  of every thread, CPU per element pair);
 - ``many``: a 100,000-tensor torch zip (``model.layers.L.mlp.experts.E.{gate,up,down}_proj.weight``,
   bfloat16 [4, 4]) against itself and against a copy where every 100th tensor changed; the peer
   loads both with ``torch.load(mmap=True)`` and runs ``torch.equal`` and max |a - b| per key.
@@ -23,9 +28,10 @@ in 4 tensors (a slice moved by 1e-3), as ``.pt`` (torch.save) and ``.safetensors
 of A for the identical case, and (``.pt`` only) a C where every tensor differs. Generated once (needs torch and safetensors) and kept in
 ``benchmarks/.cache/`` (gitignored).
 
-Each measurement is a whole process: wall time and peak RSS (``ru_maxrss`` of that child alone,
-through ``os.wait4``), the median of ``--runs`` runs after one warm-up run that fills the page
-cache. Peers:
+Each measurement is a whole process: wall time, CPU time (user + system of every thread) and peak
+RSS (``ru_maxrss``) of that child alone, through ``os.wait4``, the median of ``--runs`` runs after
+one warm-up run that fills the page cache. On a shared machine the CPU times are the steadier
+figures. Peers:
 
 - ``tensorscope diff A B --json`` (output to /dev/null);
 - torch: ``torch.load(mmap=True, weights_only=True)`` of both files, then ``(a[k] - b[k]).abs().max()``
@@ -71,6 +77,69 @@ b = torch.load(sys.argv[2], mmap=True, weights_only=True)
 n = sum(1 for k in a if not torch.equal(a[k], b[k]))
 m = max(float((a[k].double() - b[k].double()).abs().max()) for k in a)
 print(n, m)
+"""
+
+# CPU time per element pair of the fused pass (`diffing._Accumulator.add`) on pieces already in
+# memory, one thread, per dtype; then each numpy call of the float16 pass timed on its own, in
+# the pass's order (the per-element cost breakdown); then `diff_models` in-process on the
+# fine-tune pair (argv[1], argv[2]): wall, CPU of every thread, CPU per element pair.
+KERNEL = """
+import json, math, resource, sys, time
+import ml_dtypes, numpy as np
+import tensorscope
+from tensorscope import diffing
+diffing._blas_single_thread()
+tick = time.thread_time_ns
+rng = np.random.default_rng(0)
+n = 1 << 22
+out = {"per_dtype": {}, "float16_breakdown": {}}
+for dt in (np.float16, ml_dtypes.bfloat16, np.float32, ml_dtypes.float8_e4m3fn, np.int8):
+    base = rng.standard_normal(n) * (20 if dt is np.int8 else 0.02)
+    a = base.astype(dt)
+    b = (base + rng.standard_normal(n) * (2 if dt is np.int8 else 1e-3)).astype(dt)
+    for elems in sorted({diffing.FLOAT_ELEMS, diffing._pool_elems()}):
+        acc = diffing._Accumulator(1e-8, 1e-5, elems, False)
+        best = math.inf
+        for _ in range(3):
+            t0 = tick()
+            for i in range(0, n, elems):
+                acc.add(a[i:i + elems], b[i:i + elems])
+            best = min(best, (tick() - t0) / n)
+        out["per_dtype"][f"{np.dtype(dt).name} x {elems}"] = round(best, 3)
+k = diffing._pool_elems()
+base = rng.standard_normal(k) * 0.02
+pa, pb = base.astype(np.float16), (base + rng.standard_normal(k) * 1e-3).astype(np.float16)
+x, y, d, t, flag, u = diffing._buffers(k, False)
+steps = [("float16 -> float64, A", lambda: diffing._half_fast(pa, x, u)),
+         ("float16 -> float64, B", lambda: diffing._half_fast(pb, y, u)),
+         ("d = a - b", lambda: np.subtract(x, y, d)), ("d.d", lambda: np.dot(d, d)),
+         ("a.a", lambda: np.dot(x, x)), ("b.b", lambda: np.dot(y, y)),
+         ("a.b", lambda: np.dot(x, y)),
+         ("|d|", lambda: np.absolute(d, d)), ("max |d|", lambda: np.maximum.reduce(d)),
+         ("sum |d|", lambda: np.add.reduce(d)), ("|b|", lambda: np.absolute(y, t)),
+         ("|d| / |b|", lambda: np.divide(d, t, x)), ("max ratio", lambda: np.fmax.reduce(x)),
+         ("rtol*|b|", lambda: np.multiply(t, 1e-5, t)), ("+ atol", lambda: np.add(t, 1e-8, t)),
+         ("|d| > tol", lambda: np.greater(d, t, flag)), ("count", lambda: np.count_nonzero(flag))]
+cost = dict.fromkeys([name for name, _ in steps], math.inf)
+with np.errstate(all="ignore"):
+    for _ in range(30):
+        for name, f in steps:
+            t0 = tick()
+            f()
+            cost[name] = min(cost[name], (tick() - t0) / k)
+out["float16_breakdown"] = {name: round(c, 3) for name, c in cost.items()}
+out["float16_breakdown_total"] = round(sum(cost.values()), 3)
+if len(sys.argv) > 2:
+    with tensorscope.open(sys.argv[1]) as ma, tensorscope.open(sys.argv[2]) as mb:
+        r0, w0 = resource.getrusage(resource.RUSAGE_SELF), time.perf_counter()
+        res = diffing.diff_models(ma, mb)
+        w1, r1 = time.perf_counter(), resource.getrusage(resource.RUSAGE_SELF)
+    pairs = sum(e.values.numel for e in res.entries if e.values is not None)
+    cpu = r1.ru_utime - r0.ru_utime + r1.ru_stime - r0.ru_stime
+    out["diff_models"] = {"wall_s": round(w1 - w0, 2), "cpu_s": round(cpu, 2),
+                          "sys_s": round(r1.ru_stime - r0.ru_stime, 2),
+                          "ns_per_pair": round(cpu / pairs * 1e9, 2), "pairs": pairs}
+print(json.dumps(out))
 """
 
 LLAMA = {"hidden": 1280, "inter": 3456, "layers": 48, "vocab": 32000}
@@ -170,8 +239,9 @@ def generate(cache: Path) -> None:
     torch.save({k: v + 1e-3 for k, v in a.items()}, cache / "c.pt")
 
 
-def measure(argv: list[str], cwd: str | None = None) -> tuple[float, float, int]:
-    """Wall seconds, peak RSS in MB, exit status of one child process."""
+def measure(argv: list[str], cwd: str | None = None) -> tuple[float, float, int, float]:
+    """Wall seconds, peak RSS in MB, exit status, CPU seconds (user + system, every thread) of one
+    child process."""
     t0 = time.perf_counter()
     with open(os.devnull, "wb") as null:
         proc = subprocess.Popen(argv, stdout=null, stderr=subprocess.PIPE, cwd=cwd)
@@ -182,7 +252,7 @@ def measure(argv: list[str], cwd: str | None = None) -> tuple[float, float, int]
     code = os.waitstatus_to_exitcode(status)
     if code not in (0, 1):
         raise SystemExit(f"{argv} failed ({code}): {err}")
-    return wall, usage.ru_maxrss / 1024, code
+    return wall, usage.ru_maxrss / 1024, code, usage.ru_utime + usage.ru_stime
 
 
 def bench(label: str, argv: list[str], runs: int) -> dict:
@@ -190,7 +260,8 @@ def bench(label: str, argv: list[str], runs: int) -> dict:
     results = [measure(argv) for _ in range(runs)]
     wall = statistics.median(r[0] for r in results)
     rss = statistics.median(r[1] for r in results)
-    return {"label": label, "wall_s": wall, "rss_mb": rss, "exit": results[0][2]}
+    return {"label": label, "wall_s": wall, "rss_mb": rss, "exit": results[0][2],
+            "cpu_s": statistics.median(r[3] for r in results)}
 
 
 def bench_round(commands: dict[str, tuple[list[str], str | None]], runs: int) -> dict:
@@ -204,6 +275,7 @@ def bench_round(commands: dict[str, tuple[list[str], str | None]], runs: int) ->
             got[k].append(measure(argv, cwd))
     return {k: {"label": k, "wall_s": statistics.median(r[0] for r in v),
                 "rss_mb": statistics.median(r[1] for r in v), "exit": v[0][2],
+                "cpu_s": statistics.median(r[3] for r in v),
                 "walls": [round(r[0], 2) for r in v]} for k, v in got.items()}
 
 
@@ -240,7 +312,7 @@ def main(argv=None) -> int:
                     choices=["pt", "safetensors"])
     ap.add_argument("--cache", type=Path, default=CACHE)
     ap.add_argument("--cases", nargs="+", default=["pair", "finetune", "many"],
-                    choices=["pair", "finetune", "many"])
+                    choices=["pair", "finetune", "many", "kernel"])
     ap.add_argument("--baseline", metavar="DIR",
                     help="also run `python -m tensorscope` from this checkout (before/after)")
     args = ap.parse_args(argv)
@@ -252,9 +324,29 @@ def main(argv=None) -> int:
             ours = res["tensorscope diff --json"]
             for k, r in res.items():
                 ratio = r["wall_s"] / ours["wall_s"]
-                print(f"  {k:32} {r['wall_s']:7.2f} s {r['rss_mb']:7.0f} MB  "
-                      f"(x{ratio:.2f} of tensorscope's time; runs {r['walls']})", flush=True)
+                cpu = r["cpu_s"] / ours["cpu_s"]
+                print(f"  {k:32} {r['wall_s']:7.2f} s wall {r['cpu_s']:7.2f} s CPU "
+                      f"{r['rss_mb']:7.0f} MB  (x{ratio:.2f} of tensorscope's wall, x{cpu:.2f} of "
+                      f"its CPU; runs {r['walls']})", flush=True)
                 rows.append((label, r))
+    if "kernel" in args.cases:
+        a, b = map(str, generate_finetune(args.cache))
+        import json
+        got = json.loads(subprocess.run([py, "-c", KERNEL, a, b], check=True,
+                                        stdout=subprocess.PIPE, text=True).stdout)
+        print(f"\nfused pass, CPU ns per element pair, one thread, pieces in memory "
+              f"(load average {os.getloadavg()[0]:.1f}):")
+        for k, v in got["per_dtype"].items():
+            print(f"  {k:28} {v:6.2f} ns")
+        print("float16 pass, each numpy call on its own (ns per element pair):")
+        for k, v in got["float16_breakdown"].items():
+            print(f"  {k:28} {v:6.3f} ns")
+        print(f"  {'sum':28} {got['float16_breakdown_total']:6.3f} ns")
+        dm = got.get("diff_models")
+        if dm:
+            print(f"diff_models in-process on the fine-tune pair: {dm['wall_s']} s wall, "
+                  f"{dm['cpu_s']} s CPU ({dm['sys_s']} s system), {dm['ns_per_pair']} ns CPU "
+                  f"per element pair over {dm['pairs']:,} pairs")
     if "pair" in args.cases:
         generate(args.cache)
     for fmt in (args.formats if "pair" in args.cases else []):
@@ -275,10 +367,11 @@ def main(argv=None) -> int:
                   f"{theirs['rss_mb']:7.0f} MB  |  speed-up x{theirs['wall_s'] / ours['wall_s']:.1f}",
                   flush=True)
     print()
-    print("| input | tool | wall (median) | peak RSS |")
-    print("|---|---|---:|---:|")
+    print("| input | tool | wall (median) | CPU (median) | peak RSS |")
+    print("|---|---|---:|---:|---:|")
     for case, r in rows:
-        print(f"| {case} | {r['label']} | {r['wall_s']:.2f} s | {r['rss_mb']:.0f} MB |")
+        print(f"| {case} | {r['label']} | {r['wall_s']:.2f} s | {r['cpu_s']:.2f} s "
+              f"| {r['rss_mb']:.0f} MB |")
     return 0
 
 

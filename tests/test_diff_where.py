@@ -11,7 +11,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 import torch
-from hypothesis import HealthCheck, given, settings, strategies as st
+from hypothesis import HealthCheck, example, given, settings, strategies as st
 
 from tensorscope import diffing, grouping, safetext
 from tensorscope.cli import main
@@ -81,6 +81,119 @@ def test_threaded_slices_fold_to_the_serial_figures(tmp_path, monkeypatch):
     for k in ("max_rel", "mean_abs", "rms", "cosine", "norm_a", "norm_diff"):
         assert getattr(threaded, k) == pytest.approx(getattr(serial, k), rel=1e-12), k
     check_against(threaded, oracle(torch_of(xa), torch_of(xb)), rel=1e-9)
+
+
+# -- the kernel's own shortcuts, each against the exact route -------------------------------------
+def test_half_fast_widening_is_exact_on_every_float16():
+    """All 65,536 float16 bit patterns: the integer-pass widening equals numpy's cast on every
+    finite value (signed zeros and subnormals included), and every Inf/NaN pattern is caught by
+    the x·x >= HALF_OVER test that sends a piece back to the exact cast, which no finite value
+    reaches."""
+    h = np.arange(1 << 16, dtype=np.uint32).astype(np.uint16).view(np.float16)
+    out = np.empty(h.size)
+    diffing._half_fast(h, out, np.empty(h.size, np.uint32))
+    exact = h.astype(np.float64)
+    fin = np.isfinite(exact)
+    assert np.array_equal(out[fin], exact[fin])
+    assert np.array_equal(np.signbit(out[fin]), np.signbit(exact[fin]))
+    assert (out[fin] ** 2 < diffing.HALF_OVER).all()
+    assert (out[~fin] ** 2 >= diffing.HALF_OVER).all() and (~fin).sum() == 2 * 1024
+
+
+@pytest.mark.parametrize("dt,big,small", [(np.float16, 2048.0, 2.0 ** -14),
+                                           (ml_dtypes.bfloat16, 2.0 ** 20, 2.0 ** -20)])
+def test_differences_that_float32_would_round_are_exact(tmp_path, dt, big, small):
+    """Why the pass stays float64 after widening: two float16 (bfloat16) values whose exponents
+    are far apart have a difference that float32 rounds (2048 - 2^-14 needs 26 significant bits),
+    so max_abs would be off; the float64 pass gets torch's float64 figure exactly."""
+    a = np.array([big, 1.0, 0.5], dtype=dt)
+    b = np.array([small, 1.0, -0.5], dtype=dt)
+    f32 = np.float32(a[0]) - np.float32(b[0])
+    assert float(f32) != float(a[0]) - float(b[0])  # float32 rounds it
+    ma = raw_model(tmp_path / "a.bin", {"t": a})
+    mb = raw_model(tmp_path / "b.bin", {"t": b})
+    (e,) = diff_models(ma, mb).entries
+    check_against(e.values, oracle(torch_of(a), torch_of(b)), rel=1e-12)
+    assert e.values.max_abs == big - small
+
+
+def test_sums_keep_float64_accuracy_at_tensor_scale(tmp_path):
+    """A million float16 normals through the pool's pieces: the norms, the cosine and the sums to
+    1e-9 of torch's float64 figures. OpenBLAS's float32 dot product of these same values is off by
+    ~5e-6 (float32 accumulation): the reason the sums run on float64 copies."""
+    r = np.random.default_rng(6)
+    xa = r.standard_normal(1 << 20).astype(np.float16)
+    xb = (xa + r.standard_normal(1 << 20) * 0.01).astype(np.float16)
+    ma = raw_model(tmp_path / "a.bin", {"t": xa})
+    mb = raw_model(tmp_path / "b.bin", {"t": xb})
+    (e,) = diff_models(ma, mb).entries
+    check_against(e.values, oracle(torch_of(xa), torch_of(xb)), rel=1e-9)
+
+
+_SPECIALS = np.array([0.0, -0.0, np.inf, -np.inf, np.nan, 65504.0, -65504.0, 6e-8, -6e-8, 1e-5,
+                      3.0e38, -3.0e38])
+
+
+@settings(max_examples=25, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(n=st.integers(1, 40_000), da=st.sampled_from(DTYPES), db=st.sampled_from(DTYPES),
+       elems=st.sampled_from([3, 64, 1000, 8192]), specials=st.integers(0, 6),
+       seed=st.integers(0, 2**31))
+@example(n=20_000, da=np.float16, db=np.float16, elems=64, specials=6, seed=2)  # Inf/NaN fallback
+@example(n=20_000, da=ml_dtypes.bfloat16, db=np.float16, elems=1000, specials=6, seed=3)
+def test_pool_pieces_and_special_values_match_torch_float64(tmp_path_factory, monkeypatch, n, da,
+                                                             db, elems, specials, seed):
+    """The pool's larger pieces (8 x FLOAT_ELEMS with BLAS pinned) over piece boundaries, with
+    Inf, NaN, signed zeros, subnormals and the largest finite values sprinkled in (each dtype
+    rounds them its own way: float16 overflows 3e38 to Inf, int8 casts wrap): the float16 fast
+    widening's fallback, the careful path and the zero-of-B path, against torch in float64."""
+    r = np.random.default_rng(seed)
+    xa, xb = pair(r, n, da, db, zeros=bool(seed % 2))
+    for x in (xa, xb):
+        if specials:
+            pos = r.integers(0, n, specials)
+            with np.errstate(all="ignore"):
+                x[pos] = _SPECIALS[r.integers(0, len(_SPECIALS), specials)].astype(x.dtype)
+    d = tmp_path_factory.mktemp("s")
+    ma = raw_model(d / "a.bin", {"t": xa})
+    mb = raw_model(d / "b.bin", {"t": xb})
+    with monkeypatch.context() as m:
+        m.setattr(diffing, "FLOAT_ELEMS", elems)
+        m.setattr(diffing, "PARALLEL_ELEMS", 100)
+        m.setattr(diffing, "RELEASE_BYTES", 4096)
+        (e,) = diff_models(ma, mb, chunk_bytes=elems * 32).entries
+    if e.values.identical_bytes:
+        return
+    check_against(e.values, oracle(torch_of(xa), torch_of(xb)), rel=1e-6)
+
+
+def test_pool_threads_pin_blas_to_one_thread():
+    """numpy's OpenBLAS can pin a thread's BLAS to one thread: the pool's threads are pinned
+    and take POOL_ELEMS pieces; without it they keep below OpenBLAS's own threading threshold."""
+    lib = diffing._openblas()
+    if lib is None:
+        assert diffing._pool_elems() == diffing.FLOAT_ELEMS <= 10_000
+        pytest.skip("numpy's BLAS is not an OpenBLAS with openblas_set_num_threads_local")
+    assert diffing._pool_elems() == diffing.POOL_ELEMS
+    # the setter returns the calling thread's previous count: 1 on a pool thread
+    got = diffing._pool().submit(lambda: lib.openblas_set_num_threads_local(1)).result()
+    assert got == 1
+
+
+def test_norms_of_identical_tensors_come_from_the_byte_pass(tmp_path, monkeypatch):
+    """--by (norms=True): an identical pair is read once, its norm taken while its bytes are
+    compared (no second pass over A), equal to torch's."""
+    x = np.random.default_rng(4).standard_normal(50_000).astype(np.float16)
+    ma = raw_model(tmp_path / "a.bin", {"t": x})
+    mb = raw_model(tmp_path / "b.bin", {"t": x.copy()})
+    handed: list[int] = []
+    orig = diffing.iter_flat_chunks
+    monkeypatch.setattr(diffing, "iter_flat_chunks",
+                        lambda arr, n: (handed.append(p.size) or p for p in orig(arr, n)))
+    (e,) = diff_models(ma, mb, norms=True, chunk_bytes=4096).entries
+    assert e.values.identical_bytes and e.values.cosine == 1.0
+    assert sum(handed) == 2 * x.size  # A and B once each
+    assert e.values.norm_a == pytest.approx(float(torch.from_numpy(x).double().norm()), rel=1e-12)
 
 
 # -- where did it change ----------------------------------------------------------------------------
