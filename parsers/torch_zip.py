@@ -22,7 +22,7 @@ from tensorscope.errors import FormatError
 from tensorscope.model import ModelFile, PickleRecord
 from tensorscope.source import ByteSource
 
-from . import pickle_vm, torch_pickle, zip_dispatch
+from . import pickle_vm, torch_pickle, zip_dispatch, zipfmt
 from .torch_pickle import StorageRef
 from .zipfmt import METHOD_STORED, ZipArchive
 
@@ -195,6 +195,7 @@ def open_zip(src: ByteSource, archive: ZipArchive) -> ModelFile:
         storages.clear()
         root, result.value = result.value, None
         model.tensors = build_tensor_list(root, FORMAT, src.path, model, consume=True)
+        zipfmt.release_pages(src)   # the pickle's pages: the listing has read them
     else:
         model.objects = result.value
         model.tensors = build_tensor_list(result.value, FORMAT, src.path, model)

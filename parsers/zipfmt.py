@@ -52,7 +52,7 @@ missing or inconsistent), ``zip.bad_extra_field`` (extra field lengths overrun),
 member whose compressed and uncompressed sizes differ: miniz rejects the whole archive).
 
 Public API: `read_zip`, `sniff`, `ZipArchive` (`get`, `names`, `data`, `read_bytes`,
-`verify_crc`, `torch_prefix`), `ZipMember`.
+`verify_crc`, `torch_prefix`, `release`), `ZipMember`, `release_pages`.
 
 Cost: O(central directory). Listing reads the EOCD region, the CD, each local header and each
 data descriptor; member data only for the optional CRC check of STORED members <= 1 MiB.
@@ -759,16 +759,9 @@ class _Reader:
 
     def release_pages(self) -> None:
         """Unmap the pages of the file this read touched through the map (every local header and
-        small member of a dense archive: all of a 10^5-member checkpoint's pages). They stay in
-        the page cache, and fault back in when read again (the pickle, tensor values); the
-        resident set no longer carries bytes the listing has merely passed."""
-        mm = getattr(self.src, "_mmap", None) if self.buf is not None and not self.sparse \
-            else None
-        if mm is not None and hasattr(mmap, "MADV_DONTNEED"):
-            try:
-                mm.madvise(mmap.MADV_DONTNEED)
-            except (OSError, ValueError):   # a hint only: a kernel that refuses it changes nothing
-                pass
+        small member of a dense archive: all of a 10^5-member checkpoint's pages)."""
+        if self.buf is not None and not self.sparse:
+            release_pages(self.src)
 
     def locate_cd(self, cd_offset: int, cd_size: int, concat: int, n_total: int,
                   eocd_pos: int) -> tuple[int, int]:
@@ -1266,6 +1259,18 @@ def read_zip(src: ByteSource, *, max_members: int = 1_000_000,
         ('model', 64)
     """
     return _Reader(src, max_members, check_small_crc).read()
+
+
+def release_pages(src) -> None:
+    """Drop the pages of ``src``'s map from the resident set (MADV_DONTNEED). They stay in the
+    page cache and fault back in when read again (the pickle, tensor values): the resident set
+    no longer carries bytes a parse has merely passed. A hint: no-op for other sources."""
+    mm = getattr(src, "_mmap", None)
+    if mm is not None and hasattr(mmap, "MADV_DONTNEED"):
+        try:
+            mm.madvise(mmap.MADV_DONTNEED)
+        except (OSError, ValueError):   # a hint only: a kernel that refuses it changes nothing
+            pass
 
 
 def _prefetch_local_headers(src, cd, prepended: int) -> None:
