@@ -185,6 +185,11 @@ def run(sizes=SIZES[:3], runs: int = 1, root: Path | None = None, log=print,
     size)."""
     root = root or CACHE / "scale"
     generate_in_child(root, sizes)
+    # The bytecode a pip install writes (peers' packages have theirs): with an editable install
+    # and PYTHONDONTWRITEBYTECODE set, every run would compile tensorscope again (~0.05 s).
+    import compileall
+    for package in ("tensorscope", "parsers", "tui"):
+        compileall.compile_dir(str(HERE.parent / package), quiet=1)
     out_dir = Path(tempfile.mkdtemp(prefix="tsbench-scale-"))
     rows = []
     try:

@@ -25,7 +25,10 @@ A tensorscope command that does not exist yet, or a peer that is not installed, 
 "not available" row instead of failing the run.
 
 Cases (``--only``): inspect, scale, read, scan, diff, convert, tui, pertensor (every command on
-1k / 10k / 100k / 1M tiny tensors, `bench_scale.py`; ``--skip-1m`` leaves out the 1M listing).
+1k / 10k / 100k / 1M tiny tensors, `bench_scale.py`; ``--skip-1m`` leaves out the 1M listing),
+remote (inspect and scan of the 2 GB models over HTTP from a local server with 20 ms per request,
+`bench_remote.py`) and fleet (``scan`` of a folder of 1,000 small model files at ``--jobs 1``,
+``--jobs 2`` and ``--dask local``, and 300 of them as URLs, `bench_remote.py`).
 Output: the results table with the machine it ran on, in BENCHMARKS.md (``--out``), and the raw
 samples in ``<cache>/results.json``.
 """
@@ -49,7 +52,9 @@ from common import CACHE, SHARD_BYTES, Result, measure, run_once  # noqa: E402
 ROOT = HERE.parent
 PY = sys.executable
 TS = [PY, "-m", "tensorscope"]
-CASES = ("inspect", "scale", "read", "scan", "diff", "convert", "tui", "pertensor")
+CASES = ("inspect", "scale", "read", "scan", "diff", "convert", "tui", "pertensor", "remote",
+         "fleet")
+REMOTE_DELAY = 0.02                     # seconds added to every request of the local HTTP server
 READ_NAME = "layer.250.weight"          # a tensor in the middle of the 2 GB state dict
 ONNX_READ_NAME = "model.layers.25.mlp.w0.weight"
 
@@ -286,9 +291,9 @@ class Bench:
         self.cache.mkdir(parents=True, exist_ok=True)
         print(f"inputs in {self.cache} (generated once)", flush=True)
         calls = []
-        if set(cases) & {"inspect", "read", "scan", "diff", "convert", "tui"}:
+        if set(cases) & {"inspect", "read", "scan", "diff", "convert", "tui", "remote"}:
             calls.append(("gen_state_dicts", (str(self.cache), self.quick)))
-        if set(cases) & {"inspect", "read"}:
+        if set(cases) & {"inspect", "read", "remote"}:
             calls.append(("gen_onnx", (str(self.cache), self.quick)))
         if set(cases) & {"inspect", "tui"}:
             calls.append(("gen_many", (str(self.cache), self.many)))
@@ -446,6 +451,19 @@ class Bench:
         self.pertensor = bench_scale.run(sizes, self.runs, root=self.cache / "scale",
                                          commands={"inspect --json"} if self.quick else None)
 
+    def case_remote(self) -> None:
+        import bench_remote   # the driver stays free of torch/numpy: children do the work
+        print("remote (inspect / scan over HTTP)", flush=True)
+        self.remote = bench_remote.run_remote(str(self.cache), REMOTE_DELAY, self.runs)
+
+    def case_fleet(self) -> None:
+        import bench_remote
+        print("fleet (scan --jobs / --dask)", flush=True)
+        folder = bench_remote.prepare(str(self.cache), self.quick, 40 if self.quick else 1000,
+                                      remote=False)
+        self.fleet = bench_remote.run_fleet(folder, self.runs, REMOTE_DELAY,
+                                            remote_files=40 if self.quick else 300)
+
     def case_tui(self) -> None:
         import bench_tui   # only strings and constants at import time
         p = self.paths()
@@ -541,6 +559,14 @@ class Bench:
                 import bench_scale
                 lines += [bench_scale.render(self.pertensor)]
                 continue
+            if case in ("remote", "fleet"):
+                if case == "fleet" and "remote" in cases:
+                    continue   # one section for both, written at "remote"
+                import bench_remote
+                lines += [bench_remote.render({"remote": getattr(self, "remote", None),
+                                               "fleet": getattr(self, "fleet", None),
+                                               "delay_s": REMOTE_DELAY, "repeat": self.runs})]
+                continue
             rows = [r for r in self.rows if r.case == case]
             if not rows:
                 continue
@@ -620,7 +646,8 @@ def main(argv: list[str] | None = None) -> int:
                                                          "error": res.error,
                                                          "runs": [(s.wall, s.rss) for s in res.runs]})
                         for side, res in (("ours", r.ours), ("peer", r.peer))}}
-                    for r in bench.rows]}
+                    for r in bench.rows],
+           "remote": getattr(bench, "remote", None), "fleet": getattr(bench, "fleet", None)}
     (bench.cache / "results.json").write_text(json.dumps(raw, indent=2))
     print(f"\nwrote {out}")
     print(text)

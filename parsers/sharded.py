@@ -33,6 +33,7 @@ Public: ``FORMAT``, ``sniff_dir(path)``, ``open_dir(path)``, ``open_index(path)`
 from __future__ import annotations
 
 import json
+import operator
 import os
 import re
 from typing import Any
@@ -41,6 +42,8 @@ from tensorscope import remote
 from tensorscope.errors import FormatError
 from tensorscope.model import ModelFile
 from tensorscope.remote import is_url
+
+from . import safetensors
 
 __all__ = ["FORMAT", "sniff_dir", "open_dir", "open_index", "is_index_file", "single_file"]
 
@@ -200,30 +203,65 @@ def _read_index(path: str) -> tuple[dict, dict, list[str]]:
                 raw = f.read(size + 1)  # not INDEX_MAX + 1: read() allocates what it asks for
     except OSError as e:
         raise _fail(f"cannot read the index: {e.strerror}", path) from None
+    encoding = json.detect_encoding(raw)
+    strings = _string_count(raw) if encoding == "utf-8" else -1   # UTF-16/32: not counted
+    try:   # decoded as json.loads decodes bytes, and the bytes dropped (a 1M index: 90 MB)
+        text = raw.decode(encoding, "surrogatepass")
+    except ValueError as e:
+        raise _fail(f"invalid index JSON: {e}", path) from None
+    del raw
+    doc = _loads_index(text, path, None)
     dups: list[str] = []
+    if strings != _strings(doc):   # a key appeared twice: read again to name it
+        def pairs(items):
+            d = {}
+            for k, v in items:
+                if k in d:
+                    dups.append(k)
+                d[k] = v
+            return d
+        doc = _loads_index(text, path, pairs)
+    if not isinstance(doc, dict) or not isinstance(doc.get("weight_map"), dict):
+        raise _fail('index has no "weight_map" object', path)
+    wm = doc["weight_map"]
+    if set(map(type, wm.values())) - {str}:
+        k, v = next((k, v) for k, v in wm.items() if not isinstance(v, str))
+        raise _fail(f"weight_map[{k!r}] is {type(v).__name__}, not a shard file name", path)
+    meta = doc.get("metadata") if isinstance(doc.get("metadata"), dict) else {}
+    return wm, meta, dups
 
-    def pairs(items):
-        d = {}
-        for k, v in items:
-            if k in d:
-                dups.append(k)
-            d[k] = v
-        return d
+
+def _loads_index(text: str, path: str, pairs) -> Any:
     try:
-        doc = json.loads(raw, object_pairs_hook=pairs)
+        return json.loads(text, object_pairs_hook=pairs)
     except RecursionError:
         raise _fail("index JSON nests too deeply", path) from None
     except ValueError as e:
         pos = getattr(e, "pos", None)
         raise _fail(f"invalid index JSON: {e}", path, pos if isinstance(pos, int) else None) from None
-    if not isinstance(doc, dict) or not isinstance(doc.get("weight_map"), dict):
-        raise _fail('index has no "weight_map" object', path)
-    wm = doc["weight_map"]
-    for k, v in wm.items():
-        if not isinstance(v, str):
-            raise _fail(f"weight_map[{k!r}] is {type(v).__name__}, not a shard file name", path)
-    meta = doc.get("metadata") if isinstance(doc.get("metadata"), dict) else {}
-    return wm, meta, dups
+
+
+# Duplicate keys, without a Python hook per object (a 1M-tensor index is one object of 10^6
+# pairs): json keeps the last value of a repeated key, so the parsed document then holds fewer
+# strings (keys and string values) than the text. Counted in C: without a backslash every quote
+# delimits a string; with one, a regex skips the escaped quotes.
+_STRING = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"')
+
+
+def _string_count(raw: bytes) -> int:
+    return raw.count(b'"') // 2 if b"\\" not in raw else len(_STRING.findall(raw))
+
+
+def _strings(v: Any) -> int:
+    """Strings (keys and values) in a parsed JSON value; a weight_map's are counted in C."""
+    if isinstance(v, dict):
+        vals = v.values()
+        if set(map(type, vals)) <= {str}:
+            return 2 * len(v)
+        return len(v) + sum(map(_strings, vals))
+    if isinstance(v, list):
+        return sum(map(_strings, v))
+    return isinstance(v, str)
 
 
 class _Merger:
@@ -257,41 +295,38 @@ def _from_index(index: str, folder: str, root: str) -> ModelFile:
     model = merger.model
     model.files.append(index)
     try:
-        order: list[str] = []
-        first: dict[str, str] = {}
-        for tname, shard in wm.items():
-            if shard not in first:
-                first[shard] = tname
-                order.append(shard)
-        for shard in order:
-            merger.add(shard, _open_shard(folder, root, shard, index,
-                                          f"(named by the index for {first[shard]!r})"))
+        # The map as two columns: the names (name -> the same string, in the map's order; the
+        # shards' records take these strings instead of their own copies) and each one's shard
+        # (one string per shard name: json makes one per value). The map itself, and its 10^5-
+        # 10^6 value strings, are dropped before the shards are read.
+        canon: dict[str, str] = {}
+        shards = list(map(canon.setdefault, wm.values(), wm.values()))
+        names = dict(zip(wm, wm))
+        del wm, canon
+        order = list(dict.fromkeys(shards))                     # in first-mapped order
+        first = dict(zip(reversed(shards), reversed(names)))    # shard -> first tensor mapped
+        with safetensors.sharing_names(names):
+            for shard in order:
+                merger.add(shard, _open_shard(folder, root, shard, index,
+                                              f"(named by the index for {first[shard]!r})"))
+        del first
         for name in dups:
             model.evidence.add("sharded.duplicate_key", f"weight_map names {name!r} twice; the "
                                "last entry wins", file=index)
-        mapped = set(wm)
-        by_name = {shard: merger.opened[shard]._by_name() for shard in order}
-        for tname, shard in wm.items():
-            t = by_name[shard].get(tname)
-            if t is None:
-                raise _fail(f"tensor {tname!r} is mapped to shard {shard}, which does not hold it",
-                            index)
-            model.tensors.append(t)
-        for shard in order:
-            for t in merger.opened[shard].tensors:
-                if t.name not in mapped:
-                    model.evidence.add("sharded.unmapped_tensor", f"shard {shard} holds {t.name!r}, "
-                                       "which the index does not map (transformers loads it anyway)",
-                                       file=index)
-                    model.tensors.append(t)
-                elif wm[t.name] != shard:
-                    model.evidence.add("sharded.duplicate_tensor", f"{t.name!r} is in shard {shard} "
-                                       f"too; the index maps it to {wm[t.name]}", file=index)
+        subs = [merger.opened[shard] for shard in order]
+        tensors = _mapped(names, shards, order, subs)
+        exact = tensors is not None
+        if not exact:
+            tensors = _mapped_slowly(dict(zip(names, shards)), order, merger.opened,
+                                     model.evidence, index)
+        model.tensors = tensors
         total = imeta.get("total_size")
-        # One storage under two names (tied weights) is counted once, as transformers does.
-        spans = {(t.file, t.byte_offset, t.nbytes) if t.byte_offset is not None else id(t): t.nbytes
-                 for t in model.tensors[:len(wm)]}
-        mapped_bytes = sum(spans.values())
+        if exact and all(sub.format == "safetensors" for sub in subs):
+            mapped_bytes = sum(map(_nbytes, tensors))   # safetensors tiles: no shared bytes
+        else:   # one storage under two names (tied weights) counts once, as in transformers
+            spans = {(t.file, t.byte_offset, t.nbytes) if t.byte_offset is not None else id(t):
+                     t.nbytes for t in tensors[:len(names)]}
+            mapped_bytes = sum(spans.values())
         if isinstance(total, int) and not isinstance(total, bool) and total != mapped_bytes:
             model.evidence.add("sharded.total_size_mismatch", f"index total_size is {total}, the "
                                f"mapped tensors take {mapped_bytes} bytes", file=index)
@@ -301,6 +336,60 @@ def _from_index(index: str, folder: str, root: str) -> ModelFile:
     except BaseException:
         merger.close()
         raise
+
+
+_name = operator.attrgetter("name")
+_file = operator.attrgetter("file")
+_nbytes = operator.attrgetter("nbytes")
+
+
+def _mapped(names: dict, shards: list[str], order: list[str], subs: list[ModelFile]) -> list | None:
+    """The records in index order (``names``, with ``shards`` the shard of each) when every
+    mapped tensor is in its shard and the shards hold nothing else, each name once (checked in
+    C over whole columns); else None."""
+    records: dict[str, Any] = {}
+    shard_of: dict[str, str] = {}   # record file -> shard
+    held = 0
+    for shard, sub in zip(order, subs):
+        records.update(zip(map(_name, sub.tensors), sub.tensors))
+        held += len(sub.tensors)
+        for f in set(map(_file, sub.tensors)):
+            if shard_of.setdefault(f, shard) != shard:
+                return None
+    if not len(records) == held == len(names):
+        return None
+    try:   # as many distinct names as the map, each of the map's found: the same names
+        tensors = list(map(records.__getitem__, names))
+    except KeyError:
+        return None
+    if list(map(shard_of.__getitem__, map(_file, tensors))) != shards:
+        return None
+    return tensors
+
+
+def _mapped_slowly(wm: dict, order: list[str], opened: dict[str, ModelFile], evidence,
+                   index: str) -> list:
+    """`_mapped` one tensor at a time: the error or the anomalies (tensors in no shard, in a
+    shard the map does not name, or in two shards)."""
+    tensors = []
+    by_name = {shard: opened[shard]._by_name() for shard in order}
+    for tname, shard in wm.items():
+        t = by_name[shard].get(tname)
+        if t is None:
+            raise _fail(f"tensor {tname!r} is mapped to shard {shard}, which does not hold it",
+                        index)
+        tensors.append(t)
+    for shard in order:
+        for t in opened[shard].tensors:
+            if t.name not in wm:
+                evidence.add("sharded.unmapped_tensor", f"shard {shard} holds {t.name!r}, "
+                             "which the index does not map (transformers loads it anyway)",
+                             file=index)
+                tensors.append(t)
+            elif wm[t.name] != shard:
+                evidence.add("sharded.duplicate_tensor", f"{t.name!r} is in shard {shard} "
+                             f"too; the index maps it to {wm[t.name]}", file=index)
+    return tensors
 
 
 def _from_shards(folder: str, root: str, key: tuple[str, str, str], names: list[str]) -> ModelFile:

@@ -50,6 +50,18 @@ def _available(names: list[str]):
         yield name, _parser(name)
 
 
+# Tests that a parser's own sniff would fail, made before importing it: the zip readers and the
+# DCP reader (which brings the pickle VM) are a third of the start-up of a safetensors listing.
+# Each is implied by the module's sniff (zipfmt.sniff: b"PK\x03\x04" or b"PK\x05\x06"; dcp:
+# a ``.metadata`` file).
+def _may_sniff(name: str, head: bytes) -> bool:
+    return name != "zip_dispatch" or head[:2] == b"PK"
+
+
+def _may_sniff_dir(name: str, path: str) -> bool:
+    return name != "dcp" or os.path.exists(os.path.join(path, ".metadata"))
+
+
 def identify(path: str | os.PathLike) -> list[str]:
     """Formats whose signature matches, best first (empty when none does)."""
     path = os.fspath(path)
@@ -151,7 +163,10 @@ def _open_model(path: str, format: str | None) -> ModelFile:
         raise FileMissing(path, "no such file or directory")
     if os.path.isdir(path):
         _listable(path)
-        for _, mod in _available(DIR_PARSERS):
+        for name in DIR_PARSERS:
+            if format is None and not _may_sniff_dir(name, path):
+                continue
+            mod = _parser(name)
             if (format is None or mod.FORMAT == format) and mod.sniff_dir(path):
                 return mod.open_dir(path)
         raise UnknownFormat(f"{path}: folder holds no model this tool recognises "
@@ -177,7 +192,15 @@ def _open_url(url: str, format: str | None) -> ModelFile:
     return _open_source(src, url, format)
 
 
-def _open_source(src, path: str, format: str | None) -> ModelFile:
+def open_model_source(src, path: str, *, format: str | None = None) -> ModelFile:
+    """`open_model` on a file source the caller already holds open (the scan's, so that a URL
+    is not opened, and its head fetched, a second time). The source stays the caller's: it is
+    not closed when parsing fails."""
+    with gc_paused():
+        return _open_source(src, path, format, owned=False)
+
+
+def _open_source(src, path: str, format: str | None, *, owned: bool = True) -> ModelFile:
     advise = getattr(src, "advise", None)   # a local map (a remote source fetches by range)
     if advise is not None:
         advise(random=True)  # parsing touches headers only: no read-ahead around them
@@ -185,7 +208,10 @@ def _open_source(src, path: str, format: str | None) -> ModelFile:
         head = src.head(HEAD_BYTES)
         if src.size == 0:
             raise FormatError("empty file", file=path)
-        for _, mod in _available(FILE_PARSERS):
+        for name in FILE_PARSERS:
+            if format is None and not _may_sniff(name, head):
+                continue
+            mod = _parser(name)
             if format is not None and format not in getattr(mod, "FORMATS", (mod.FORMAT,)):
                 continue
             if format is not None or mod.sniff(head, src.size):
@@ -203,7 +229,8 @@ def _open_source(src, path: str, format: str | None) -> ModelFile:
         raise UnknownFormat(f"{path}: not a model file this tool recognises "
                             f"(starts with {head[:8]!r}, {src.size} bytes)")
     except BaseException:
-        src.close()
+        if owned:
+            src.close()
         raise
 
 

@@ -29,13 +29,11 @@ the budget (the counters say so); otherwise it is a `RemoteError` before anythin
 """
 from __future__ import annotations
 
-import http.client
 import mmap
 import os
 import posixpath
 import random
 import re
-import ssl
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -157,6 +155,13 @@ def reset_totals() -> None:
             _TOTALS[k] = 0
 
 
+def _net_errors() -> tuple:
+    """OSError and http.client's errors. http.client (with ssl and email) is imported on first
+    use: ~30 ms of start-up that commands on local files never need."""
+    import http.client
+    return OSError, http.client.HTTPException
+
+
 class _Retry(Exception):
     """A transient failure: try the request again (after a backoff)."""
 
@@ -176,6 +181,8 @@ class _HTTP:
         conns = self._local.__dict__.setdefault("conns", {})
         conn = conns.get((scheme, netloc))
         if conn is None:
+            import http.client
+            import ssl
             if scheme == "https":
                 conn = http.client.HTTPSConnection(netloc, timeout=self.timeout,
                                                    context=ssl.create_default_context())
@@ -213,7 +220,7 @@ class _HTTP:
                     conn.request("GET", target, headers=headers)
                     resp = conn.getresponse()
                     break
-                except (OSError, http.client.HTTPException) as e:
+                except _net_errors() as e:
                     self._drop(parts.scheme, parts.netloc)
                     if reused and not fresh:
                         continue  # the server closed an idle keep-alive connection: reconnect
@@ -344,7 +351,7 @@ def _read_exact(resp, n: int, url: str, start: int) -> bytes:
     try:
         data = resp.read(n)
         extra = resp.read(1) if len(data) == n else b""
-    except (OSError, http.client.HTTPException) as e:
+    except _net_errors() as e:
         resp.close()
         raise _Retry(f"response for bytes {start}-{start + n - 1} cut short ({e})") from None
     if len(data) < n:
@@ -451,15 +458,19 @@ class RemoteSource:
         path: the URL as given.
         size: the object's size in bytes.
         bytes_fetched, requests: what reading it has cost so far.
+        waits: how many times a read waited on requests (a batch of concurrent requests is one).
         budget: the most bytes this object may fetch.
     """
 
-    def __init__(self, url: str, *, budget: int | None = None):
+    def __init__(self, url: str, *, budget: int | None = None, first_fetch: int = HEAD_FETCH):
+        """``first_fetch``: bytes asked for by the first request, which also learns the size and
+        the version (1 when only those are wanted)."""
         self.path = url
         self.budget = parse_budget(os.environ.get("TENSORSCOPE_FETCH_BUDGET")) \
             if budget is None else budget
         self.bytes_fetched = 0
         self.requests = 0
+        self.waits = 0          # times a read waited on the network: round trips in a row
         self.ranges_ok = True
         self._lock = threading.Lock()
         self._pool: ThreadPoolExecutor | None = None
@@ -469,7 +480,7 @@ class RemoteSource:
             else _FSSpec(url)
         try:
             size, first, self.ranges_ok = self._retrying(
-                lambda: self._transport.stat(HEAD_FETCH, self.budget), 0, HEAD_FETCH)
+                lambda: self._transport.stat(first_fetch, self.budget), 0, first_fetch)
             if size > MAX_SIZE:
                 raise RemoteError(url, f"the server says the object has {size} bytes: more than "
                                   f"any model file ({MAX_SIZE}), not believed")
@@ -520,7 +531,7 @@ class RemoteSource:
                     break
                 self._mm[pos:pos + len(chunk)] = chunk
                 pos += len(chunk)
-        except (OSError, http.client.HTTPException) as e:
+        except _net_errors() as e:
             raise RemoteError(self.path, f"whole-object download cut short at byte {pos}: {e}") \
                 from None
         finally:
@@ -600,6 +611,8 @@ class RemoteSource:
                                       f"over the fetch budget of {self.budget} bytes (raise "
                                       "TENSORSCOPE_FETCH_BUDGET to allow it)")
 
+        self.waits += 1
+
         def one(job):
             a, b = job
             data = self._retrying(lambda: self._transport.fetch(a, b, self.size), a, b)
@@ -620,6 +633,10 @@ class RemoteSource:
         ranges = [(max(0, o), min(n, self.size - max(0, o))) for o, n in ranges if o < self.size]
         with self._lock:
             self._ensure(ranges)
+
+    def cached(self, offset: int, length: int) -> bool:
+        """True when ``[offset, offset + length)`` (clipped to the object) needs no request."""
+        return not self._missing(max(0, offset), min(offset + length, self.size))
 
     # -- the ByteSource interface ---------------------------------------------------------------
     @property

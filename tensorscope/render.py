@@ -5,6 +5,7 @@ Only `tensorscope/cli.py`, `tensorscope/commands/` and `tui/` present; the libra
 from __future__ import annotations
 
 import contextlib
+import itertools
 import json
 import os
 import shutil
@@ -58,12 +59,12 @@ def emit_json(obj: Any) -> None:
 
 def emit_json_stream(doc: dict, key: str, rows: Iterable[Any], batch: int = 2048,
                      to_dict: Callable[[Any], Any] | None = None,
-                     to_text: Callable[[Any], str | None] | None = None) -> None:
+                     to_texts: Callable[[list], list[str | None]] | None = None) -> None:
     """`emit_json` of ``doc`` plus ``doc[key] = [to_dict(r) for r in rows]``, written batch by
     batch: the rows are encoded ``batch`` at a time and never all held at once. ``key`` must sort
     after every key of ``doc`` (the output is then byte for byte what `emit_json` writes when
-    piped). ``to_text(row)``, when given, returns the row's encoded text (exactly what the encoder
-    would write for ``to_dict(row)``) or None to take the encoder. On a terminal the whole
+    piped). ``to_texts(rows)``, when given, returns each row's encoded text (exactly what the
+    encoder would write for ``to_dict(row)``) or None to take the encoder. On a terminal the whole
     document is indented by `emit_json` instead (a person reads it, not a pipe)."""
     if sys.stdout.isatty():
         emit_json({**doc, key: [to_dict(r) for r in rows] if to_dict else list(rows)})
@@ -74,18 +75,15 @@ def emit_json_stream(doc: dict, key: str, rows: Iterable[Any], batch: int = 2048
     head = encode(doc)
     write = sys.stdout.write
     write(head[:-1] + (", " if doc else "") + json.dumps(key) + ": [")
-    pending: list[str] = []
-    first = True
-    for row in rows:
-        text = to_text(row) if to_text else None
-        pending.append(text if text is not None else
-                       encode(to_dict(row) if to_dict else row))
-        if len(pending) == batch:
-            write(("" if first else ", ") + ", ".join(pending))
-            pending.clear()
-            first = False
-    if pending:
-        write(("" if first else ", ") + ", ".join(pending))
+    rows = iter(rows)
+    sep = ""
+    while chunk := list(itertools.islice(rows, batch)):
+        texts = to_texts(chunk) if to_texts else [None] * len(chunk)
+        if None in texts:   # the rows the fast path left to the encoder
+            texts = [encode(to_dict(r) if to_dict else r) if x is None else x
+                     for r, x in zip(chunk, texts)]
+        write(sep + ", ".join(texts))
+        sep = ", "
     write("]}\n")
 
 

@@ -1,9 +1,9 @@
 """CI smoke test of the benchmark driver: ``benchmarks/run.py --quick`` still runs end to end.
 
-It proves that every case (inspect, scale, read, scan, diff, convert, tui, pertensor) can generate its tiny
-inputs, run tensorscope and its peers as whole processes and render the table. Nothing about
-time or memory is asserted: CI machines are too noisy for that, and the real figures come from a
-full run (BENCHMARKS.md).
+It proves that every case (inspect, scale, read, scan, diff, convert, tui, pertensor, remote,
+fleet) can generate its tiny inputs, run tensorscope and its peers as whole processes and render
+the table. Nothing about time or memory is asserted: CI machines are too noisy for that, and the
+real figures come from a full run (BENCHMARKS.md).
 """
 from __future__ import annotations
 
@@ -16,7 +16,8 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 RUN = ROOT / "benchmarks" / "run.py"
 SECTIONS = ("## Machine", "## Inspect", "## Scale", "## Read one tensor", "## Scan",
-            "## Diff", "## Convert", "## TUI", "## Cost per tensor")
+            "## Diff", "## Convert", "## TUI", "## Cost per tensor",
+            "## Remote models over HTTP and scan fleets")
 
 
 @pytest.fixture(scope="module")

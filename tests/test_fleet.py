@@ -57,6 +57,27 @@ def test_jobs_give_the_sequential_verdicts(registry, sequential, tmp_path):
             sorted(json.dumps(f, sort_keys=True) for f in mine)
 
 
+def test_jobs_from_a_process_with_threads(registry, sequential, monkeypatch):
+    """With another thread alive fork is unsafe: the workers come from a forkserver (that
+    preloads the parsers) and still give the sequential verdicts."""
+    import multiprocessing
+    import threading
+    methods = []
+    real = multiprocessing.get_context
+    monkeypatch.setattr(multiprocessing, "get_context",
+                        lambda method=None: methods.append(method) or real(method))
+    stop = threading.Event()
+    other = threading.Thread(target=stop.wait)
+    other.start()
+    try:
+        report = fleet.scan_fleet([registry], jobs=2)
+    finally:
+        stop.set()
+        other.join()
+    assert methods == ["forkserver"]
+    assert _doc(report) == sequential
+
+
 def test_resume_rescans_only_what_changed(registry, sequential, tmp_path):
     work = tmp_path / "reg"
     shutil.copytree(registry, work)

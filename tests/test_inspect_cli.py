@@ -289,6 +289,14 @@ def test_json_text_is_what_the_encoder_writes_for_every_fixture_record():
                       storage_key="7", file="/p/\u00e9.pt")]
     for t in odd:
         assert json_text(t) == encode(t.to_dict())
+    # rows in one call: a record that equals the previous one's kind but for a type (True == 1)
+    # is written as the encoder writes it, not with the previous row's text
+    from tensorscope.model import json_texts
+    a = TensorInfo("a", "uint8", (1,), nbytes=1)
+    b = TensorInfo("b", "uint8", (1,), nbytes=True, stride=a.stride)
+    object.__setattr__(b, "shape", a.shape)
+    assert [x or encode(t.to_dict()) for x, t in zip(json_texts([a, b]), (a, b))] == \
+        [encode(a.to_dict()), encode(b.to_dict())]
     for extras in ({"f": 0.5}, {"n": float("nan")}, {"d": {"x": 1}}, {"l": [1.5]}, {1: "x"}):
         assert json_text(TensorInfo("x", "float32", (1,), extras=extras)) is None
     assert json_text(TensorInfo("x", "float32", (1,), has_data=False)) is None
@@ -321,13 +329,21 @@ def test_group_collector_agrees_with_the_one_name_functions():
              ("blocks.0.attn.q", ("blocks", "0", "attn.q")),
              ("blocks.4.attn.q", ("blocks", "4", "attn.q")),
              ("x.².w", ()), ("x.1.w", ()), ("alias", ("h.7.w",)), ("alias2", ("h.2.w",)),
-             ("0.1", ())]
+             ("h.07.w", ()), ("0.1", ()), ("a..3.", ()), ("9", ()), ("n\0.3.w", ()),
+             ("n\0.12.w", ()), ("é.5.w", ()), ("é.51.w", ())]
     c = GroupCollector()
     expect: dict[str, list] = {}
     for name, path in items:
         c.add(name, "float32", (2,), 8, path)
         expect.setdefault(group_key(name, path), []).append((name, group_indices(name, path)))
     got = {g["pattern"]: g for g in c.groups()}
+    # add_tensors (the loop inspect runs over records) groups exactly as add
+    from tensorscope.model import TensorInfo
+    records = GroupCollector()
+    records.add_tensors([TensorInfo(name, "float32", (2,), path=path) for name, path in items])
+    assert list(records.groups()) == list(c.groups())
+    assert got["h.#.w"]["ranges"] == [(2, 7, 2)]   # "07" and "7" are one index
+    assert set(got) >= {"a..#.", "#", "#.#"}
     assert set(got) == set(expect)
     for pattern, members in expect.items():
         g = got[pattern]

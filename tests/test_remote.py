@@ -130,6 +130,81 @@ def test_zip_local_headers_are_fetched_together(big_models):
         assert s.knobs.requests <= 6, s.knobs.requests
 
 
+@pytest.fixture(scope="module")
+def many_initializers(tmp_path_factory):
+    """ONNX models of 121 initializers written by onnx: 24 layers of 5 tensors (two of them the
+    same size, as attention projections are), and the same count with sizes of no pattern."""
+    import onnx
+    from onnx import helper, numpy_helper
+
+    d = tmp_path_factory.mktemp("initializers")
+    rng = np.random.default_rng(0)
+    shapes = [(256, 256), (256, 512), (512, 256), (512,), (128, 300)]
+    layered = [(f"model.layers.{i}.t{k}.weight", shape) for i in range(24)
+               for k, shape in enumerate(shapes)] + [("norm.weight", (512,))]
+    noise = [(f"w{i}", (int(rng.integers(100, 400)), 257)) for i in range(121)]
+    for name, tensors in (("layers.onnx", layered), ("noise.onnx", noise)):
+        inits = [numpy_helper.from_array(rng.standard_normal(shape).astype(np.float16), n)
+                 for n, shape in tensors]
+        graph = helper.make_graph([helper.make_node("Identity", [tensors[0][0]], ["y"])], "g", [],
+                                  [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT16,
+                                                                 list(tensors[0][1]))],
+                                  initializer=inits)
+        onnx.save(helper.make_model(graph), str(d / name))
+    return d
+
+
+@pytest.mark.parametrize("name", ["layers.onnx", "noise.onnx"])
+def test_onnx_walk_asks_for_the_tensors_to_come_in_batches(many_initializers, name):
+    """The walk hops from initializer to initializer over their raw data: the starts it will
+    need are guessed and fetched together (few waits on the network for a repeating model), the
+    listing is the local one whatever the guesses, and no tensor's data is fetched."""
+    d = many_initializers
+    with Server(d) as s:
+        with tensorscope.open(d / name) as a, tensorscope.open(s.url(name)) as b:
+            assert _listing(b) == _listing(a)
+            src = b.sources[s.url(name)]
+            assert src.requests == s.knobs.requests
+            big = [t for t in b.tensors if t.nbytes > 64 * 1024]
+            assert len(big) > 70
+            assert not any(src.cached(t.byte_offset + 4096, t.nbytes - 8192) for t in big)
+            assert src.bytes_fetched < 0.1 * os.path.getsize(d / name)
+            if name == "layers.onnx":
+                # one wait per tensor without the guesses
+                assert src.waits <= len(b.tensors) // 5, src.waits
+
+
+def test_onnx_external_data_costs_its_size_only(big_models, tmp_path):
+    """Listing an ONNX model over HTTP asks its external data file for its size (one byte), not
+    for a head of it."""
+    import onnx
+    d, _ = big_models
+    m = onnx.load(str(d / "model.onnx"))
+    onnx.save(m, str(tmp_path / "model.onnx"), save_as_external_data=True,
+              all_tensors_to_one_file=True, location="weights.bin", size_threshold=0)
+    with Server(tmp_path) as s:
+        with tensorscope.open(tmp_path / "model.onnx") as a, \
+                tensorscope.open(s.url("model.onnx")) as b:
+            assert _listing(b) == _listing(a)
+    assert remote.totals()["objects"] == 2
+    assert remote.totals()["bytes"] == os.path.getsize(tmp_path / "model.onnx") + 1
+
+
+def test_scan_of_a_url_opens_it_once(big_models):
+    d, _ = big_models
+    with Server(d) as s:
+        for name in ("model.safetensors", "model.onnx", "model.gguf"):
+            remote.reset_totals()
+            with tensorscope.open(s.url(name)):
+                pass
+            listed = remote.totals()
+            remote.reset_totals()
+            scan_paths(s.url(name))
+            scanned = remote.totals()
+            assert scanned["objects"] == 1, (name, scanned)
+            assert scanned["requests"] <= listed["requests"] + 1, (name, listed, scanned)
+
+
 # -- misbehaving servers ------------------------------------------------------------------------------
 def test_server_that_ignores_range_is_read_whole_within_the_budget(fixtures_server):
     rel = "formats/st_torch.safetensors"
@@ -308,6 +383,104 @@ def test_s3_listing_equals_local_and_change_is_detected(s3_server, big_models):
     fs.put(str(d / "model.safetensors"), "models/model.safetensors")
     with tensorscope.open("s3://models") as m:
         assert sorted(m.names) == sorted(tensors)
+
+
+# -- hf:// through huggingface_hub against a local hub server -----------------------------------------
+@pytest.fixture
+def hub(monkeypatch, tmp_path):
+    """`HubServer` with ``org/llama`` (a sharded safetensors folder) and ``org/mixed`` (a torch
+    zip, a safetensors file, an ONNX model and a pickle payload); the real HfFileSystem pointed
+    at it the way fsspec configures it (`HF_ENDPOINT` is tested in a child process below)."""
+    pytest.importorskip("huggingface_hub")
+    import fsspec
+    from huggingface_hub import HfFileSystem
+
+    import make_attack_corpus
+    from http_server import HubServer
+
+    mixed = tmp_path / "mixed"
+    mixed.mkdir()
+    for rel in ("torch/dtypes.pt", "formats/st_torch.safetensors", "onnx/mlp.onnx"):
+        shutil.copy(os.path.join(FIX, rel), mixed / os.path.basename(rel))
+    (mixed / "evil.bin").write_bytes(make_attack_corpus.torch_zip_with_payload(
+        make_attack_corpus.payload("os", "system", 2, "global-reduce")))
+    with HubServer() as server:
+        server.commit("org/llama", os.path.join(FIX, "realworld/hf/llama/sharded_st"))
+        server.commit("org/mixed", mixed)
+        monkeypatch.setitem(fsspec.config.conf, "hf", {"endpoint": server.endpoint})
+        monkeypatch.setenv("HF_HUB_DISABLE_TELEMETRY", "1")
+        HfFileSystem.clear_instance_cache()
+        try:
+            yield server, mixed
+        finally:
+            HfFileSystem.clear_instance_cache()
+
+
+def test_hf_listing_equals_local(hub):
+    server, mixed = hub
+    for name in ("dtypes.pt", "st_torch.safetensors", "mlp.onnx"):
+        with tensorscope.open(mixed / name) as a, tensorscope.open(f"hf://org/mixed/{name}") as b:
+            assert _listing(b) == _listing(a)
+            for t in a.tensors[:3]:
+                assert b.values(t.name).tobytes() == a.values(t.name).tobytes()
+    # a repository is a folder: the index and its shards, as the local snapshot opens
+    local = os.path.join(FIX, "realworld/hf/llama/sharded_st")
+    with tensorscope.open(local) as a, tensorscope.open("hf://org/llama") as b:
+        assert b.format == a.format and _listing(b) == _listing(a)
+    assert remote.totals()["objects"] >= 4 and server.knobs.requests > 0
+
+
+def test_hf_reads_stay_on_the_commit_opened(hub, big_models, tmp_path):
+    """A branch that moves while a model is open does not mix two versions: the values are read
+    from the commit the branch pointed at when the file was opened."""
+    server, _ = hub
+    d, tensors = big_models
+    old, new = tmp_path / "old", tmp_path / "new"
+    old.mkdir()
+    new.mkdir()
+    data = (d / "model.safetensors").read_bytes()
+    start = 8 + int.from_bytes(data[:8], "little")   # every tensor byte changes, the header not
+    (old / "model.safetensors").write_bytes(data)
+    (new / "model.safetensors").write_bytes(data[:start] + bytes(b ^ 0xFF for b in data[start:]))
+    server.commit("org/pinned", old)
+    with tensorscope.open("hf://org/pinned/model.safetensors") as b:
+        server.commit("org/pinned", new)   # main moves on before any value is read
+        for name, t in tensors.items():
+            assert np.array_equal(b.read(name), t.numpy()), name
+    with tensorscope.open("hf://org/pinned/model.safetensors") as b:   # opened again: new
+        assert not np.array_equal(b.read("layers.3.weight"), tensors["layers.3.weight"].numpy())
+
+
+def test_hf_scan_gives_the_local_verdicts(hub):
+    server, mixed = hub
+    for name in ("dtypes.pt", "st_torch.safetensors", "mlp.onnx", "evil.bin"):
+        local, far = scan_paths(mixed / name), scan_paths(f"hf://org/mixed/{name}")
+        assert _verdicts(far, f"hf://org/mixed/{name}") == _verdicts(local, str(mixed / name))
+        assert far.exit_code(1) == local.exit_code(1)
+    assert scan_paths("hf://org/mixed").unsafe
+
+
+def test_hf_missing_repo_revision_or_file_is_exit_2(hub, capsys):
+    for url in ("hf://org/nothere/model.safetensors", "hf://org/mixed@v9/dtypes.pt",
+                "hf://org/mixed/nothere.safetensors"):
+        assert main(["inspect", url]) == 2
+        err = capsys.readouterr().err
+        assert url.split("://")[1].split("/")[1].split("@")[0] in err and "Traceback" not in err
+
+
+def test_hf_endpoint_variable_points_the_cli_at_the_server(hub):
+    """The real set-up: `HF_ENDPOINT` in the environment of a fresh process."""
+    import subprocess
+    import sys
+    server, mixed = hub
+    env = {**os.environ, "HF_ENDPOINT": server.endpoint, "HF_HUB_DISABLE_TELEMETRY": "1"}
+    out = subprocess.run([sys.executable, "-m", "tensorscope", "inspect", "hf://org/llama",
+                          "--json"], capture_output=True, text=True, env=env, timeout=120)
+    assert out.returncode == 0, out.stderr
+    doc = json.loads(out.stdout)
+    with tensorscope.open(os.path.join(FIX, "realworld/hf/llama/sharded_st")) as a:
+        assert [t["name"] for t in doc["tensors"]] == [t.name for t in a.tensors]
+    assert doc["fetched"]["objects"] >= 3
 
 
 def test_tui_browses_a_url(fixtures_server):

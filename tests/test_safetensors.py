@@ -44,7 +44,7 @@ def test_header_matches_safe_open(name):
         for t in model.tensors:
             sl = f.get_slice(t.name)
             assert t.extras["safetensors_dtype"] == sl.get_dtype()
-            assert t.extras["header_shape"] == sl.get_shape()
+            assert list(t.extras["header_shape"]) == sl.get_shape()
     raw = path.read_bytes()
     n = struct.unpack("<Q", raw[:8])[0]
     header = json.loads(raw[8:8 + n])
@@ -95,7 +95,7 @@ def test_subbyte_dtypes():
 def test_f4_shape_follows_torch():
     model = _open(FIXTURES / "st_torch.safetensors")
     t = model.tensor("f4_x2")
-    assert (t.dtype, t.shape, t.extras["header_shape"]) == ("float4_e2m1fn_x2", (3, 4), [3, 8])
+    assert (t.dtype, t.shape, t.extras["header_shape"]) == ("float4_e2m1fn_x2", (3, 4), (3, 8))
 
 
 def test_zero_copy_and_read_only():
@@ -231,6 +231,106 @@ def test_duplicate_name_keeps_last_and_is_recorded(tmp_path):
     with safe_open(str(path), "np") as f:  # the reference reader also keeps the last entry
         assert f.get_slice("t").get_shape() == [2]
     assert [a.kind for a in model.evidence.anomalies] == ["safetensors.duplicate_name"]
+
+
+# -- the fast path (whole columns checked at once) and the general one agree -----------------------
+def _general(path) -> tensorscope.ModelFile:
+    """The model read by the general path only (the fast one declines every header)."""
+    fast = st._fast
+    st._fast = lambda *a: None
+    try:
+        return _open(path)
+    finally:
+        st._fast = fast
+
+
+def _fields(model):
+    return [(*(getattr(t, f) for f in t.__slots__), dict(t.extras)) for t in model.tensors], \
+        model.metadata, [(a.kind, a.message) for a in model.evidence.anomalies]
+
+
+ODD_NAMES = ['q"uote', "back\\slash", "tab\t", "é", "\u00e9x", "__metadata__x", "a:b", "{}"]
+
+
+@pytest.mark.parametrize("name", ST_FILES)
+def test_fast_path_lists_what_the_general_path_lists(name):
+    assert _fields(_open(FIXTURES / name)) == _fields(_general(FIXTURES / name))
+
+
+@pytest.mark.parametrize("label,header,fast", [
+    ("odd_names", {n: _t("U8", [1], i, i + 1) for i, n in enumerate(ODD_NAMES)}, True),
+    ("metadata", {"__metadata__": {"k\"": "v\\"}, "a": _t("BF16", [2, 0], 0, 0),
+                  "b": _t("F4", [2, 4], 0, 4), "c": _t("F4", [2, 2], 4, 6)}, True),
+    ("f4_12_bits", {"b": _t("F4", [2, 4], 0, 4), "c": _t("F4", [3], 4, 6)}, False),
+    ("name_order", {"b": _t("U8", [1], 1, 2), "a": _t("U8", [1], 0, 1)}, True),
+    ("empty_ties", {"c": _t("U8", [1], 0, 1), "b": _t("U8", [0], 0, 0), "a": _t("U8", [0], 1, 1),
+                    "d": _t("U8", [0], 0, 0)}, True),
+    ("overlap", {"a": _t("U8", [2], 0, 2), "b": _t("U8", [1], 1, 2)}, False),
+    ("zero_d", {"a": _t("F32", [], 0, 4), "b": _t("I64", [1, 1], 4, 12)}, True),
+])
+def test_fast_and_general_paths_agree_with_safe_open(tmp_path, label, header, fast):
+    """Headers the fast path takes or hands to the general path: both give the same records,
+    and what safe_open reads (names, data order, dtype, shape)."""
+    size = max((e["data_offsets"][1] for k, e in header.items() if k != "__metadata__"), default=0)
+    raw = json.dumps(header).encode()
+    path = tmp_path / f"{label}.safetensors"
+    path.write_bytes(_file(raw, b"\0" * size))
+    try:
+        with safe_open(str(path), "np") as f:
+            ref = [(k, f.get_slice(k).get_dtype(), f.get_slice(k).get_shape()) for k in f.offset_keys()]
+    except SafetensorError:
+        ref = None
+    assert (ref is None) == (label in ("f4_12_bits", "overlap"))
+    if ref is None:   # both of ours refuse it too, with one message
+        with pytest.raises(FormatError) as a:
+            _open(path)
+        with pytest.raises(FormatError) as b:
+            _general(path)
+        assert a.value.reason == b.value.reason
+        return
+    assert _fields(_open(path)) == _fields(_general(path))
+    model = _open(path)
+    ours = [(t.name, t.extras["safetensors_dtype"], list(t.extras["header_shape"]))
+            for t in model.tensors]
+    # data order; tensors of one offset (empty ones) come in hash order from safe_open
+    assert sorted(ours) == sorted(ref)
+    assert [t.byte_offset for t in model.tensors] == sorted(t.byte_offset for t in model.tensors)
+    assert (st._fast(st._loads(path.read_bytes()[8:8 + len(raw)].decode(), "p", False),
+                     path.read_bytes()[8:8 + len(raw)].decode(), "p", 8 + len(raw)) is not None) == fast
+
+
+@pytest.mark.parametrize("header", [
+    b'{"t":5,"t":{"dtype":"U8","shape":[1],"data_offsets":[0,1]}}',       # first value no object
+    b'{"t":{"dtype":"U8","shape":[1],"data_offsets":[0,1]},"t":{"dtype":"U8","shape":[1],"data_offsets":[0,1]}}',
+    b'{"t":[],"\\u0074":{"dtype":"U8","shape":[1],"data_offsets":[0,1]}}',   # "t" escaped
+])
+def test_duplicates_the_fast_path_cannot_see_are_still_recorded(tmp_path, header):
+    """json keeps the last of a repeated key: the fast path counts the strings of the text
+    against those parsed and hands such headers to the general path, which names them."""
+    path = tmp_path / "dup.safetensors"
+    path.write_bytes(_file(header, b"\1"))
+    model = _open(path)
+    assert [t.name for t in model.tensors] == ["t"]
+    assert [a.kind for a in model.evidence.anomalies] == ["safetensors.duplicate_name"]
+
+
+def test_duplicate_metadata_key_is_recorded_by_the_fast_reader(tmp_path):
+    path = tmp_path / "dupmeta.safetensors"
+    path.write_bytes(_file(b'{"__metadata__":{"k":"a","k":"b"},'
+                           b'"t":{"dtype":"U8","shape":[1],"data_offsets":[0,1]}}', b"\1"))
+    model = _open(path)
+    assert model.metadata["__metadata__"] == {"k": "b"}
+    assert [a.kind for a in model.evidence.anomalies] == ["safetensors.duplicate_metadata_key"]
+
+
+def test_extras_are_shared_per_kind_and_read_only():
+    model = _open(FIXTURES / "st_torch.safetensors")
+    kinds = {}
+    for t in model.tensors:
+        kinds.setdefault((t.extras["safetensors_dtype"], t.extras["header_shape"]), t.extras)
+        assert t.extras is kinds[(t.extras["safetensors_dtype"], t.extras["header_shape"])]
+    with pytest.raises(TypeError):
+        model.tensors[0].extras["header_shape"] = (1,)
 
 
 def test_unknown_fields_are_recorded(tmp_path):

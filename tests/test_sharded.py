@@ -200,6 +200,36 @@ def test_unmapped_tensor_is_an_anomaly(tmp_path):
         assert model.names[-1] == "head.weight"
 
 
+@pytest.mark.parametrize("dup_text", [
+    '"embed.weight": "model-00002-of-00002.safetensors"',        # the key again, plainly
+    '"embed\\u002eweight": 3',                                   # escaped, another type
+])
+def test_duplicate_index_key_is_an_anomaly(tmp_path, dup_text):
+    """json keeps the last of a repeated key: the index is read without a hook per pair, so a
+    repeat is found by counting the strings of the text against those parsed."""
+    folder = _copy(tmp_path, "st_index")
+    index = next(folder.glob("*.index.json"))
+    text = index.read_text()
+    index.write_text(text.replace('"weight_map": {', '"weight_map": {' + dup_text + ", ", 1))
+    with tensorscope.open(folder) as model:
+        kinds = [a.kind for a in model.evidence.anomalies]
+        assert kinds[0] == "sharded.duplicate_key" and "'embed.weight'" in \
+            model.evidence.anomalies[0].message
+        assert sorted(model.names) == sorted(json.loads(text)["weight_map"])
+
+
+def test_index_and_records_agree_with_the_one_tensor_at_a_time_mapping(tmp_path, monkeypatch):
+    """The mapping in C over whole columns (`_mapped`) and the general loop give one listing."""
+    from tensorscope.parsers import sharded
+    folder = _copy(tmp_path, "st_index")
+    with tensorscope.open(folder) as model:
+        fast = [(t.name, t.file, t.byte_offset) for t in model.tensors], model.metadata
+    monkeypatch.setattr(sharded, "_mapped", lambda *a: None)
+    with tensorscope.open(folder) as model:
+        assert ([(t.name, t.file, t.byte_offset) for t in model.tensors], model.metadata) == fast
+        assert not model.evidence.anomalies
+
+
 @pytest.mark.parametrize("shard", ["../st_index/model-00001-of-00002.safetensors", "/etc/passwd"])
 def test_escaping_shard_names_are_refused(tmp_path, capsys, shard):
     folder = _copy(tmp_path, "st_index")

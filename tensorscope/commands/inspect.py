@@ -3,12 +3,15 @@ from __future__ import annotations
 
 import argparse
 import fnmatch
+import math
 import os
 import sys
+from collections import Counter
+from operator import attrgetter
 
 from .. import open as open_model
 from ..errors import TensorscopeError
-from ..model import TensorInfo, json_text
+from ..model import TensorInfo, json_texts
 from ..grouping import GroupCollector, describe_ranges, range_labels
 from ..remote import with_cost
 from ..render import (TextTable, emit_json_stream, human_bytes, human_count, progress,
@@ -98,21 +101,27 @@ def _is_buffer(role: str) -> bool:
     return role.startswith("buffer")
 
 
+_kind = attrgetter("dtype", "role", "shape", "nbytes", "has_data")
+
+
 def summarize(model, tensors) -> dict:
     """`ModelFile.summary` over ``tensors`` (the selection), plus ``by_role``; with a filter,
     ``of`` holds the whole file's tensors, params and bytes."""
     by_dtype: dict[str, dict[str, int]] = {}
     by_role: dict[str, dict[str, int]] = {}
     params = nbytes = 0
-    for t in tensors:
-        n, b = t.numel, (t.nbytes if t.has_data else 0)  # data-less (traced inputs): no bytes
+    # counted per kind of record (a checkpoint has a handful), in C; then summed per kind
+    kinds = Counter(map(_kind, tensors))
+    for (dtype, role, shape, b, has_data), count in kinds.items():
+        n = math.prod(shape) * count
+        b = b * count if has_data else 0   # data-less (traced inputs): no bytes
         params += n
         nbytes += b
-        for table, key in ((by_dtype, t.dtype), (by_role, t.role)):
+        for table, key in ((by_dtype, dtype), (by_role, role)):
             d = table.get(key)
             if d is None:
                 d = table[key] = {"tensors": 0, "params": 0, "bytes": 0}
-            d["tensors"] += 1
+            d["tensors"] += count
             d["params"] += n
             d["bytes"] += b
     out = {"format": model.format, "path": model.path, "files": list(model.files),
@@ -128,6 +137,8 @@ def outside_allowlist(model) -> list[tuple[str, str]]:
     """``(dotted global, category)`` for every global the parse's pickles referenced that
     torch's weights-only allowlist does not hold and that is not torch's own framework code:
     denied names first, then unknown ones. Read from the evidence the parse already recorded."""
+    if not any(getattr(rec.result, "globals", None) for rec in model.evidence.pickles):
+        return []   # no pickle named a global (safetensors, GGUF ...): no policy to load
     from ..policy import DENIED, UNKNOWN, classify
     seen: dict[tuple, object] = {}
     for rec in model.evidence.pickles:
@@ -143,9 +154,7 @@ def outside_allowlist(model) -> list[tuple[str, str]]:
 def _groups(tensors) -> list[dict]:
     """The groups of `tensorscope.grouping.GroupCollector`, with params and labelled ranges."""
     c = GroupCollector()
-    add = c.add
-    for t in tensors:
-        add(t.name, t.dtype, t.shape, t.nbytes if t.has_data else 0, t.path)
+    c.add_tensors(tensors)
     out = []
     for g in c.groups():
         numel = 1
@@ -173,14 +182,7 @@ def _emit_json(model, tensors, stats, groups):
         emit_json_stream(with_cost(doc), "tensors", tensors, to_dict=lambda t: _stats_row(t, stats))
     else:
         emit_json_stream(with_cost(doc), "tensors", tensors, to_dict=TensorInfo.to_dict,
-                         to_text=_row_text)
-
-
-def _row_text(t):
-    try:
-        return json_text(t)
-    except TypeError:   # a field of an unexpected type: the general encoder says what it is
-        return None
+                         to_texts=json_texts)
 
 
 def _stats_row(t, stats):

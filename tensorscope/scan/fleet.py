@@ -7,7 +7,10 @@ and returns a JSON-ready dict; it touches no shared state, so it maps onto any e
 `scan_fleet` plans the files exactly as `scan_paths` does (`walk.plan`: same walk, same
 de-duplication, ONNX models first), runs the records on ``jobs`` processes or a Dask cluster,
 writes each record as it finishes, and folds them into the same `ScanReport` (`report.merge`):
-the verdicts are those of a sequential scan.
+the verdicts are those of a sequential scan. Work goes out in batches of files (a task per file
+would cost as much in round trips to the workers as a small file costs to scan), and the
+processes start with the parsers already imported (`_run_processes`), so that N workers do the
+CPU work of one sequential scan.
 
 A JSON line: ``{"path", "size", "version" (ETag or content hash for a URL, else null),
 "mtime_ns" (local files), "scanned", "error", "severity" (worst, null when none), "findings"
@@ -34,10 +37,11 @@ __all__ = ["identity", "scan_record", "scan_fleet", "load_resume", "file_report"
 
 def identity(path: str) -> dict[str, Any]:
     """``{"size", "version", "mtime_ns"}``: what says the file is still the one scanned.
-    A URL costs one small request (its ETag); a local file one stat."""
+    A URL costs one request for one byte (its size and ETag come with it); a local file one
+    stat."""
     if remote.is_url(path):
         try:
-            with remote.RemoteSource(path) as src:
+            with remote.RemoteSource(path, first_fetch=1) as src:
                 return {"size": src.size, "version": src.version, "mtime_ns": None}
         except (OSError, TensorscopeError):
             return {"size": None, "version": None, "mtime_ns": None}
@@ -102,30 +106,75 @@ def _unchanged(prev: dict[str, Any] | None, ident: dict[str, Any]) -> bool:
     return ident["mtime_ns"] is not None and prev.get("mtime_ns") == ident["mtime_ns"]
 
 
-def _run_processes(items, jobs: int, limits) -> Iterator[dict[str, Any]]:
+# What scanning imports on first use (numpy, the parsers): imported before the workers start,
+# so that each inherits them (fork) or gets them from the server's copy (forkserver) instead of
+# paying ~0.2 s of CPU each for imports a sequential scan pays once. Every format parser, and
+# the modules the scanner reaches into directly; `scan.fleet` itself for a forkserver's workers,
+# which unpickle `_scan_batch` from it.
+_SCANNER_MODULES = ("zipfmt", "torch_zip", "torch_pickle", "pickle_vm", "joblib_arrays",
+                    "compression")
+
+
+def _preload_names() -> list[str]:
+    from ..formats import DIR_PARSERS, FILE_PARSERS
+    names = dict.fromkeys([*FILE_PARSERS, *DIR_PARSERS, *_SCANNER_MODULES])
+    return ["numpy", *(f"tensorscope.parsers.{n}" for n in names), "tensorscope.scan.fleet"]
+
+
+def _preload() -> None:
+    import importlib
+    for name in _preload_names():
+        try:
+            importlib.import_module(name)
+        except ImportError:  # an optional part missing here is missing in a sequential scan too
+            pass
+
+
+def _run_processes(items, jobs: int, limits) -> Iterator[list[dict[str, Any]]]:
+    import gc
     import multiprocessing
     import threading
-    from concurrent.futures import ProcessPoolExecutor, as_completed
+    from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
     methods = multiprocessing.get_all_start_methods()
     # fork starts workers with everything imported, and is safe while this process has no other
     # thread; otherwise forkserver/spawn: a clean interpreter, not a copy of one whose threads
     # (fetch pools, progress bars) may hold locks.
     if "fork" in methods and threading.active_count() == 1:
         method = "fork"
+        _preload()
+        # the objects alive now are shared with the workers: kept out of their collections so
+        # that a collection does not touch (and so copy) every shared page
+        gc.freeze()
     else:
         method = "forkserver" if "forkserver" in methods else "spawn"
     ctx = multiprocessing.get_context(method)
-    # Small batches: one task per file would spend as much on inter-process traffic as on
-    # scanning a small file; a few batches per worker still stream results as they finish.
+    if method == "forkserver":
+        ctx.set_forkserver_preload(_preload_names())
     batches = _batches(items, jobs)
     with ProcessPoolExecutor(jobs, mp_context=ctx) as pool:
-        futures = [pool.submit(_scan_batch, batch, limits) for batch in batches]
-        for fut in as_completed(futures):
-            yield from fut.result()
+        # at most two batches per worker in flight: results stream back as batches finish, and
+        # the queue never holds the whole plan
+        todo = iter(batches)
+        try:
+            running = {pool.submit(_scan_batch, batch, limits) for batch in
+                       (b for _, b in zip(range(2 * jobs), todo))}
+        finally:
+            if method == "fork":
+                gc.unfreeze()  # the workers exist (forked at the first submit); ours is ours
+        while running:
+            done, running = wait(running, return_when=FIRST_COMPLETED)
+            for fut in done:
+                nxt = next(todo, None)
+                if nxt is not None:
+                    running.add(pool.submit(_scan_batch, nxt, limits))
+                yield fut.result()
 
 
 def _batches(items: list, workers: int) -> list[list]:
-    size = max(1, min(16, len(items) // (workers * 8)))
+    """Chunks of the plan, one task each: a task costs a round trip to a worker and a small
+    file ~1 ms of scanning, so a task holds many files; small enough (~1/32 of a worker's
+    share, at most 64 files) that the workers' last tasks end within a few ms of each other."""
+    size = max(1, min(64, len(items) // (workers * 32)))
     return [items[i:i + size] for i in range(0, len(items), size)]
 
 
@@ -133,7 +182,7 @@ def _scan_batch(batch, limits) -> list[dict[str, Any]]:
     return [scan_record(path, explicit, limits, ident) for path, explicit, ident in batch]
 
 
-def _run_dask(items, address: str, limits) -> Iterator[dict[str, Any]]:
+def _run_dask(items, address: str, limits) -> Iterator[list[dict[str, Any]]]:
     try:
         from distributed import Client, LocalCluster, as_completed
     except ImportError:
@@ -151,7 +200,7 @@ def _run_dask(items, address: str, limits) -> Iterator[dict[str, Any]]:
         workers = max(1, len(client.scheduler_info().get("workers", {})))
         futures = client.map(_scan_batch, _batches(items, workers), limits=limits, pure=False)
         for fut in as_completed(futures):
-            yield from fut.result()
+            yield fut.result()
     finally:
         client.close()
         if cluster is not None:
@@ -182,12 +231,12 @@ def scan_fleet(paths: Iterable[str | os.PathLike], *, recursive: bool = True, jo
         out = open(jsonl, "a" if jsonl == resume else "w", encoding="utf-8")
     try:
         if dask:
-            results = _run_dask(items, dask, limits)
+            batches = _run_dask(items, dask, limits)
         elif jobs > 1 and len(items) > 1:
-            results = _run_processes(items, jobs, limits)
+            batches = _run_processes(items, jobs, limits)
         else:
-            results = (scan_record(p, e, limits, i) for p, e, i in items)
-        for rec in results:
+            batches = ([scan_record(p, e, limits, i)] for p, e, i in items)
+        for rec in (rec for batch in batches for rec in batch):
             done[rec["path"]] = rec
             if out is not None:
                 out.write(json.dumps(rec) + "\n")  # ASCII: no raw bidi controls

@@ -18,7 +18,7 @@ from typing import Any
 
 from .. import policy
 from ..errors import FormatError, LimitExceeded, TensorscopeError, UnknownFormat
-from ..remote import open_source
+from ..remote import is_url, open_source
 from ..source import ByteSource
 from . import pickles, torchscript
 from .report import FileReport, Finding, Severity
@@ -360,9 +360,14 @@ def _open_zip_archive(src: ByteSource, archive):
 def _open_with_parser(ctx: _Ctx, src: ByteSource | None = None, archive=None):
     """``tensorscope.open`` on the file: (model, error, format). Never raises. A zip is opened
     from ``archive`` (its `ZipArchive`, or the error reading it raised) over ``src``."""
-    from ..formats import open_model
+    from ..formats import open_model, open_model_source
     try:
-        model = open_model(ctx.path) if archive is None else _open_zip_archive(src, archive)
+        if archive is not None:
+            model = _open_zip_archive(src, archive)
+        elif src is not None and is_url(ctx.path) and not ctx.path.endswith(".index.json"):
+            model = open_model_source(src, ctx.path)   # the object already open: no new request
+        else:
+            model = open_model(ctx.path)
     except UnknownFormat as e:
         return None, e, None
     except (TensorscopeError, OSError, ValueError) as e:
