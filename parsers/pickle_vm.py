@@ -59,7 +59,7 @@ before the failure: a loader runs every opcode before a broken one.
 
 Public API: `run`, `Limits`, `DEFAULT_LIMITS`, `PickleResult`, `GlobalSeen`, `CallSeen`, `Global`,
 `Call`, `PersistentRef`, `OutOfBandBuffer`, `Extension`, `UnhashableKey`, `BuildStates`, `NOTSET`,
-`DECLINE`, `CONTAINER_HOOKS`, `PickleError`, `MAX_NESTED_RUNS`.
+`DECLINE`, `CONTAINER_HOOKS`, `PickleError`, `MAX_NESTED_RUNS`, `NotRecorded`.
 
 Example:
     >>> import pickle
@@ -89,7 +89,7 @@ __all__ = [
     "run", "Limits", "DEFAULT_LIMITS", "PickleResult", "GlobalSeen", "CallSeen", "Global", "Call",
     "PersistentRef", "OutOfBandBuffer", "Extension", "UnhashableKey", "BuildStates", "NOTSET",
     "DECLINE", "CONTAINER_HOOKS", "PickleError", "HIGHEST_PROTOCOL", "MAX_NESTED_RUNS",
-    "DYNAMIC",
+    "DYNAMIC", "NotRecorded", "EvidenceNotKept",
 ]
 
 HIGHEST_PROTOCOL = 5
@@ -387,6 +387,34 @@ class CallSeen:
     kwargs: dict | None
     pos: int
     opcode: str
+
+
+class EvidenceNotKept(RuntimeError):
+    """Evidence read from a run made with ``record_calls=False`` (a programming error)."""
+
+
+class NotRecorded(list):
+    """`PickleResult.calls` / ``persistent_ids`` of a run made with ``record_calls=False``: the
+    VM's appends are dropped, and reading raises `EvidenceNotKept`, so that a scan of such a
+    result fails loudly instead of finding no calls."""
+
+    __slots__ = ("what",)
+
+    def __init__(self, what: str):
+        super().__init__()
+        self.what = what
+
+    def append(self, item) -> None:
+        pass
+
+    def extend(self, items) -> None:
+        pass
+
+    def _refuse(self, *args):
+        raise EvidenceNotKept(f"the pickle's {self.what} were not recorded (record_calls=False): "
+                              "run it again to scan it")
+
+    __iter__ = __len__ = __getitem__ = __bool__ = __contains__ = _refuse
 
 
 @dataclass
@@ -753,6 +781,75 @@ _INLINE = ("BININT1", "LONG_BINPUT", "BINGET", "BINPUT", "MARK", "BINUNICODE", "
            "REDUCE", "BINPERSID")
 
 
+# The fixed opcode sequence torch.save writes for one dense tensor, from the MARK after the
+# rebuild function to the REDUCE that calls it (protocol 2; protocol 4's SHORT_BINUNICODE and
+# MEMOIZE too):
+#   ( ( GET'storage' GET<class> X<key> PUT GET<location> INT<numel> t PUT Q
+#   INT<offset> <size> PUT <stride> PUT NEWFALSE|NEWTRUE GET<OrderedDict> ) R PUT t PUT R
+# `_VM.torch_tensor` runs a match as one step with exactly the effects of its 28-odd opcodes one
+# by one (memo, stack, calls, persistent ids, opcode and object counts, where a failure is
+# placed); anything else (another layout, memo indices out of order, a key that is not digits)
+# is left to the opcode loop. A regex match costs less than dispatching those opcodes.
+_GET = rb"(h.|j....)"
+_PUT = rb"(q.|r....|\x94)"
+_INT = rb"(K.|M..|J....)"
+_SMALL_TUPLE = rb"(\)|(?:K.|M..|J....){1,3}[\x85-\x87]|\((?:K.|M..|J....){0,64}t)"
+_TORCH_TENSOR = re.compile(
+    rb"\(\(" + _GET + _GET + rb"(?:X(.)\x00\x00\x00|\x8c(.))([0-9]{1,19})" + _PUT + _GET
+    + _INT + rb"t" + _PUT + rb"Q" + _INT + _SMALL_TUPLE + _PUT + _SMALL_TUPLE + _PUT
+    + rb"([\x88\x89])" + _GET + rb"\)R" + _PUT + rb"t" + _PUT + rb"R", re.DOTALL)
+_FAST_TORCH = True      # tests turn it off to compare with the opcode-by-opcode run
+_MEMOIZE6 = b"\x94" * 6
+_BINPUT6 = struct.Struct("<" + "BB" * 6)
+_LONG_BINPUT6 = struct.Struct("<" + "BI" * 6)
+_INT_WIDTH = {0x4b: 2, 0x4d: 3, 0x4a: 5}     # BININT1, BININT2, BININT with their argument
+_TUPLE_ARITY = {0x85: 1, 0x86: 2, 0x87: 3}   # TUPLE1..3
+_SMALL_TUPLES: dict[bytes, tuple[tuple | None, int]] = {}   # opcode bytes -> (tuple, opcodes)
+
+
+def _small_int(arg: bytes) -> int:
+    """The value of a BININT1/BININT2/BININT opcode with its argument."""
+    if arg[0] == 0x4b:
+        return arg[1]
+    return int.from_bytes(arg[1:], "little", signed=arg[0] == 0x4a)
+
+
+def _puts_in_order(n: int, puts: bytes) -> bool:
+    """True when ``puts`` are six MEMOIZEs, BINPUTs or LONG_BINPUTs to memo indices n .. n+5."""
+    if len(puts) == 30:
+        return puts == _LONG_BINPUT6.pack(0x72, n, 0x72, n + 1, 0x72, n + 2, 0x72, n + 3,
+                                          0x72, n + 4, 0x72, n + 5)
+    if len(puts) == 12:
+        return n + 5 < 256 and puts == _BINPUT6.pack(0x71, n, 0x71, n + 1, 0x71, n + 2,
+                                                     0x71, n + 3, 0x71, n + 4, 0x71, n + 5)
+    return puts == _MEMOIZE6
+
+
+def _small_tuple(arg: bytes) -> tuple[tuple | None, int]:
+    """(the tuple a `_SMALL_TUPLE` match builds, its opcode count); the tuple is None when a
+    TUPLEn takes more or fewer items than were pushed (not a plain size: the loop runs it).
+    Shared: every [4, 4] of a checkpoint is one tuple object."""
+    known = _SMALL_TUPLES.get(arg)
+    if known is not None:
+        return known
+    items = []
+    at = 1 if arg[0] == 0x28 else 0     # MARK ... TUPLE
+    while arg[at] in _INT_WIDTH:
+        width = _INT_WIDTH[arg[at]]
+        items.append(_small_int(arg[at:at + width]))
+        at += width
+    arity = _TUPLE_ARITY.get(arg[-1])
+    if arg[0] == 0x29:                  # EMPTY_TUPLE
+        known = ((), 1)
+    elif arity is None:
+        known = (tuple(items), len(items) + 2)
+    else:
+        known = (tuple(items) if arity == len(items) else None, len(items) + 1)
+    if len(_SMALL_TUPLES) < 4096:
+        _SMALL_TUPLES[arg] = known
+    return known
+
+
 class _VM:
     """State of one run. `execute` holds the hot loop; ``op_*`` methods take the opcode's
     offset and return the offset of the next opcode."""
@@ -797,6 +894,7 @@ class _VM:
         self.buffers = 0
         self.hash_guard = _HashGuard(limits.max_depth)
         self.result = PickleResult()
+        self.recording = True   # False: calls and persistent ids are NotRecorded (see `run`)
 
     # -- errors --------------------------------------------------------------------------------
 
@@ -863,7 +961,9 @@ class _VM:
         max_depth = self.limits.max_depth
         max_string = self.limits.max_string
         max_opcodes = self.limits.max_opcodes
-        nops = 0
+        nops = 0        # opcodes dispatched by the loop
+        extra = 0       # ... and run inside torch_tensor steps, beyond the one dispatched
+        torch_seq = _TORCH_TENSOR.match if _FAST_TORCH else None
         built = 0       # containers built inline (op_* methods count into self.objects)
         op = -1
         value = None
@@ -888,7 +988,7 @@ class _VM:
                         # Opcodes run in batches that end where the limits are checked next;
                         # the `for` counts them, so the hot path pays no counter and no
                         # comparison for that.
-                        batch_end = min(nops + _CHECK_EVERY, max_opcodes)
+                        batch_end = min(nops + _CHECK_EVERY, max_opcodes - extra)
                         for nops in range(nops + 1, batch_end + 1):
                             op = data[pos]
                             # Every branch leaves `pos` at the opcode until nothing can fail any
@@ -915,6 +1015,21 @@ class _VM:
                                     memo[len(memo)] = top
                                 pos += 1
                             elif op == MARK:
+                                if torch_seq is not None and pos + 1 < n and \
+                                        data[pos + 1] == MARK and \
+                                        (match := torch_seq(data, pos, n)) is not None:
+                                    try:   # within the opcode limit, counted exactly
+                                        done = self.torch_tensor(
+                                            match, max_opcodes - batch_end - extra + 1)
+                                    except BaseException:
+                                        pos, ran = self.fast_at
+                                        extra += ran - 1
+                                        raise
+                                    if done is not None:
+                                        pos = done[0]
+                                        extra += done[1] - 1
+                                        built += done[2]
+                                        continue
                                 if len(metastack) >= max_depth:
                                     raise self.limit("MARK nesting depth", max_depth,
                                                      len(metastack) + 1, pos)
@@ -1098,8 +1213,9 @@ class _VM:
                                     data = self.data
                                     n = self.n
                         else:
-                            if nops >= max_opcodes:
-                                raise self.limit("opcode count", max_opcodes, nops + 1, pos)
+                            if nops + extra >= max_opcodes:
+                                raise self.limit("opcode count", max_opcodes,
+                                                 nops + extra + 1, pos)
                             self.checkpoint(built, pos)
                             continue
                         break   # STOP
@@ -1141,7 +1257,7 @@ class _VM:
             break
         if pos >= n and not result.stopped:
             nops -= 1       # the batch loop counted the opcode that was not there
-        result.opcodes = nops
+        result.opcodes = nops + extra
         result.end = pos
         if result.error is None:
             try:
@@ -1176,6 +1292,83 @@ class _VM:
         if pos + 1 + size > self.n:
             return self.error(f"{name} wants {size} bytes, {self.n - pos - 1} remain", pos)
         return self.underflow(name, pos)
+
+    # -- torch's tensor sequence as one step ---------------------------------------------------
+
+    def torch_tensor(self, m: re.Match, budget: int) -> tuple[int, int, int] | None:
+        """Run a `_TORCH_TENSOR` match (the stack top is the rebuild function): (next offset,
+        opcodes run, objects built), or None, having changed nothing, when its opcodes would do
+        anything but the plain thing or are more than ``budget``. On a failure (persistent_load
+        or a hook raising) ``self.fast_at`` holds the failing opcode's offset and the count of
+        opcodes run up to and including it."""
+        (get_a, get_b, xlen, slen, key, put1, get_c, numel, put2, offset, size, put3, stride,
+         put4, grad, get_d, put5, put6) = m.groups()
+        memo, stack = self.memo, self.stack
+        n = len(memo)
+        if type(memo) is not list or not stack or type(stack[-1]) is not Global or \
+                (xlen or slen)[0] != len(key) or \
+                not _puts_in_order(n, b"".join((put1, put2, put3, put4, put5, put6))):
+            return None
+        ia = get_a[1] if len(get_a) == 2 else _U32.unpack_from(get_a, 1)[0]
+        ib = get_b[1] if len(get_b) == 2 else _U32.unpack_from(get_b, 1)[0]
+        ic = get_c[1] if len(get_c) == 2 else _U32.unpack_from(get_c, 1)[0]
+        id_ = get_d[1] if len(get_d) == 2 else _U32.unpack_from(get_d, 1)[0]
+        shape, ops_size = _small_tuple(size)
+        strides, ops_stride = _small_tuple(stride)
+        ops = 22 + ops_size + ops_stride
+        if ia >= n or ib >= n or ic >= n or id_ >= n or shape is None or strides is None or \
+                ops > budget or type(memo[id_]) is not Global or \
+                len(self.metastack) + 3 > self.limits.max_depth:
+            return None
+        # From here on, the opcodes' effects in their order.
+        key = key.decode("ascii")
+        pid = (memo[ia], memo[ib], key, memo[ic], _small_int(numel))
+        memo.append(key)
+        memo.append(pid)
+        at = m.end(9)                                   # BINPERSID
+        self.fast_at = (at, 11)
+        if self.recording:
+            self.result.persistent_ids.append((pid, at))
+        load = self.persistent_load
+        if load is None:
+            storage = PersistentRef(pid, at)
+        else:
+            try:
+                storage = load(pid, at)
+            except FormatError:
+                raise
+            except Exception as exc:
+                raise _CallerFault("persistent_load") from exc
+        memo.append(shape)
+        memo.append(strides)
+        at = m.end(16) + 1                              # REDUCE of the OrderedDict
+        self.fast_at = (at, ops - 4)
+        empty = self.reduce_global(memo[id_], (), at)
+        memo.append(empty)
+        args = (storage, _small_int(offset), shape, strides, grad == b"\x88", empty)
+        memo.append(args)
+        at = m.end() - 1                                # REDUCE of the rebuild function
+        self.fast_at = (at, ops)
+        stack[-1] = self.reduce_global(stack[-1], args, at)
+        # objects built: the pid and argument tuples, the two calls, non-empty size and stride
+        return m.end(), ops, 4 + (size[0] != 0x29) + (stride[0] != 0x29)
+
+    def reduce_global(self, func: Global, args: tuple, pos: int) -> Any:
+        """REDUCE of a `Global` with an argument tuple, as `execute` runs it inline."""
+        if self.recording:
+            self.result.calls.append(CallSeen(func, args, None, pos, "REDUCE"))
+        hook = func._hook
+        if hook is None:
+            return Call(func, args, None, pos, "REDUCE")
+        try:
+            value = hook(args, pos)
+        except _Unmodelled:
+            value = DECLINE
+        except FormatError:
+            raise
+        except Exception as exc:
+            raise _CallerFault(f"hook for {func.dotted}") from exc
+        return Call(func, args, None, pos, "REDUCE") if value is DECLINE else value
 
     # -- shared steps --------------------------------------------------------------------------
 
@@ -1834,7 +2027,7 @@ def run(data: bytes | memoryview, *, start: int = 0, persistent_load=None,
         hooks: Mapping[tuple[str, str], Callable[[tuple, int], object]] | None = None,
         build_hooks: Mapping[tuple[str, str], Callable] | None = None,
         limits: Limits = DEFAULT_LIMITS, file: str | None = None, member: str | None = None,
-        base_offset: int = 0) -> PickleResult:
+        base_offset: int = 0, record_calls: bool = True) -> PickleResult:
     """Run one pickle symbolically, from ``data[start]`` to its STOP.
 
     Args:
@@ -1854,6 +2047,8 @@ def run(data: bytes | memoryview, *, start: int = 0, persistent_load=None,
         limits: resource bounds (`DEFAULT_LIMITS`).
         file, member, base_offset: where ``data`` comes from, for error messages; an error at
             ``pos`` reports ``offset = base_offset + pos``.
+        record_calls: False for a caller that only lists (the scan needs them): ``calls`` and
+            ``persistent_ids`` are `NotRecorded` (~300 bytes less per torch tensor).
 
     Returns:
         A `PickleResult`. Bad input never raises: it sets ``result.error`` (a `PickleError` or
@@ -1868,6 +2063,10 @@ def run(data: bytes | memoryview, *, start: int = 0, persistent_load=None,
         ([1, 2], 12, 8)
     """
     vm = _VM(data, start, persistent_load, hooks, limits, file, member, base_offset, build_hooks)
+    if not record_calls:
+        vm.result.calls = NotRecorded("calls")
+        vm.result.persistent_ids = NotRecorded("persistent ids")
+        vm.recording = False
     # The VM allocates up to millions of small acyclic objects. CPython's generational GC would
     # rescan the growing heap again and again (about a third of the run time), and it cannot
     # free anything here: pause it for the run and restore the caller's setting.

@@ -36,6 +36,7 @@ __all__ = ["StorageRef", "TensorRef", "SparseRef", "STORAGE_DTYPES", "TORCH_DTYP
            "rebuild_hooks", "named_tensors", "to_tensor_info", "ROOT_NAME"]
 
 ROOT_NAME = "<root>"  # the name of a tensor saved on its own (torch.save(tensor)): it has no key
+_NO_EXTRAS = FrozenDict()   # shared by the tensors without extras (read-only: copied to add)
 
 # Storage classes -> dtype. TorchScript writes classes that do not exist in Python's torch
 # namespace (UInt16Storage, Float8_e4m3fnStorage ...): the table covers them too.
@@ -227,7 +228,8 @@ def _dense(storage, offset, size, stride, pos, dtype=None, requires_grad=False) 
         dtype = storage.dtype
         if dtype is None:
             raise _err("an untyped storage needs _rebuild_tensor_v3's dtype argument", pos)
-    return TensorRef(storage, offset, shape, strides, dtype, bool(requires_grad), "tensor", pos)
+    return TensorRef(storage, offset, shape, strides, dtype, bool(requires_grad), "tensor", pos,
+                     _NO_EXTRAS)
 
 
 def _args(args, n_min: int, n_max: int, name: str, pos: int) -> tuple:
@@ -439,7 +441,7 @@ def _is_module_state(state) -> bool:
 
 
 def named_tensors(root, *, max_items: int = 10_000_000, max_depth: int = 1000,
-                  leaf: Callable[[Call], TensorRef | None] | None = None,
+                  leaf: Callable[[Call], TensorRef | None] | None = None, consume: bool = False,
                   ) -> Iterator[tuple[tuple[str, ...], tuple[str, ...], TensorRef]]:
     """Yield ``(path, raw_path, tensor)`` in saved order.
 
@@ -453,6 +455,9 @@ def named_tensors(root, *, max_items: int = 10_000_000, max_depth: int = 1000,
     Containers more than ``max_depth`` levels down are not expanded: every level copies its
     path, so a million-deep list would otherwise cost O(depth^2) (hostile input, issue #9).
     Sparse tensors yield one entry per component (``name.indices``, ``name.values``).
+    ``consume``: a flat state dict's values are set to None as they are yielded, so that each
+    tensor's inert objects can be freed as soon as the caller has made its record (the tree is
+    not kept: ``listing_only``).
     """
     seen: set[int] = set()
     # Stack of (obj, path, raw_path, role); children are pushed reversed to keep saved order.
@@ -484,6 +489,8 @@ def named_tensors(root, *, max_items: int = 10_000_000, max_depth: int = 1000,
             emitted += len(obj)
             for k, v in obj.items():
                 p = path + (k,)
+                if consume:
+                    obj[k] = None   # a value replaced, not a key: the iteration goes on
                 yield p, (raw + (k,) if raw else p), v
             continue
         children: list[tuple[Any, tuple, tuple, str | None]] = []
@@ -554,6 +561,16 @@ def to_tensor_info(path: tuple[str, ...], raw: tuple[str, ...], t: TensorRef, *,
                    file: str = "") -> TensorInfo:
     """A TensorInfo from a TensorRef whose storage the container has resolved."""
     s = t.storage
+    if (s is not None and s.error is None and s.data_offset is not None and s.member
+            and not t.extras and not t.requires_grad and (raw is path or raw == path or not raw)):
+        # The usual tensor (a state dict's): the general case below, in one step.
+        offset = t.storage_offset
+        dtype = t.dtype
+        return TensorInfo(
+            dotted(path), dtype, t.shape, t.stride, offset,
+            s.data_offset + (offset * _cached_bits(dtype) // 8 if offset else 0), -1,
+            s.file or file, s.key, s.nbytes, path or (ROOT_NAME,), fmt, t.role, (),
+            FrozenDict(location=s.location, member=s.member))
     extras = dict(t.extras) if t.extras else {}
     if t.requires_grad:
         extras["requires_grad"] = True

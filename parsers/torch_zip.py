@@ -15,12 +15,14 @@ Public: ``FORMAT``, ``open_zip(src, archive) -> ModelFile`` (called by `zip_disp
 """
 from __future__ import annotations
 
+from typing import NamedTuple
+
 from tensorscope.dtypes import is_unknown, register_unknown
 from tensorscope.errors import FormatError
 from tensorscope.model import ModelFile, PickleRecord
 from tensorscope.source import ByteSource
 
-from . import pickle_vm, torch_pickle
+from . import pickle_vm, torch_pickle, zip_dispatch, zipfmt
 from .torch_pickle import StorageRef
 from .zipfmt import METHOD_STORED, ZipArchive
 
@@ -59,14 +61,16 @@ def archive_metadata(archive: ZipArchive, prefix: str) -> dict:
 
 
 def make_storage_resolver(archive: ZipArchive, prefix: str, data_dir: str = "data",
-                          storages: dict | None = None):
+                          storages: dict | None = None, records: dict | None = None):
     """A ``persistent_load`` mapping storage pids to records ``P/<data_dir>/<key>`` of this zip.
 
     Storages are memoised by key: several tensors viewing one storage share one StorageRef.
     A missing record does not stop the listing: the storage carries the error, reads fail.
+    ``records`` (`data_records`): look the records up there, not in the archive.
     """
     storages = {} if storages is None else storages
     src = archive.source
+    lookup = archive.get if records is None else _record_lookup(records)
 
     def persistent_load(pid, pos):
         dtype, key, location, numel, cls = torch_pickle.parse_storage_pid(pid, pos,
@@ -74,8 +78,10 @@ def make_storage_resolver(archive: ZipArchive, prefix: str, data_dir: str = "dat
         if key in storages:
             return storages[key]
         name = f"{prefix}/{data_dir}/{key}"
-        storage = StorageRef(key, dtype, numel, location, file=src.path, member=name)
-        member = archive.get(name)
+        member = lookup(name)
+        if member is not None and member.name == name:
+            name = member.name      # one string object for both (10^5 members)
+        storage = StorageRef(key, dtype, numel, location, src.path, name)
         if member is None:
             storage.error = f"record {name} is missing"
         elif member.error:
@@ -93,25 +99,70 @@ def make_storage_resolver(archive: ZipArchive, prefix: str, data_dir: str = "dat
     return persistent_load, storages
 
 
+class _Record(NamedTuple):
+    """What a storage needs of its member (`data_records`): the archive can then be let go."""
+
+    name: str
+    error: str | None
+    method: int
+    data_offset: int
+    size: int
+
+
+def data_records(archive: ZipArchive, prefix: str, data_dir: str = "data") -> dict | None:
+    """The members under ``P/<data_dir>/`` as `_Record` tuples, keyed so that `_record_lookup`
+    finds exactly what `ZipArchive.get` (miniz's case-insensitive search) would; None when that
+    cannot be promised cheaply (names alike ignoring case, a name that is not plain ASCII)."""
+    start = f"{prefix}/{data_dir}/"
+    if "\0" in start or not start.isascii() or not archive.exact_lookups():
+        return None
+    low_start, cut = start.lower(), len(start)
+    visible = archive.members[:archive.eocd_count]
+    records = {}
+    for m in visible:
+        name = m.name
+        if name.startswith(start) or name[:cut].lower() == low_start:
+            if not name.isascii() or "\0" in name:
+                return None
+            low = name.lower()
+            records[name if low == name else low] = _Record(name, m.error, m.method,
+                                                            m.data_offset, m.size)
+    return records
+
+
+def _record_lookup(records: dict):
+    def lookup(name: str) -> _Record | None:
+        # get(): the name's bytes up to a NUL, lowered (ASCII only: a name with other characters
+        # cannot equal the ASCII names held here byte for byte)
+        if not name.isascii():
+            return None
+        return records.get(name.split("\0", 1)[0].lower())
+    return lookup
+
+
 def load_pickle_member(archive: ZipArchive, name: str, *, persistent_load=None, hooks=None,
-                       role: str = "data") -> tuple[object, PickleRecord]:
+                       role: str = "data", record_calls: bool = True
+                       ) -> tuple[object, PickleRecord]:
     """Run the VM over one pickle record of the zip; errors carry file, member and absolute offset."""
     src = archive.source
-    member = archive.get(name)
-    if member is None:
-        raise FormatError(f"no {name} record in the archive", format="torch-zip", file=src.path)
-    if member.is_stored and not member.error:
-        data = archive.data(member)
-        base = member.data_offset
-    else:
-        # A compressed pickle (torch never writes one): inflate with a cap far below the
-        # default, since an object pickle of 1e6 tensors is ~100 MB and a bomb must stay cheap.
-        data = archive.read_bytes(member, PICKLE_INFLATE_MAX)
-        base = 0
+    data, base = pickle_bytes(archive, name)
     result = pickle_vm.run(data, persistent_load=persistent_load, hooks=hooks, file=src.path,
-                           member=name, base_offset=base)
+                           member=name, base_offset=base, record_calls=record_calls)
     record = PickleRecord(src.path, name, base, len(data), result, role=role)
     return result, record
+
+
+def pickle_bytes(archive: ZipArchive, name: str) -> tuple[memoryview | bytes, int]:
+    """A pickle record's bytes and the absolute offset of the first (0 when inflated)."""
+    member = archive.get(name)
+    if member is None:
+        raise FormatError(f"no {name} record in the archive", format="torch-zip",
+                          file=archive.source.path)
+    if member.is_stored and not member.error:
+        return archive.data(member), member.data_offset
+    # A compressed pickle (torch never writes one): inflate with a cap far below the default,
+    # since an object pickle of 1e6 tensors is ~100 MB and a bomb must stay cheap.
+    return archive.read_bytes(member, PICKLE_INFLATE_MAX), 0
 
 
 def open_zip(src: ByteSource, archive: ZipArchive) -> ModelFile:
@@ -126,24 +177,38 @@ def open_zip(src: ByteSource, archive: ZipArchive) -> ModelFile:
                           file=src.path)
     model = ModelFile(FORMAT, src.path, sources={src.path: src})
     model.evidence.anomalies.extend(archive.anomalies)
-    persistent_load, storages = make_storage_resolver(archive, prefix)
-    result, record = load_pickle_member(archive, pkl, persistent_load=persistent_load,
-                                        hooks=torch_pickle.rebuild_hooks())
-    model.evidence.pickles.append(record)
-    result.raise_for_error()
-    model.objects = result.value
     model.metadata = archive_metadata(archive, prefix)
+    light = zip_dispatch.listing_only_active()
+    data, base = pickle_bytes(archive, pkl)
+    records = data_records(archive, prefix) if light and \
+        not zip_dispatch.keeping_archive_active() else None
+    persistent_load, storages = make_storage_resolver(archive, prefix, records=records)
+    if records is not None:
+        archive.release()   # the storages are found in `records`: ~300 bytes less per member
+    result = pickle_vm.run(data, persistent_load=persistent_load,
+                           hooks=torch_pickle.rebuild_hooks(), file=src.path, member=pkl,
+                           base_offset=base, record_calls=not light)
+    model.evidence.pickles.append(PickleRecord(src.path, pkl, base, len(data), result))
+    result.raise_for_error()
     model.metadata["pickle_protocol"] = result.protocol
-    model.tensors = build_tensor_list(result.value, FORMAT, src.path, model)
+    if light:   # no object tree: each tensor's inert objects are freed once its record is made
+        storages.clear()
+        root, result.value = result.value, None
+        model.tensors = build_tensor_list(root, FORMAT, src.path, model, consume=True)
+        zipfmt.release_pages(src)   # the pickle's pages: the listing has read them
+    else:
+        model.objects = result.value
+        model.tensors = build_tensor_list(result.value, FORMAT, src.path, model)
     if model.metadata.get("byteorder", "little") not in ("little",):
         _install_byteswap_readers(model)
     return model
 
 
-def build_tensor_list(root, fmt: str, file: str, model: ModelFile) -> list:
-    """Name every tensor in ``root`` and check each against its storage record."""
+def build_tensor_list(root, fmt: str, file: str, model: ModelFile, consume: bool = False) -> list:
+    """Name every tensor in ``root`` and check each against its storage record (``consume``:
+    see `torch_pickle.named_tensors`)."""
     tensors = []
-    for path, raw, ref in torch_pickle.named_tensors(root):
+    for path, raw, ref in torch_pickle.named_tensors(root, consume=consume):
         info = torch_pickle.to_tensor_info(path, raw, ref, fmt=fmt, file=file)
         s = ref.storage
         if s is not None and s.error:

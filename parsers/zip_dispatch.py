@@ -72,6 +72,10 @@ def open_archive(src: ByteSource, archive: zipfmt.ZipArchive) -> ModelFile:
 _KEEP_ARCHIVE = contextvars.ContextVar("tensorscope_keep_archive", default=False)
 
 
+def keeping_archive_active() -> bool:
+    return _KEEP_ARCHIVE.get()
+
+
 @contextmanager
 def keeping_archive():
     """Within it, a zip model keeps its `ZipArchive` as ``model.evidence.archive``, so that a
@@ -82,3 +86,27 @@ def keeping_archive():
         yield
     finally:
         _KEEP_ARCHIVE.reset(token)
+
+
+_LISTING_ONLY = contextvars.ContextVar("tensorscope_listing_only", default=False)
+
+
+@contextmanager
+def listing_only():
+    """Within it, a torch zip model keeps its tensors, metadata, anomalies and the globals its
+    pickles import, but neither the object tree (``model.objects`` is None) nor the per-call
+    evidence (each pickle result's ``calls`` and ``persistent_ids``, never recorded), and a
+    torch zip's archive lets go of its members once the storages can be found without them:
+    ~1 KB less per tensor at the parse's peak, for commands that list or compare (inspect,
+    diff). A scan needs that evidence: such a model must not be scanned, and the lists not kept
+    (`pickle_vm.NotRecorded`) raise when read rather than look empty."""
+    token = _LISTING_ONLY.set(True)
+    try:
+        yield
+    finally:
+        _LISTING_ONLY.reset(token)
+
+
+def listing_only_active() -> bool:
+    return _LISTING_ONLY.get()
+

@@ -52,7 +52,7 @@ missing or inconsistent), ``zip.bad_extra_field`` (extra field lengths overrun),
 member whose compressed and uncompressed sizes differ: miniz rejects the whole archive).
 
 Public API: `read_zip`, `sniff`, `ZipArchive` (`get`, `names`, `data`, `read_bytes`,
-`verify_crc`, `torch_prefix`), `ZipMember`.
+`verify_crc`, `torch_prefix`, `release`), `ZipMember`, `release_pages`.
 
 Cost: O(central directory). Listing reads the EOCD region, the CD, each local header and each
 data descriptor; member data only for the optional CRC check of STORED members <= 1 MiB.
@@ -61,7 +61,9 @@ from __future__ import annotations
 
 import bz2
 import lzma
+import mmap
 import operator
+import re
 import struct
 import zlib
 from dataclasses import dataclass, field
@@ -117,6 +119,10 @@ MAX_COMMENT = 0xFFFF
 SMALL_CRC_LIMIT = 1 << 20               # check_small_crc reads STORED members up to 1 MiB
 _CHUNK = 1 << 20                         # decompression input chunk
 SPARSE_SPAN = 256 << 10                  # bytes per member above which headers are pread
+_SHORTCUTS = True   # the plain-member step and the one-span layout check (tests turn them off)
+_IRREGULAR_FLAGS = FLAG_ENCRYPTED | FLAG_STRONG_ENCRYPTION | FLAG_MASKED_LOCAL
+# Names make_member reports something about (NUL, absolute, drive letter, parent): a superset.
+_IRREGULAR_NAME = re.compile(rb"[\x00:\\]|\.\.|\A/")
 
 
 def sniff(head: bytes, size: int) -> bool:
@@ -125,9 +131,10 @@ def sniff(head: bytes, size: int) -> bool:
     return head[:4] in (MAGIC_LOCAL, MAGIC_EOCD)
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class ZipMember:
-    """One central-directory entry, located in the file.
+    """One central-directory entry, located in the file. Treat it as read-only (not frozen only
+    because a frozen dataclass costs ~1 µs more per member: 100,000-member archives).
 
     Attributes:
         name: decoded name (UTF-8 if flag bit 11 else cp437, as zipfile does; undecodable UTF-8
@@ -204,6 +211,7 @@ class ZipArchive:
     prepended: int = 0
     eocd_count: int = 0
     miniz_error: str | None = None
+    _exact: dict[str, ZipMember] | None = field(default=None, repr=False)
     _miniz_index: dict[bytes, list[int]] | None = field(default=None, repr=False)
     _miniz_sorted: list[int] | None = field(default=None, repr=False)
     _crc_checked: set[int] = field(default_factory=set, repr=False)
@@ -223,6 +231,11 @@ class ZipArchive:
         choice (the last one). The disagreement is recorded as ``zip.duplicate_name`` by
         `read_zip`. Returns None when miniz would not find the name.
         """
+        exact = self._exact
+        if exact is None:
+            exact = self._exact_table()
+        if type(name) is str and name in exact:     # the common case, see _exact_table
+            return exact[name]
         raw = name.encode("utf-8", "surrogateescape") if isinstance(name, str) else bytes(name)
         if b"\0" in raw:
             raw = raw.split(b"\0", 1)[0]  # miniz takes a C string
@@ -239,6 +252,32 @@ class ZipArchive:
 
     def _visible(self) -> int:
         return min(self.eocd_count, len(self.members))
+
+    def exact_lookups(self) -> bool:
+        """True when no two visible names are alike ignoring case (`get` then answers ASCII
+        names from a plain dict)."""
+        return bool(self._exact if self._exact is not None else self._exact_table())
+
+    def release(self) -> None:
+        """Let go of the members, for a one-pass reader that has taken what it needs from them
+        (`torch_zip` under `zip_dispatch.listing_only`: 10^5 members are ~30 MB). Any later use
+        of the member list raises `ReleasedArchive`."""
+        self.members = _Released()
+        self._exact = self._miniz_index = self._miniz_sorted = None
+
+    def _exact_table(self) -> dict[str, ZipMember]:
+        """ASCII names without NUL -> member, when no two visible names are alike ignoring
+        case: for such a name miniz's case-insensitive search can only return that member, so
+        `get` answers from a plain dict (a torch archive has one member per tensor: 10^5
+        lookups). Empty when names collide: every lookup then takes miniz's path."""
+        visible = self.members[:self._visible()]
+        lowered = {m.raw_name.lower() for m in visible}
+        if len(lowered) != len(visible):
+            self._exact = {}
+        else:
+            self._exact = {m.name: m for m in visible
+                           if m.raw_name.isascii() and b"\0" not in m.raw_name}
+        return self._exact
 
     def _miniz_lookup_table(self) -> dict[bytes, list[int]]:
         if self._miniz_index is None:
@@ -361,6 +400,22 @@ class ZipArchive:
             self.anomalies.append(_bad_crc(self.source.path, member, crc))
         self._crc_checked.add(member.index)
         return ok
+
+
+class ReleasedArchive(RuntimeError):
+    """A `ZipArchive` used after `ZipArchive.release` (a programming error, not bad input)."""
+
+
+class _Released(list):
+    """`ZipArchive.members` after `release`: reading it raises rather than look empty."""
+
+    __slots__ = ()
+
+    def _refuse(self, *args):
+        raise ReleasedArchive("the archive's members were released (listing_only): read the "
+                              "file again")
+
+    __iter__ = __len__ = __getitem__ = __bool__ = __contains__ = _refuse
 
 
 def _bad_crc(path: str, member: ZipMember, actual: int) -> Anomaly:
@@ -549,6 +604,13 @@ class _Reader:
         self.anomalies: list[Anomaly] = []
         self.miniz_error: str | None = None
         self.sparse = False     # set once the member count is known (see `peek`)
+        # The whole file as one view when it is a local map or a buffer (not a remote source,
+        # which fetches ranges): the regular-member path reads headers through it directly.
+        self.buf = src.buffer if type(src) is ByteSource else None
+        # bytes of a slice of it: an mmap slices straight to bytes (one step, not two)
+        mm = src._mmap if self.buf is not None else None
+        self.copy = ((lambda a, b: mm[a:b]) if mm is not None else
+                     (lambda a, b: bytes(self.buf[a:b])))
 
     def add(self, kind: str, message: str, member: str | None = None,
             offset: int | None = None) -> None:
@@ -681,16 +743,25 @@ class _Reader:
                           eocd_end, prepended)
         self.check_other_eocds(others, eocd_pos)
         if self.check_small_crc:
-            view, crc32 = self.src.view, zlib.crc32
+            crc32, buf, size = zlib.crc32, self.buf, self.size
+            view = self.src.view if buf is None else (lambda at, n, fmt: buf[at:at + n])
+            encrypted = FLAG_ENCRYPTED | FLAG_STRONG_ENCRYPTION
             for m in members:
-                if (m.error is None and m.method == METHOD_STORED and not m.is_encrypted
+                if (m.error is None and m.method == METHOD_STORED and not m.flags & encrypted
                         and m.compressed_size <= SMALL_CRC_LIMIT):
                     start, n = m.data_offset, m.compressed_size
                     # verify_crc again only to record a mismatch (it bounds-checks the data)
-                    if start + n > self.size or crc32(view(start, n, fmt=FORMAT)) != m.crc32:
+                    if start + n > size or crc32(view(start, n, fmt=FORMAT)) != m.crc32:
                         archive.verify_crc(m)
         archive.miniz_error = self.miniz_error
+        self.release_pages()
         return archive
+
+    def release_pages(self) -> None:
+        """Unmap the pages of the file this read touched through the map (every local header and
+        small member of a dense archive: all of a 10^5-member checkpoint's pages)."""
+        if self.buf is not None and not self.sparse:
+            release_pages(self.src)
 
     def locate_cd(self, cd_offset: int, cd_size: int, concat: int, n_total: int,
                   eocd_pos: int) -> tuple[int, int]:
@@ -726,8 +797,13 @@ class _Reader:
                 prepended: int) -> list[ZipMember]:
         cd = self.src.view(start, cd_size, "central directory", fmt=FORMAT)
         _prefetch_local_headers(self.src, cd, prepended)
+        if self.buf is not None:
+            cd = bytes(cd)  # a transient copy (~70 bytes a member): bytes slice and compare faster
         members: list[ZipMember] = []
         pos = 0
+        cd_end = start + cd_size
+        regular = self.regular_member if self.buf is not None and not self.sparse and \
+            _SHORTCUTS else None
         while pos < cd_size:
             i = len(members)
             at = start + pos
@@ -751,11 +827,61 @@ class _Reader:
             p = pos + CENTRAL.size
             raw_name = bytes(cd[p:p + fields[_CD_NAME_LEN]])
             p += fields[_CD_NAME_LEN]
-            extra = bytes(cd[p:p + fields[_CD_EXTRA_LEN]]) if fields[_CD_EXTRA_LEN] else b""
-            members.append(self.make_member(i, at, fields, raw_name, extra, prepended,
-                                            (start, start + cd_size)))
+            if fields[_CD_EXTRA_LEN]:
+                extra = bytes(cd[p:p + fields[_CD_EXTRA_LEN]])
+                member = None
+            else:
+                extra = b""
+                member = regular(i, fields, raw_name, prepended, start, cd_end) if regular \
+                    else None
+            if member is None:
+                member = self.make_member(i, at, fields, raw_name, extra, prepended,
+                                          (start, cd_end))
+            members.append(member)
             pos += CENTRAL.size + var_len
         return members
+
+    def regular_member(self, i: int, f: tuple, raw_name: bytes, prepended: int, cd_start: int,
+                       cd_end: int) -> ZipMember | None:
+        """`make_member`'s result for a plain entry (the kind torch writes: STORED, not
+        encrypted, no central extra, an ASCII or valid UTF-8 name with nothing odd in it, a
+        local header agreeing with the central one), in far fewer steps; None for anything
+        else, which `make_member` then reads and reports in full. Every check whose failure
+        `make_member` would report is made here too, so no entry that passes has an anomaly."""
+        flags, csize = f[_CD_FLAGS], f[_CD_CSIZE]
+        if (f[_CD_METHOD] != METHOD_STORED or flags & _IRREGULAR_FLAGS or f[_CD_DISK]
+                or csize != f[_CD_USIZE] or csize == U32_MAX or f[_CD_OFFSET] == U32_MAX
+                or _IRREGULAR_NAME.search(raw_name) is not None):
+            return None
+        if raw_name.isascii():
+            name = raw_name.decode("ascii")
+        elif flags & FLAG_UTF8:
+            try:
+                name = raw_name.decode("utf-8")
+            except UnicodeDecodeError:
+                return None
+        else:
+            return None     # cp437: reported by make_member
+        header = f[_CD_OFFSET] + prepended
+        n = len(raw_name)
+        start = header + LOCAL.size
+        if start + n > self.size:
+            return None
+        lf = LOCAL.unpack_from(self.buf, header)
+        if (lf[_LH_SIG] != MAGIC_LOCAL or lf[_LH_NAME_LEN] != n or lf[_LH_FLAGS] != flags
+                or lf[_LH_METHOD] != METHOD_STORED or self.copy(start, start + n) != raw_name):
+            return None
+        crc = f[_CD_CRC]
+        l_crc, l_csize, l_usize = lf[_LH_CRC], lf[_LH_CSIZE], lf[_LH_USIZE]
+        if not ((l_crc == crc and l_csize == csize and l_usize == csize)
+                or (flags & FLAG_DESCRIPTOR and not (l_crc or l_csize or l_usize))):
+            return None
+        data_offset = start + n + lf[_LH_EXTRA_LEN]
+        end = data_offset + csize
+        if end > self.size or (header < cd_end and end > cd_start):
+            return None
+        return ZipMember(name, raw_name, i, header, data_offset, csize, csize, crc,
+                         METHOD_STORED, flags, raw_name, None)
 
     def decode_name(self, raw: bytes, flags: int, at: int) -> str:
         if flags & FLAG_UTF8:
@@ -985,6 +1111,13 @@ class _Reader:
         if not m.flags & FLAG_DESCRIPTOR:
             return 0
         end = m.data_end
+        if self.buf is not None and not self.sparse:
+            for form in _DESCRIPTORS:   # the signed forms, straight from the map
+                if end + form.size <= self.size:
+                    sig, crc, cs, us = form.unpack_from(self.buf, end)
+                    if sig == MAGIC_DESCRIPTOR and crc == m.crc32 and cs == m.compressed_size \
+                            and us == m.size:
+                        return form.size
         raw = self.peek(end, _DESCRIPTORS[0].size)
         for form in _DESCRIPTORS:   # the signed forms in one unpack each (what writers use)
             if len(raw) >= form.size:
@@ -1028,13 +1161,21 @@ class _Reader:
                               "member", m))
             elif m.local_name is not None:
                 spans.append((m.header_offset, min(m.data_end, self.size), None, "bad", m))
-        spans.append((cd_start, cd_start + cd_size, "central directory", "struct", None))
+        structs = [(cd_start, cd_start + cd_size, "central directory", "struct", None)]
         if z64_pos is not None:
-            spans.append((z64_pos, z64_end, "zip64 end-of-central-directory record", "struct",
-                          None))
+            structs.append((z64_pos, z64_end, "zip64 end-of-central-directory record", "struct",
+                            None))
         if loc_pos >= 0:
-            spans.append((loc_pos, eocd_pos, "zip64 locator", "struct", None))
-        spans.append((eocd_pos, eocd_end, "end-of-central-directory record", "struct", None))
+            structs.append((loc_pos, eocd_pos, "zip64 locator", "struct", None))
+        structs.append((eocd_pos, eocd_end, "end-of-central-directory record", "struct", None))
+        if (_SHORTCUTS and len(spans) == len(members) > 1 and not any(m.error for m in members)
+                and min(s[0] for s in structs) >= spans[-1][1]
+                and all(a[1] == b[0] for a, b in zip(spans, spans[1:]))):
+            # Readable members laid end to end, in order, before every structure (as torch and
+            # most writers lay them out): they neither overlap nor leave gaps among themselves,
+            # so one span for the run finds exactly what the member spans would.
+            spans = [(spans[0][0], spans[-1][1], None, "member", spans[0][4])]
+        spans += structs
         spans.sort(key=_span_key)
 
         # Overlaps, against the span reaching furthest so far.
@@ -1118,6 +1259,18 @@ def read_zip(src: ByteSource, *, max_members: int = 1_000_000,
         ('model', 64)
     """
     return _Reader(src, max_members, check_small_crc).read()
+
+
+def release_pages(src) -> None:
+    """Drop the pages of ``src``'s map from the resident set (MADV_DONTNEED). They stay in the
+    page cache and fault back in when read again (the pickle, tensor values): the resident set
+    no longer carries bytes a parse has merely passed. A hint: no-op for other sources."""
+    mm = getattr(src, "_mmap", None)
+    if mm is not None and hasattr(mmap, "MADV_DONTNEED"):
+        try:
+            mm.madvise(mmap.MADV_DONTNEED)
+        except (OSError, ValueError):   # a hint only: a kernel that refuses it changes nothing
+            pass
 
 
 def _prefetch_local_headers(src, cd, prepended: int) -> None:

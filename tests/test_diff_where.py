@@ -47,11 +47,12 @@ def pair(r, n, da, db, zeros):
           suppress_health_check=[HealthCheck.function_scoped_fixture])  # monkeypatch.context() per input
 @given(n=st.integers(1, 3000), da=st.sampled_from(DTYPES), db=st.sampled_from(DTYPES),
        elems=st.sampled_from([1, 7, 64, 8192]), parallel=st.booleans(), zeros=st.booleans(),
-       seed=st.integers(0, 2**31))
+       seed=st.integers(0, 2**31), kernel=st.booleans())
 def test_fused_statistics_match_torch_float64(tmp_path_factory, monkeypatch, n, da, db, elems,
-                                              parallel, zeros, seed):
+                                              parallel, zeros, seed, kernel):
     """max_abs and every count exactly, the rest to 1e-6 relative, whatever the dtypes, the
-    piece size (``elems`` elements per fused step) and the thread split."""
+    piece size (``elems`` elements per fused step), the thread split, and with or without the
+    compiled pass."""
     xa, xb = pair(np.random.default_rng(seed), n, da, db, zeros)
     d = tmp_path_factory.mktemp("f")
     ma = raw_model(d / "a.bin", {"t": xa})
@@ -60,6 +61,8 @@ def test_fused_statistics_match_torch_float64(tmp_path_factory, monkeypatch, n, 
         m.setattr(diffing, "FLOAT_ELEMS", elems)
         m.setattr(diffing, "PARALLEL_ELEMS", 100 if parallel else 1 << 40)
         m.setattr(diffing, "RELEASE_BYTES", 256)  # many read-ahead / release steps per slice
+        if not kernel:
+            m.setattr(diffing, "_KERNEL", None)
         (e,) = diff_models(ma, mb, chunk_bytes=elems * 32).entries
     if e.values.identical_bytes:
         assert xa.dtype == xb.dtype and np.array_equal(xa.view(np.uint8), xb.view(np.uint8))
@@ -138,11 +141,15 @@ _SPECIALS = np.array([0.0, -0.0, np.inf, -np.inf, np.nan, 65504.0, -65504.0, 6e-
           suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(n=st.integers(1, 40_000), da=st.sampled_from(DTYPES), db=st.sampled_from(DTYPES),
        elems=st.sampled_from([3, 64, 1000, 8192]), specials=st.integers(0, 6),
-       seed=st.integers(0, 2**31))
-@example(n=20_000, da=np.float16, db=np.float16, elems=64, specials=6, seed=2)  # Inf/NaN fallback
-@example(n=20_000, da=ml_dtypes.bfloat16, db=np.float16, elems=1000, specials=6, seed=3)
+       seed=st.integers(0, 2**31), kernel=st.booleans())
+@example(n=20_000, da=np.float16, db=np.float16, elems=64, specials=6, seed=2, kernel=False)
+@example(n=20_000, da=ml_dtypes.bfloat16, db=np.float16, elems=1000, specials=6, seed=3,
+         kernel=False)
+@example(n=20_000, da=np.float16, db=np.float16, elems=64, specials=6, seed=2, kernel=True)
+@example(n=20_000, da=ml_dtypes.bfloat16, db=np.float32, elems=1000, specials=6, seed=3,
+         kernel=True)
 def test_pool_pieces_and_special_values_match_torch_float64(tmp_path_factory, monkeypatch, n, da,
-                                                             db, elems, specials, seed):
+                                                             db, elems, specials, seed, kernel):
     """The pool's larger pieces (8 x FLOAT_ELEMS with BLAS pinned) over piece boundaries, with
     Inf, NaN, signed zeros, subnormals and the largest finite values sprinkled in (each dtype
     rounds them its own way: float16 overflows 3e38 to Inf, int8 casts wrap): the float16 fast
@@ -161,10 +168,56 @@ def test_pool_pieces_and_special_values_match_torch_float64(tmp_path_factory, mo
         m.setattr(diffing, "FLOAT_ELEMS", elems)
         m.setattr(diffing, "PARALLEL_ELEMS", 100)
         m.setattr(diffing, "RELEASE_BYTES", 4096)
+        if not kernel:
+            m.setattr(diffing, "_KERNEL", None)
         (e,) = diff_models(ma, mb, chunk_bytes=elems * 32).entries
     if e.values.identical_bytes:
         return
     check_against(e.values, oracle(torch_of(xa), torch_of(xb)), rel=1e-6)
+
+
+def test_the_compiled_pass_is_built_where_a_compiler_is():
+    # `pip install` builds tensorscope/_diffkernel.c (optional: without a compiler numpy computes
+    # the same figures). Where a C compiler exists, a missing kernel is a broken build.
+    import shutil
+    if shutil.which("cc") is None and shutil.which("gcc") is None:
+        pytest.skip("no C compiler: the numpy path is the one in use")
+    assert diffing._KERNEL is not None
+
+
+@pytest.mark.skipif(diffing._KERNEL is None, reason="the compiled pass is not built")
+@pytest.mark.parametrize("dt", [np.float16, ml_dtypes.bfloat16, np.float32, np.float64, np.int8,
+                                np.uint8, np.int16, np.int32])
+def test_compiled_pass_equals_the_numpy_pass(dt):
+    """Counts and maxima identical, sums to rounding (their order differs), on pieces that are
+    not a multiple of the kernel's block, with exact zeros of B, subnormals and the largest
+    finite values; a NaN or an Inf sends the piece to the careful path in both."""
+    r = np.random.default_rng(5)
+    floating = np.dtype(dt).kind not in "iu"
+    info = ml_dtypes.finfo(dt) if floating else np.iinfo(dt)
+    for n in (1, 511, 513, 4099):
+        with np.errstate(invalid="ignore"):   # integer casts of the random values wrap: fine
+            xa, xb = pair(r, n, dt, dt, zeros=True)
+        edge = [info.smallest_subnormal, info.max, -info.max] if floating else [info.min, info.max, 0]
+        xa[: min(n, 3)] = np.array(edge, dt)[: min(n, 3)]
+        for special in (None, np.nan, np.inf) if floating else (None,):
+            if special is not None:
+                xb = xb.copy()
+                xb[n // 2] = special
+            figures = []
+            for kernel in (diffing._KERNEL, None):
+                acc = diffing._Accumulator(1e-5, 1.3e-6, max(n, 8), False)
+                saved, diffing._KERNEL = diffing._KERNEL, kernel
+                try:
+                    acc.add(xa, xb)
+                finally:
+                    diffing._KERNEL = saved
+                figures.append(acc)
+            k, ref = figures
+            for f in ("count", "mismatched", "nan", "inf", "zero_ref", "max_abs", "max_rel"):
+                assert getattr(k, f) == getattr(ref, f), (n, special, f)
+            for f in ("sum_sq", "sum_abs", "xx", "yy", "dot"):
+                assert getattr(k, f) == pytest.approx(getattr(ref, f), rel=1e-12, abs=1e-300), f
 
 
 def test_pool_threads_pin_blas_to_one_thread():

@@ -82,7 +82,8 @@ def _compute_stats(model, tensors):
 
 
 def run(args) -> int:
-    with open_model(args.path) as model:
+    from ..parsers.zip_dispatch import listing_only
+    with listing_only(), open_model(args.path) as model:    # no object tree, no call evidence
         tensors = _selected(model, args.filter)
         group = args.group if args.group is not None else len(tensors) > GROUP_ABOVE
         stats = _compute_stats(model, tensors) if args.stats else {}

@@ -1,0 +1,75 @@
+"""`zip_dispatch.listing_only`: a torch zip opened for listing (inspect, diff) keeps the same
+tensor records and globals as a full open, drops the object tree and the per-call evidence, and
+refuses loudly to be judged as if it had no calls."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+import tensorscope
+from tensorscope.parsers import pickle_vm
+from tensorscope.parsers.zip_dispatch import listing_only
+from torch_oracle import FIXTURES, flatten
+
+TORCH_FILES = sorted(p for p in (FIXTURES / "torch").iterdir() if p.suffix in (".pt", ".bin"))
+
+
+def _records(model):
+    return [(t.name, t.dtype, t.shape, t.stride, t.storage_offset, t.byte_offset, t.nbytes,
+             t.storage_key, t.storage_nbytes, t.role, t.path, dict(t.extras)) for t in model]
+
+
+@pytest.mark.parametrize("path", TORCH_FILES, ids=[p.name for p in TORCH_FILES])
+def test_same_records_and_globals_as_a_full_open(path):
+    with tensorscope.open(path) as full:
+        with listing_only():
+            light = tensorscope.open(path)
+        with light:
+            assert _records(light) == _records(full)
+            assert light.format == full.format
+            assert [a.kind for a in light.evidence.anomalies] == \
+                [a.kind for a in full.evidence.anomalies]
+            assert [[(g.module, g.name, g.pos) for g in r.result.globals]
+                    for r in light.evidence.pickles] == \
+                [[(g.module, g.name, g.pos) for g in r.result.globals]
+                 for r in full.evidence.pickles]
+
+
+def test_the_tree_and_call_evidence_are_not_kept(tmp_path):
+    path = tmp_path / "sd.pt"
+    sd = {f"w{i}": torch.full((2, 2), float(i)) for i in range(5)}
+    torch.save(sd, path)
+    with listing_only():
+        model = tensorscope.open(path)
+    with model:
+        assert model.objects is None
+        assert [t.name for t in model] == list(flatten(sd))
+        result = model.evidence.pickles[0].result
+        for evidence in (result.calls, result.persistent_ids):
+            with pytest.raises(pickle_vm.EvidenceNotKept):
+                list(evidence)
+            with pytest.raises(pickle_vm.EvidenceNotKept):
+                bool(evidence)
+        # the records read the values all the same
+        assert model.read("w3").tolist() == sd["w3"].tolist()
+    with tensorscope.open(path) as full:    # outside the context: everything is kept
+        assert full.objects is not None and len(full.evidence.pickles[0].result.calls) == 10
+
+
+@pytest.mark.parametrize("new", [b"m/DATA/0", b"m/Data/0"])
+def test_records_found_as_the_archive_finds_them(tmp_path, new):
+    """The records kept for a listing are looked up as miniz looks members up (ignoring ASCII
+    case): a member whose name differs in case from the one the pickle asks for is still found,
+    by torch.load and by both kinds of open."""
+    path = tmp_path / "m.pt"
+    torch.save({"w": torch.arange(6.0).view(2, 3)}, path)
+    raw = path.read_bytes()
+    assert raw.count(b"m/data/0") == 2          # local header and central directory
+    path.write_bytes(raw.replace(b"m/data/0", new))
+    expected = torch.load(path, weights_only=True)["w"].tolist()
+    with tensorscope.open(path) as full:
+        with listing_only():
+            light = tensorscope.open(path)
+        with light:
+            assert _records(light) == _records(full)
+            assert light.read("w").tolist() == expected
