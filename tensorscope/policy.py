@@ -24,6 +24,12 @@ accelerator modules are folded onto the modules they implement (``_pickle`` -> `
 Matching is by dotted prefix at name boundaries: an entry ``asyncio`` covers
 ``asyncio.unix_events._UnixSubprocessTransport`` (the sub-module bypass of CVE-2025-10157), and an
 entry ``builtins.getattr`` covers ``builtins.getattr.__call__``.
+A dotted name is also judged along its attribute path, since protocol 4 resolves it by
+``getattr`` steps: every tail is matched (``torch.nn.modules.module`` + ``torch.load`` is
+``torch.load``; ``collections`` + ``_sys.modules`` is ``sys``), a method reached through a
+framework class is judged by use rather than as the class, module paths through a vendored
+cloudpickle/dill are denied, and so is any name whose final part only command runners carry
+(``system``, ``popen``, ``check_output``...), whatever module re-exports it.
 
 Sources for the tables are cited next to each entry; the weights-only table is copied from
 torch 2.13 ``torch/_weights_only_unpickler.py`` ``_get_allowed_globals`` (facts only).
