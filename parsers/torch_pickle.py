@@ -562,6 +562,23 @@ def to_tensor_info(path: tuple[str, ...], raw: tuple[str, ...], t: TensorRef, *,
     """A TensorInfo from a TensorRef whose storage the container has resolved."""
     s = t.storage
     if (s is not None and s.error is None and s.data_offset is not None and s.member
+            and t.extras is _NO_EXTRAS and not t.requires_grad
+            and (raw is path or raw == path or not raw)):
+        # A state dict's tensor from `_dense` (the only maker of refs with the shared
+        # `_NO_EXTRAS`): shape and stride are tuples of ints of one length, the dtype a canonical
+        # name, so the record is made without TensorInfo's re-validation.
+        offset = t.storage_offset
+        dtype = t.dtype
+        shape = t.shape
+        nbytes = _NBYTES.get((dtype, shape))
+        if nbytes is None:
+            nbytes = _nbytes(dtype, shape)
+        return _trusted(
+            dotted(path), dtype, shape, t.stride, offset,
+            s.data_offset + (offset * _cached_bits(dtype) // 8 if offset else 0), nbytes,
+            s.file or file, s.key, s.nbytes, path or (ROOT_NAME,), fmt, t.role, (),
+            FrozenDict(location=s.location, member=s.member))
+    if (s is not None and s.error is None and s.data_offset is not None and s.member
             and not t.extras and not t.requires_grad and (raw is path or raw == path or not raw)):
         # The usual tensor (a state dict's): the general case below, in one step.
         offset = t.storage_offset
@@ -594,6 +611,20 @@ def to_tensor_info(path: tuple[str, ...], raw: tuple[str, ...], t: TensorRef, *,
         dotted(path), dtype, t.shape, t.stride, t.storage_offset, byte_offset, -1,
         s.file if s is not None and s.file else file, storage_key, storage_nbytes,
         path or (ROOT_NAME,), fmt, t.role, (), FrozenDict(extras))
+
+
+_trusted = TensorInfo.trusted
+_NBYTES: dict[tuple[str, tuple[int, ...]], int] = {}   # (dtype, shape) -> contiguous bytes
+
+
+def _nbytes(dtype: str, shape: tuple[int, ...]) -> int:
+    """`dtypes.nbytes_for` of a shape, remembered for known dtypes (checkpoints repeat shapes)."""
+    from tensorscope.dtypes import nbytes_for, spec
+    spec(dtype)     # an unknown name is a programming error, as in TensorInfo
+    nbytes = nbytes_for(dtype, math.prod(shape))
+    if not dtype.startswith("unknown:") and len(_NBYTES) < 4096:
+        _NBYTES[dtype, shape] = nbytes
+    return nbytes
 
 
 _BITS: dict[str, int] = {}
