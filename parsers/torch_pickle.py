@@ -137,11 +137,23 @@ def _int(value, what: str, pos: int, *, minimum: int = 0) -> int:
 _INT_ONLY = frozenset((int,))
 
 
+_CHECKED: dict[tuple, tuple] = {}  # tuples found valid, by identity (the VM shares shape tuples)
+
+
 def _int_tuple(value, what: str, pos: int) -> tuple[int, ...]:
-    # Fast path (every tensor of a checkpoint): a short tuple of non-negative plain ints.
-    if type(value) is tuple and len(value) <= 64 and (
-            not value or ({*map(type, value)} <= _INT_ONLY and min(value) >= 0)):
-        return value
+    # Fast path (every tensor of a checkpoint): a short tuple of non-negative plain ints, or the
+    # very object already found to be one (an equal tuple of floats or bools is another object).
+    if type(value) is tuple:
+        try:
+            if _CHECKED.get(value) is value:
+                return value
+        except TypeError:   # unhashable items: the checks below say what is wrong
+            pass
+        if len(value) <= 64 and (
+                not value or ({*map(type, value)} <= _INT_ONLY and min(value) >= 0)):
+            if len(_CHECKED) < 4096:
+                _CHECKED[value] = value
+            return value
     if not isinstance(value, (tuple, list)):
         raise _err(f"{what} must be a tuple of integers, got {type(value).__name__}", pos)
     if len(value) > 64:

@@ -133,7 +133,11 @@ def data_records(archive: ZipArchive, prefix: str, data_dir: str = "data") -> di
 def _record_lookup(records: dict):
     def lookup(name: str) -> _Record | None:
         # get(): the name's bytes up to a NUL, lowered (ASCII only: a name with other characters
-        # cannot equal the ASCII names held here byte for byte)
+        # cannot equal the ASCII names held here byte for byte). The keys are lowercase ASCII
+        # without NUL, so a name found as it is would be found the same after those steps.
+        record = records.get(name)
+        if record is not None:
+            return record
         if not name.isascii():
             return None
         return records.get(name.split("\0", 1)[0].lower())
