@@ -664,9 +664,25 @@ def tensor_fits(t: TensorRef) -> bool:
     s = t.storage
     if s is None or s.nbytes is None:
         return True
-    last = t.storage_offset
-    for d, st in zip(t.shape, t.stride):
+    key = (t.shape, t.stride)
+    span = _SPANS.get(key, False)
+    if span is False:
+        span = _span(t.shape, t.stride)
+        if len(_SPANS) < 4096:      # checkpoints repeat a few layouts
+            _SPANS[key] = span
+    if span is None:
+        return True
+    return -(-(t.storage_offset + span + 1) * _cached_bits(t.dtype) // 8) <= s.nbytes
+
+
+_SPANS: dict[tuple, int | None] = {}
+
+
+def _span(shape, stride) -> int | None:
+    """Elements from the first addressed element to the last; None when a dimension is 0."""
+    last = 0
+    for d, st in zip(shape, stride):
         if d == 0:
-            return True
+            return None
         last += (d - 1) * st
-    return -(-(last + 1) * _cached_bits(t.dtype) // 8) <= s.nbytes
+    return last
