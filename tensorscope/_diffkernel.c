@@ -52,11 +52,18 @@ static inline double bf16_bits_to_double(uint16_t h) {
     return (double)f;
 }
 
-/* Widen n (<= BLOCK) elements; returns non-zero when one of them is Inf or NaN. */
+/* Widen n (<= BLOCK) elements; returns non-zero when one of them is Inf or NaN. Code 't': bytes
+ * that index a 256-entry float64 table (float8 and other one-byte floats). */
 VECTOR_CLONES
-static int widen(const char *p, char code, Py_ssize_t n, double *out) {
+static int widen(const char *p, char code, const double *table, Py_ssize_t n, double *out) {
     int special = 0;
-    if (code == 'e') {
+    if (code == 't') {
+        const uint8_t *v = (const uint8_t *)p;
+        for (Py_ssize_t i = 0; i < n; i++) {
+            out[i] = table[v[i]];
+            special |= !(fabs(out[i]) <= 1.7976931348623157e308);
+        }
+    } else if (code == 'e') {
         const uint16_t *h = (const uint16_t *)p;
         for (Py_ssize_t i = 0; i < n; i++) {
             out[i] = half_bits_to_double(h[i]);
@@ -135,7 +142,7 @@ static void block_stats(const double *restrict xs, const double *restrict ys, Py
 
 static Py_ssize_t itemsize(char code) {
     switch (code) {
-    case 'c': case 'B': return 1;
+    case 'c': case 'B': case 't': return 1;
     case 'e': case 'b': case 'h': return 2;
     case 'f': case 'i': return 4;
     case 'd': return 8;
@@ -146,18 +153,24 @@ static Py_ssize_t itemsize(char code) {
 /* stats(a, code_a, b, code_b, atol, rtol) -> (sum_sq, xx, yy, dot, sum_abs, max_abs, max_rel,
  * zero_ref, mismatched) or None when a value is not finite. a and b: C-contiguous buffers of n
  * elements each, codes 'e' float16, 'b' bfloat16 (both as their uint16 bits), 'f' float32,
- * 'd' float64, 'c' int8, 'B' uint8, 'h' int16, 'i' int32 (all exact in float64). max_rel is -inf when every element of b is 0. */
+ * 'd' float64, 'c' int8, 'B' uint8, 'h' int16, 'i' int32 (all exact in float64), 't' bytes
+ * indexing the 256-entry float64 table passed after rtol (table_a, then table_b). max_rel is -inf when every element of b is 0. */
 static PyObject *stats(PyObject *self, PyObject *args) {
-    Py_buffer ba, bb;
+    Py_buffer ba, bb, ta = {0}, tb = {0};
     int ca, cb;
     double atol, rtol;
-    if (!PyArg_ParseTuple(args, "y*Cy*Cdd", &ba, &ca, &bb, &cb, &atol, &rtol))
+    if (!PyArg_ParseTuple(args, "y*Cy*Cdd|y*y*", &ba, &ca, &bb, &cb, &atol, &rtol, &ta, &tb))
         return NULL;
     Py_ssize_t sa = itemsize((char)ca), sb = itemsize((char)cb);
-    if (!sa || !sb || ba.len % sa || bb.len % sb || ba.len / sa != bb.len / sb) {
+    int tables_ok = (ca != 't' || ta.len == 256 * (Py_ssize_t)sizeof(double)) &&
+                    (cb != 't' || tb.len == 256 * (Py_ssize_t)sizeof(double));
+    if (!sa || !sb || ba.len % sa || bb.len % sb || ba.len / sa != bb.len / sb || !tables_ok) {
         PyBuffer_Release(&ba);
         PyBuffer_Release(&bb);
-        PyErr_SetString(PyExc_ValueError, "stats: unknown dtype code or pieces of unequal length");
+        if (ta.obj) PyBuffer_Release(&ta);
+        if (tb.obj) PyBuffer_Release(&tb);
+        PyErr_SetString(PyExc_ValueError, "stats: unknown dtype code, pieces of unequal length "
+                        "or a missing 256-entry float64 table");
         return NULL;
     }
     Py_ssize_t n = ba.len / sa;
@@ -169,12 +182,15 @@ static PyObject *stats(PyObject *self, PyObject *args) {
     const char *pa = (const char *)ba.buf, *pb = (const char *)bb.buf;
     for (Py_ssize_t at = 0; at < n && !special; at += BLOCK) {
         Py_ssize_t m = n - at < BLOCK ? n - at : BLOCK;
-        special = widen(pa + at * sa, (char)ca, m, xs) | widen(pb + at * sb, (char)cb, m, ys);
+        special = widen(pa + at * sa, (char)ca, (const double *)ta.buf, m, xs) |
+                  widen(pb + at * sb, (char)cb, (const double *)tb.buf, m, ys);
         block_stats(xs, ys, m, atol, rtol, &s);
     }
     Py_END_ALLOW_THREADS
     PyBuffer_Release(&ba);
     PyBuffer_Release(&bb);
+    if (ta.obj) PyBuffer_Release(&ta);
+    if (tb.obj) PyBuffer_Release(&tb);
     if (special || !isfinite(s.sq) || !isfinite(s.xx) || !isfinite(s.yy))
         Py_RETURN_NONE;
     /* no element of b is non-zero: no ratio at all */

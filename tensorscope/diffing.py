@@ -901,7 +901,16 @@ _KERNEL_CODES = {_F16: "e", _BF16: "b", np.dtype(np.float32): "f", np.dtype(np.f
                  np.dtype(np.int8): "c", np.dtype(np.uint8): "B", np.dtype(np.int16): "h",
                  np.dtype(np.int32): "i"}
 _KERNEL_VIEW = {"e": np.uint16, "b": np.uint16, "f": np.float32, "d": np.float64, "c": np.int8,
-                "B": np.uint8, "h": np.int16, "i": np.int32}
+                "B": np.uint8, "h": np.int16, "i": np.int32, "t": np.uint8}
+
+
+def _kernel_code(dt: np.dtype) -> str | None:
+    """The kernel's code for a dtype: one-byte floats (float8 ...) go through `_table` as in
+    `_to_float`."""
+    code = _KERNEL_CODES.get(dt)
+    if code is None and dt.itemsize == 1 and dt.kind not in "iub":
+        return "t"
+    return code
 _HALF_SIGN_EXP_MANT = np.int32(-0x70002000)  # 0x8FFFE000: the sign, then float16's 15 low bits
 _TWO_112 = np.float32(2.0 ** 112)             # float32's exponent bias minus float16's
 HALF_OVER = 2.0 ** 32  # a sum of squares of finite float16 values reaching this holds a 65504^2
@@ -1072,11 +1081,12 @@ class _Accumulator:
     def _kernel(self, pa: np.ndarray, pb: np.ndarray) -> bool:
         """The same figures as `add`'s finite path in one compiled pass (`_diffkernel.c`, which
         says why); False when the kernel does not take these dtypes or layouts."""
-        ca, cb = _KERNEL_CODES.get(pa.dtype), _KERNEL_CODES.get(pb.dtype)
+        ca, cb = _kernel_code(pa.dtype), _kernel_code(pb.dtype)
         if ca is None or cb is None or not (pa.flags.c_contiguous and pb.flags.c_contiguous):
             return False
         got = _KERNEL.stats(pa.view(_KERNEL_VIEW[ca]), ca, pb.view(_KERNEL_VIEW[cb]), cb,
-                            self.atol, self.rtol)
+                            self.atol, self.rtol, _table(pa) if ca == "t" else b"",
+                            _table(pb) if cb == "t" else b"")
         if got is None:   # a NaN or an infinity in the piece: the numpy passes' careful path
             return False
         sq, xx, yy, dot, sum_abs, worst, rel, zero_ref, mismatched = got

@@ -187,7 +187,8 @@ def test_the_compiled_pass_is_built_where_a_compiler_is():
 
 @pytest.mark.skipif(diffing._KERNEL is None, reason="the compiled pass is not built")
 @pytest.mark.parametrize("dt", [np.float16, ml_dtypes.bfloat16, np.float32, np.float64, np.int8,
-                                np.uint8, np.int16, np.int32])
+                                np.uint8, np.int16, np.int32, ml_dtypes.float8_e4m3fn,
+                                ml_dtypes.float8_e5m2])
 def test_compiled_pass_equals_the_numpy_pass(dt):
     """Counts and maxima identical, sums to rounding (their order differs), on pieces that are
     not a multiple of the kernel's block, with exact zeros of B, subnormals and the largest
