@@ -24,6 +24,12 @@ accelerator modules are folded onto the modules they implement (``_pickle`` -> `
 Matching is by dotted prefix at name boundaries: an entry ``asyncio`` covers
 ``asyncio.unix_events._UnixSubprocessTransport`` (the sub-module bypass of CVE-2025-10157), and an
 entry ``builtins.getattr`` covers ``builtins.getattr.__call__``.
+A dotted name is also judged along its attribute path, since protocol 4 resolves it by
+``getattr`` steps: every tail is matched (``torch.nn.modules.module`` + ``torch.load`` is
+``torch.load``; ``collections`` + ``_sys.modules`` is ``sys``), a method reached through a
+framework class is judged by use rather than as the class, module paths through a vendored
+cloudpickle/dill are denied, and so is any name whose final part only command runners carry
+(``system``, ``popen``, ``check_output``...), whatever module re-exports it.
 
 Sources for the tables are cited next to each entry; the weights-only table is copied from
 torch 2.13 ``torch/_weights_only_unpickler.py`` ``_get_allowed_globals`` (facts only).
@@ -300,6 +306,13 @@ DENYLIST: dict[str, str] = {
     "dbm": "opens databases",
     "copyreg.add_extension": "rewires pickle's extension registry",
     "copyreg.pickle": "registers reducers",
+    # the registries themselves: a SETITEM into _inverted_registry / _extension_cache makes a later
+    # EXT1/2/4 opcode import any name (or return any object) with no GLOBAL in the file
+    "copyreg._inverted_registry": "rewires pickle's extension registry (EXT then imports any name)",
+    "copyreg._extension_registry": "rewires pickle's extension registry (EXT then imports any name)",
+    "copyreg._extension_cache": "rewires pickle's extension registry (EXT then returns any object)",
+    "copyreg.remove_extension": "rewires pickle's extension registry",
+    "copyreg.dispatch_table": "registers reducers",
     "types.CodeType": "builds code objects",
     "types.FunctionType": "builds functions from code objects",
     "types.LambdaType": "builds functions from code objects",
@@ -412,6 +425,166 @@ DENYLIST: dict[str, str] = {
     "sysconfig": "interpreter configuration",
     "builtins.__loader__": "imports modules",
     "builtins.__builtins__": "the builtins namespace",
+    # --- found by the bypass hunt (every entry below was reported at most HIGH before) ---------
+    # gadgets that call any callable they are given (like functools.reduce / partial)
+    "builtins.map": "calls any callable over an iterable (a gadget like functools.reduce)",
+    "builtins.filter": "calls any callable over an iterable (a gadget like functools.reduce)",
+    "itertools.starmap": "calls any callable with arguments from the pickle",
+    "itertools.accumulate": "calls any callable repeatedly",
+    "itertools.filterfalse": "calls any callable over an iterable",
+    "itertools.takewhile": "calls any callable over an iterable",
+    "itertools.dropwhile": "calls any callable over an iterable",
+    "itertools.groupby": "calls any callable over an iterable",
+    "operator.call": "calls any callable (operator.call, Python 3.11+)",
+    "atexit": "registers a callable to run at interpreter exit",
+    "weakref.finalize": "registers a callable to run when an object dies",
+    "sched": "runs scheduled callables",
+    "contextlib.ExitStack": "runs registered callbacks",
+    "numpy.frompyfunc": "wraps any callable as a ufunc (calls it on every element)",
+    "numpy.vectorize": "wraps any callable (calls it on every element)",
+    # class factories (the builtins.type trick through other doors)
+    "types.new_class": "creates classes dynamically",
+    "abc.ABCMeta": "creates classes dynamically",
+    "dataclasses._create_fn": "exec()s generated source",
+    "dataclasses._FuncBuilder": "exec()s generated source",
+    "unittest": "unittest.main / TestLoader.discover import modules from paths; mock._importer imports any module",
+    "rlcompleter": "Completer.complete eval()s the text it completes",
+    "tkinter": "Tcl().eval runs Tcl, which runs commands (exec)",
+    "_tkinter": "Tcl interpreter: runs commands",
+    "turtle": "opens a Tk window (tkinter)",
+    "_imp": "creates modules from native libraries (_imp.create_dynamic)",
+    "_frozen_importlib": "the import machinery: imports any module",
+    "_frozen_importlib_external": "the import machinery: loads source and native files",
+    "torch._jit_internal": "createResolutionCallback* resolve names in caller frames",
+    "torch._sources": "parses source for compilation",
+    "torch._weights_only_unpickler": "a second unpickler",
+    "torch.serialization.add_safe_globals": "widens torch.load's weights-only allowlist for later loads",
+    "torch.serialization.safe_globals": "widens torch.load's weights-only allowlist",
+    "torch.jit.script": "compiles code",
+    "torch.jit.trace": "compiles code",
+    "torch.jit._trace": "compiles code",
+    "torch.utils.data.dataloader": "DataLoader workers spawn processes",
+    "torch.utils.hipify": "rewrites source files",
+    "torch.utils.tensorboard": "writes event files",
+    "torch.distributed.run": "spawns processes (torchrun)",
+    "torch.distributed.launch": "spawns processes",
+    "torch.testing._internal.common_utils": "test helpers spawn processes and run code",
+    "torch.testing._internal.common_distributed": "test helpers spawn processes",
+    "torch.testing._internal.distributed": "test helpers spawn processes",
+    "torch.profiler": "writes trace files",
+    "torch.utils.model_zoo": "downloads a checkpoint and torch.loads it (load_url)",
+    "torch.utils.show_pickle": "DumpUnpickler reads pickles",
+    "torch.utils._content_store": "ContentStoreReader torch.loads files",
+    "torch.utils.file_baton": "creates files",
+    "torch.utils.data.datapipes": "FileOpener/FileLister read files; decoders unpickle",
+    "torch.utils.jit": "log_extract runs graphs from logs",
+    "torch.onnx": "export writes files and runs the model",
+    "torch.distributed.checkpoint.state_dict_loader": "loads checkpoints from paths",
+    "torch.distributed.checkpoint.state_dict_saver": "writes checkpoints to paths",
+    "torch.distributed.checkpoint.filesystem.FileSystemReader": "reads files from a path",
+    "torch.distributed.checkpoint.filesystem.FileSystemWriter": "writes files to a path",
+    "torch.distributed.TCPStore": "network access",
+    "torch.distributed.FileStore": "creates files",
+    "torch.distributed.distributed_c10d": "init_process_group opens network connections",
+    "torch.distributed.launcher": "spawns processes",
+    "torch._library": "registers native operators",
+    "torch.cuda.memory._dump_snapshot": "writes a file",
+    "torch.cuda.memory._record_memory_history": "writes a file",
+    "torch.cuda.memory._save_segment_usage": "writes a file",
+    "torch.cuda.memory._save_memory_usage": "writes a file",
+    "torch.autograd.graph.register_multi_grad_hook": "registers a callable run on backward",
+    "torch.autograd.graph.saved_tensors_hooks": "registers callables",
+    "torch.nn.modules.module.register_module_forward_hook": "a process-wide hook: runs a callable on every forward",
+    "torch.nn.modules.module.register_module_forward_pre_hook": "a process-wide hook: runs a callable on every forward",
+    "torch.nn.modules.module.register_module_full_backward_hook": "a process-wide hook: runs a callable on every backward",
+    "torch.nn.modules.module.register_module_full_backward_pre_hook": "a process-wide hook",
+    "torch.nn.modules.module.register_module_backward_hook": "a process-wide hook",
+    "torch.nn.modules.module.register_module_module_registration_hook": "a process-wide hook",
+    "torch.nn.modules.module.register_module_parameter_registration_hook": "a process-wide hook",
+    "torch.nn.modules.module.register_module_buffer_registration_hook": "a process-wide hook",
+    "torch.autograd.profiler": "writes trace files",
+    # file writes and reads through torch / numpy / pandas
+    "torch.save": "writes a file",
+    "torch.from_file": "maps a file (shared=True writes it)",
+    "torch.storage.UntypedStorage.from_file": "maps a file (shared=True writes it)",
+    "torch.storage.TypedStorage.from_file": "maps a file (shared=True writes it)",
+    "torch.UntypedStorage.from_file": "maps a file (shared=True writes it)",
+    "torch.TypedStorage.from_file": "maps a file (shared=True writes it)",
+    "torch.serialization.save": "writes a file",
+    "torch.serialization._save": "writes a file",
+    "torch.serialization._legacy_save": "writes a file",
+    "numpy.save": "writes a file",
+    "numpy.savez": "writes a file",
+    "numpy.savez_compressed": "writes a file",
+    "numpy.savetxt": "writes a file",
+    "numpy.memmap": "maps a file (mode w+ creates or truncates it)",
+    "numpy.fromfile": "reads a file",
+    "numpy.ndarray.tofile": "writes a file",
+    "numpy.ndarray.dump": "writes a pickle file",
+    "numpy.loadtxt": "reads a file",
+    "numpy.genfromtxt": "reads a file",
+    "numpy.fromregex": "reads a file",
+    "numpy.DataSource": "opens files and URLs",
+    "numpy.lib._datasource": "opens files and URLs",
+    "numpy.lib._npyio_impl": "numpy 2's np.load: loads a second file (allow_pickle)",
+    "numpy.lib.format": "read_array unpickles object arrays; open_memmap creates files",
+    "numpy.lib._format_impl": "numpy 2's read_array unpickles object arrays; open_memmap creates files",
+    "numpy.ma.core.load": "pickle.load of a file",
+    "numpy.ma.core.loads": "pickle.loads",
+    "numpy.ma.load": "pickle.load of a file",
+    "numpy.ma.loads": "pickle.loads",
+    "numpy.ma.core.dump": "writes a pickle file",
+    "numpy.ma.dump": "writes a pickle file",
+    "pandas.eval": "evaluates expressions",
+    "pandas.core.computation": "evaluates expressions (pandas.eval, DataFrame.query)",
+    "pandas.io": "reads and writes files and URLs",
+    **{f"pandas.read_{n}": "reads files and URLs" for n in (
+        "csv table fwf excel json html xml sql sql_query sql_table parquet feather orc hdf stata "
+        "sas spss clipboard gbq").split()},
+    # the standard library's other file, archive and process doors
+    "logging.handlers": "handlers open sockets and files",
+    "logging.basicConfig": "creates a log file (filename=)",
+    "zipfile": "ZipFile(path, 'w') truncates a file; extractall writes anywhere",
+    "tarfile": "extractall writes anywhere (path traversal)",
+    "linecache": "reads files",
+    "codecs.open": "opens a file",
+    "bz2.open": "opens a file", "bz2.BZ2File": "opens a file",
+    "gzip.open": "opens a file", "gzip.GzipFile": "opens a file",
+    "lzma.open": "opens a file", "lzma.LZMAFile": "opens a file",
+    "mailbox": "opens and writes mailboxes",
+    "wave.open": "opens a file",
+    "filecmp": "reads files",
+    "netrc": "reads credential files",
+    "mmap": "maps files and memory",
+    "fcntl": "controls file descriptors",
+    "termios": "controls the terminal",
+    "readline": "reads and writes history files",
+    "cgitb": "writes tracebacks to files",
+    "winreg": "Windows registry access",
+    "_winreg": "Windows registry access (Python 2)",
+    "getpass": "reads from the terminal (stalls loaders)",
+    "multiprocess": "dill's multiprocessing fork: spawns processes",
+    "pickle5": "loads a second pickle (the pickle protocol 5 backport)",
+    "pathos": "spawns processes (multiprocess, dill)",
+    # third-party wrappers around commands and eval (a model's environment often has them)
+    "IPython": "runs shell commands and code (IPython.utils.process.system, get_ipython)",
+    "invoke": "runs shell commands (invoke.run)",
+    "fabric": "runs remote and local commands",
+    "sh": "runs shell commands (sh.Command)",
+    "plumbum": "runs shell commands",
+    "paramiko": "SSH: runs remote commands",
+    "pexpect": "spawns processes",
+    "ptyprocess": "spawns processes",
+    "sympy.sympify": "eval()s strings",
+    "sympy.core.sympify": "eval()s strings",
+    "sympy.parsing": "eval()s strings (parse_expr)",
+    "numexpr": "evaluates expressions",
+    "mako": "templates run code",
+    "Cython": "compiles and runs code (Cython.inline)",
+    "pyximport": "compiles and imports code",
+    "docker": "runs containers",
+    "dask.distributed": "remote code execution on workers",
+    "distributed": "remote code execution on workers",
 }
 
 # Calls that hand bytes to a deserializer: the bytes are a second stage, scanned recursively.
@@ -481,6 +654,39 @@ def _dunder_step(name: str) -> str | None:
     for part in name.split("."):
         if len(part) > 4 and part.startswith("__") and part.endswith("__"):
             return part
+    return None
+
+
+# Final names that only command and code runners carry (os, subprocess, commands, IPython...).
+_RUNNER_NAMES = frozenset({
+    "system", "popen", "popen2", "popen3", "popen4", "getoutput", "getstatusoutput",
+    "check_output", "check_call", "exec_command", "run_command", "startfile", "execfile",
+    "eval", "exec", "__import__", "import_module", "load_library", "LoadLibrary", "dlopen",
+    "fork_exec", "forkpty"})
+
+# Code-carrying picklers that other packages vendor (srsly.cloudpickle, ray.cloudpickle,
+# pyspark.cloudpickle, joblib.externals.cloudpickle): any module path through one of them.
+_CODE_PICKLERS = frozenset({"cloudpickle", "cloudpickle_fast", "dill", "_dill"})
+
+
+def _walked_to(name: str) -> tuple[str, str] | None:
+    """(denylist entry, attribute path) when a dotted name reaches a denied module through an
+    attribute of the module it names: protocol 4 resolves ``torch.nn.modules.module`` +
+    ``torch.load`` as ``getattr(getattr(module, 'torch'), 'load')``, i.e. torch.load, behind an
+    allowlisted-looking prefix. Every tail of the attribute path is matched as a dotted name, also
+    without the leading underscores of its first part (``collections._sys`` is ``sys``)."""
+    if "." not in name:
+        return None
+    parts = name.split(".")
+    for i in range(len(parts)):
+        tail = ".".join(parts[i:])
+        # modules import their dependencies under private names (collections._sys, random._os)
+        bare = ".".join([parts[i].lstrip("_")] + parts[i + 1:])
+        hit = None
+        for cand in (*_candidates(tail, tail), bare):
+            hit = hit or matches(cand, DENYLIST)
+        if hit is not None:
+            return hit, tail
     return None
 
 
@@ -575,6 +781,21 @@ def _classify(module: str, name: str) -> Verdict:
         hit = matches(cand, DENYLIST)
         if hit is not None:
             return Verdict(DENIED, dotted, DENYLIST[hit], hit)
+    vendored = next((p for p in nmod.split(".")[1:] if p in _CODE_PICKLERS), None)
+    if vendored is not None:
+        return Verdict(DENIED, dotted, f"a vendored copy of {vendored.lstrip('_')} (rebuilds "
+                       "functions and classes from code objects)", f"{nmod}")
+    walked = _walked_to(nname)
+    if walked is not None:
+        hit, tail = walked
+        return Verdict(DENIED, dotted, f"walks from {nmod} through attributes to {tail}: "
+                       f"{DENYLIST[hit]}", hit)
+    verb = nname.rsplit(".", 1)[-1]
+    if verb in _RUNNER_NAMES or verb.startswith(("spawn", "execv", "execl", "posix_spawn")):
+        # a command runner re-exported under another module (``from os import system`` in a
+        # package we do not list): its name is all the scan knows, and it says enough
+        return Verdict(DENIED, dotted, f"named like a command or code runner ({verb}), "
+                       "whatever module re-exports it", dotted)
     dunder = _dunder_step(nname) if not (set(names) & _SAFE_DUNDERS) else None
     if dunder is not None:
         return Verdict(DENIED, dotted, f"walks to its {dunder} attribute: dunders lead to "
@@ -585,6 +806,11 @@ def _classify(module: str, name: str) -> Verdict:
             return Verdict(ALLOWED, dotted, "needed by a weights-only load", cand)
         if cand.startswith(_NUMPY_DTYPE_PREFIX) and cand.count(".") == 2:
             return Verdict(ALLOWED, dotted, "NumPy dtype class", cand)
+    if "." in nname and not nmod.startswith("__torch__"):
+        # a method or attribute of a framework class (``Module.register_forward_hook``,
+        # ``UntypedStorage.from_file``) is a callable of the file's choosing, not the class:
+        # judged by use, like any unknown name
+        return Verdict(UNKNOWN, dotted, "", None)
     for cand in names:
         for prefix, why in FRAMEWORK_PREFIXES.items():
             if prefix in _FRAMEWORK_EXACT:

@@ -492,6 +492,7 @@ def build(out: Path) -> list[Case]:
         "file.unparseable", "high", source="safetensors offsets out of range")
 
     _issue14_sections(add, inner, torch)
+    bypasshunt_sections(add, inner)
     return cases
 
 
@@ -584,3 +585,177 @@ def _issue14_sections(add, inner: bytes, torch) -> None:
         "pickle.dangerous-global", trigger="os.system", source=src6)
     add("terminal/name\x1b[31m\u202eevil.pkl", inner, "pickle.dangerous-global", trigger="os.system",
         source=src6)
+
+
+# --- bypass hunt: tricks that scored below their due (each was reported INFO/HIGH/clean before) ----
+def bypasshunt_sections(add, inner: bytes) -> None:
+    import gguf
+    import numpy as np
+
+    def stack_call(mod: str, name: str, arg: str = CMD) -> bytes:
+        return b"\x80\x04" + _stack_global(mod, name) + _unicode(arg, 4) + b"\x85R."
+
+    # 1. Dotted names walk module attributes (protocol 4 find_class getattr()s each part): a
+    # module that imports torch/os/pickle at top level is a door to them. Was INFO (framework
+    # prefix) or HIGH (unknown call) for these.
+    walk = "dotted STACK_GLOBAL names walk module attributes (fickling GHSA-5j3x-jp52-966f, " \
+           "modelscan issue #89)"
+    for mod, name, trig in (("torch.nn.modules.module", "torch.load", "torch.load"),
+                            ("torch.nn.modules.linear", "F.torch.load", "torch.load"),
+                            ("torch.optim.optimizer", "functools.partial", "functools.partial"),
+                            ("torch.serialization", "pickle.loads", "pickle.loads"),
+                            ("torch._utils", "sys.modules", "sys"),
+                            ("pathlib", "os.system", "os"),
+                            ("numpy", "core._internal.sys.modules", "sys"),
+                            ("collections", "_sys.modules", "sys"),
+                            ("random", "_os.system", "os")):
+        d = add(f"hunt/walk_{mod}.{name}.pkl", stack_call(mod, name), "pickle.dangerous-global",
+                source=walk)
+        _ = d, trig
+    # a method of a framework class is a callable of the file's choosing, not the class
+    add("hunt/framework_method_from_file.pkl",
+        b"\x80\x04" + _stack_global("torch.storage", "UntypedStorage.from_file") + _unicode("/etc/passwd", 4)
+        + b"\x88K\x10\x87R.", "pickle.dangerous-global", trigger="torch.storage.UntypedStorage.from_file",
+        source="framework-prefix methods: torch.storage.UntypedStorage.from_file maps any file (was INFO)")
+    # torch's process-wide module hooks live under the framework prefix torch.nn.modules. (was INFO)
+    add("hunt/global_forward_hook.pkl",
+        b"\x80\x04" + _stack_global("torch.nn.modules.module", "register_module_forward_hook")
+        + _stack_global("builtins", "print") + b"\x85R.", "pickle.dangerous-global",
+        trigger="torch.nn.modules.module.register_module_forward_hook",
+        source="framework prefix covered torch.nn.modules.module's module-level functions: "
+               "register_module_forward_hook installs a callable run on every forward of every module")
+    # 2. Names outside the old denylist that write/read files, reload pickles or call callables
+    for mod, name, why in (
+            ("numpy.lib._npyio_impl", "load", "numpy 2 path of np.load (allow_pickle): the old entry "
+                                              "numpy.lib.npyio missed it"),
+            ("numpy.lib._format_impl", "read_array", "numpy 2 read_array unpickles object arrays"),
+            ("torch", "save", "torch.save writes any path"),
+            ("numpy", "memmap", "np.memmap(mode='w+') creates or truncates a file"),
+            ("pandas", "eval", "pandas.eval evaluates expressions"),
+            ("pandas", "read_csv", "reads files and URLs"),
+            ("builtins", "map", "map(callable, ...) is a call gadget like functools.reduce"),
+            ("itertools", "starmap", "starmap(callable, args) is a call gadget"),
+            ("atexit", "register", "runs a callable at interpreter exit"),
+            ("weakref", "finalize", "runs a callable when an object dies"),
+            ("unittest.mock", "_importer", "imports any module by dotted name"),
+            ("_frozen_importlib", "_bootstrap", "the import machinery"),
+            ("logging.handlers", "SocketHandler", "opens sockets"),
+            ("zipfile", "ZipFile", "ZipFile(path, 'w') truncates a file"),
+            ("tarfile", "open", "extractall path traversal"),
+            ("rlcompleter", "Completer.complete", "eval()s the completed text"),
+            ("tkinter", "Tcl", "Tcl eval runs commands"),
+            ("torch.utils.model_zoo", "load_url", "downloads and torch.loads a checkpoint"),
+            ("torch.distributed.checkpoint.state_dict_loader", "load", "loads checkpoints from paths"),
+            ("torch.onnx", "export", "writes files"),
+            ("IPython.utils.process", "system", "IPython's shell runner"),
+            ("sympy", "sympify", "sympify eval()s strings"),
+            ("somepkg.shell_utils", "check_output", "a command runner re-exported by a package "
+                                                    "no list names (from subprocess import check_output)")):
+        add(f"hunt/name_{mod}.{name}.pkl", stack_call(mod, name, "/tmp/x"), "pickle.dangerous-global",
+            trigger=f"{mod}.{name}", source=f"was HIGH (unknown call): {why}")
+    # vendored code picklers: the same function/code rebuilders under another package's name
+    for mod, name in (("srsly.cloudpickle.cloudpickle", "_builtin_type"),
+                      ("ray.cloudpickle.cloudpickle", "_make_function"),
+                      ("pickle5", "loads"), ("multiprocess.util", "spawnv_passfds")):
+        add(f"hunt/vendored_{mod}.{name}.pkl", stack_call(mod, name, "CodeType"),
+            "pickle.dangerous-global", trigger=f"{mod}.{name}",
+            source="vendored cloudpickle/dill/pickle copies (was HIGH): cloudpickle's "
+                   "_builtin_type('CodeType') + _make_function rebuild code, as in fickling's "
+                   "UNSAFE_IMPORTS for cloudpickle/dill")
+    # copyreg's registries filled by SETITEM, then EXT1: no GLOBAL names the target (was HIGH)
+    ext = "copyreg extension registry written by the pickle itself, then EXT1 (pickle docs: EXT " \
+          "looks names up in copyreg._inverted_registry); picklescan lists copyreg.add_extension only"
+    add("hunt/ext_inverted_registry.pkl",
+        b"\x80\x02" + _global("copyreg", "_inverted_registry") + b"K\x07" + _unicode("os", 2)
+        + _unicode("system", 2) + b"\x86s0" + b"\x82\x07(" + _unicode(CMD, 2) + b"tR.",
+        "pickle.dangerous-global", trigger="copyreg._inverted_registry", source=ext)
+    add("hunt/ext_extension_cache_py2.pkl",
+        b"\x80\x02" + _global("copy_reg", "_extension_cache") + b"K\x07" + _global("os", "system")
+        + b"s0" + b"\x82\x07(" + _unicode(CMD, 2) + b"tR.",
+        "pickle.dangerous-global", trigger="copyreg._extension_cache", source=ext)
+    # BUILD aimed at an allowlisted class: setattr(argparse.Namespace, '__eq__', len) monkeypatches
+    # the class for the whole process; every name involved is allowlisted (was clean)
+    add("hunt/build_on_allowed_class.pkl",
+        b"\x80\x02" + _global("argparse", "Namespace") + b"N}" + _unicode("__eq__", 2)
+        + _global("builtins", "len") + b"s\x86b0" + b"}.",
+        "pickle.global-mutation", trigger="argparse.Namespace",
+        source="modelscan issue #85: BUILD's slot state is setattr() on whatever is on the stack")
+    add("hunt/build_setattr_stack_global_mutation.pkl",
+        b"\x80\x05" + _global("numpy", "prod") + b"N(" + _unicode("a", 0) + _unicode("os", 0) + b"d\x86b0}.",
+        "pickle.global-mutation", trigger="numpy.prod", source="modelscan issue #85")
+    # 3. BUILD sets attributes on an imported function, then STACK_GLOBAL reads them back as the
+    # module and name (modelscan issue #85): what is imported is only known by running it.
+    p = (b"\x80\x05" + _global("numpy", "prod") + b"N(" + _unicode("a", 0) + _unicode("os", 0) + b"d\x86b"
+         + b"N(" + _unicode("b", 0) + _unicode("system", 0) + b"d\x86b0"
+         + _global("numpy", "prod.a") + b"p0\n" + _global("numpy", "prod.b") + b"p1\n00"
+         + b"g0\ng1\n\x93" + _unicode(CMD, 0) + b"\x85R.")
+    add("hunt/build_setattr_stack_global.pkl", p, "pickle.dynamic-global",
+        source="modelscan issue #85: BUILD slot state rewrites attributes read back by STACK_GLOBAL")
+    # 4. A FRAME longer than the data: pickle.loads (C) stops before it, pickle._Unpickler (what
+    # joblib.load reads with) runs the short frame.
+    body = reduce_call("os", "system", CMD, 2) + b"."
+    add("hunt/frame_longer_than_data.pkl", b"\x80\x04\x95" + struct.pack("<Q", 1 << 40) + body,
+        "pickle.dangerous-global", trigger="os.system",
+        source="pure-Python pickle._Unpickler does not check FRAME lengths (joblib.load uses it); "
+               "was a HIGH parse error with the payload unreported")
+    add("hunt/frame_longer_than_data.joblib", b"\x80\x04\x95" + struct.pack("<Q", 1 << 40) + body,
+        "pickle.dangerous-global", trigger="os.system", source="same, named as joblib")
+
+    # 5. GGUF chat templates that reach the interpreter (CVE-2024-34359, llama-cpp-python)
+    ssti = "CVE-2024-34359 / GHSA-56xg-wfcc-g829: Jinja chat template rendered unsandboxed"
+    base = "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}{% endfor %}"
+    templates = {
+        "mro_subclasses": base + "{{ ''.__class__.__mro__[1].__subclasses__() }}",
+        "template_reference": base + "{{ self._TemplateReference__context.cycler.__init__"
+                                     ".__globals__.os.popen('id').read() }}",
+        "escaped_underscores": base + "{{ ()|attr('\\x5f\\x5fclass\\x5f\\x5f') }}",
+        "built_underscores": base + "{% set u = '_'*2 %}{{ (lipsum|attr(u ~ 'globals' ~ u)) }}",
+        "split_literal": base + "{{ ''['__cla' + 'ss__']['__m' + 'ro__'] }}",
+    }
+    for name, text in templates.items():
+        path = Path(str(add(f"hunt/gguf_template_{name}.gguf", b"", "gguf.chat-template-code",
+                            source=ssti)))
+        w = gguf.GGUFWriter(str(path), "llama")
+        if name == "built_underscores":
+            w.add_chat_template([{"name": "default", "template": base},
+                                 {"name": "tool_use", "template": text}])
+        else:
+            w.add_chat_template(text)
+        w.add_tensor("w", np.zeros(4, dtype=np.float32))
+        w.write_header_to_file()
+        w.write_kv_data_to_file()
+        w.write_tensors_to_file()
+        w.close()
+
+    # 6. TorchScript code that reaches the file system through torch's own builtins
+    # (aten::save writes any path; the vocabulary check took any torch.* call as inert)
+    import torch
+
+    class M(torch.nn.Module):
+        def forward(self, x):
+            return x * 2
+    buf = io.BytesIO()
+    torch.jit.save(torch.jit.script(M()), buf)
+
+    def file_write(n, d):
+        if "/code/" in n and n.endswith(".py"):
+            return d + b"\ndef persist(x: Tensor) -> Tensor:\n  torch.save(x, \"/tmp/x\")\n  return x\n"
+        return d
+    add("hunt/torchscript_torch_save.pt", _rewrite_zip(buf.getvalue(), file_write),
+        "torchscript.foreign-call", trigger="torch.save",
+        source="TorchScript aten::save / aten::from_file reach the file system (torch.load of a "
+               "TorchScript archive: CVE-2025-32434 class)")
+
+    # 7. A local entry before the first member the central directory lists: zipfile and torch
+    # skip it, streaming unzippers read it first (local vs central header disagreement)
+    import zlib
+    benign = _torch_zip_bytes({"w": torch.zeros(2)})
+    body = payload("os", "system", 2, "global-reduce")
+    name = b"archive/data.pkl"
+    local = struct.pack("<4sHHHHHIIIHH", b"PK\x03\x04", 20, 0, 0, 0, 0, zlib.crc32(body), len(body),
+                        len(body), len(name), 0) + name + body
+    add("hunt/hidden_local_entry.pt", local + benign, "pickle.dangerous-global", trigger="os.system",
+        source="local headers the central directory does not list (JFrog/Sonatype zip "
+               "disagreement write-ups; picklescan GHSA-7q5r-7gvp-wc82 class): was HIGH "
+               "prepended-bytes with the payload unscanned")
+    add("hunt/hidden_local_entry_flag.pt", local + benign, "zip.hidden-local-entry", "high")

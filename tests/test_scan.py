@@ -81,7 +81,7 @@ def test_attack_corpus_is_caught(corpus):
 
 
 def test_every_public_bypass_cites_its_source(corpus):
-    bypasses = [c for c in corpus if c.name.startswith(("bypass/", "zip/", "structure/"))
+    bypasses = [c for c in corpus if c.name.startswith(("bypass/", "zip/", "structure/", "hunt/"))
                 and not c.name.endswith(("_flag.pt", "_flag.pkl", "_payload.pt"))]
     assert bypasses
     uncited = [c.name for c in bypasses if not c.source and c.name not in

@@ -20,7 +20,7 @@ from .. import policy
 from ..errors import FormatError, LimitExceeded, TensorscopeError, UnknownFormat
 from ..remote import is_url, open_source
 from ..source import ByteSource
-from . import pickles, torchscript
+from . import chat_template, pickles, torchscript
 from .report import FileReport, Finding, Severity
 from .rules import anomaly_rule, severity_of
 
@@ -497,6 +497,8 @@ def judge_model_evidence(ctx: _Ctx, model) -> None:
                 ctx.add("onnx.custom-domain",
                         f"operators from custom domain {d!r}: runtimes load a native custom-op "
                         "library to run them", trigger=str(d))
+    if model.format == "gguf":
+        chat_template.check_gguf(ctx, model)
     user_meta = meta.get("__metadata__")
     if model.format == "safetensors" and isinstance(user_meta, dict):
         for k, v in list(user_meta.items())[:4096]:
@@ -543,6 +545,9 @@ def _scan_zip(ctx: _Ctx, src: ByteSource, prefix: str | None, absolute: bool, de
     referenced: set[str] = set()
     tp = archive.torch_prefix()
     members = [m for m in archive.members if not m.is_dir]
+    first = min((m.header_offset for m in archive.members), default=0)
+    if 30 <= first <= src.size:
+        _scan_hidden_local_entries(ctx, src, first, prefix, depth)
 
     # torch storage records: P/data/<key>, P/constants/<key>, P/traced_inputs/<key>
     record_dirs = tuple(f"{tp}/{d}/" for d in ("data", "constants", "traced_inputs")) if tp else ()
@@ -606,6 +611,45 @@ def _scan_zip(ctx: _Ctx, src: ByteSource, prefix: str | None, absolute: bool, de
         elif isinstance(pids, set):
             referenced |= pids
     return ok
+
+
+_LOCAL = struct.Struct("<4sHHHHHIIIHH")   # a zip local file header (30 bytes)
+
+
+def _scan_hidden_local_entries(ctx: _Ctx, src: ByteSource, end: int, prefix: str | None,
+                               depth: int) -> None:
+    """Local entries before the first member the central directory lists: zipfile and miniz never
+    read them, streaming unzippers (``unzip -`` from a pipe, ZipInputStream, stream-unzip) read
+    them first. Their stored or deflated content is scanned like a member's."""
+    import zlib
+    region = src.read(0, min(end, ctx.limits.max_decompressed))
+    pos = region.find(b"PK\x03\x04")
+    seen = 0
+    while 0 <= pos <= len(region) - 30 and seen < 64:
+        sig, _v, flags, method, _t, _d, _crc, csize, _usize, nlen, xlen = _LOCAL.unpack_from(region, pos)
+        start = pos + 30 + nlen + xlen
+        name = region[pos + 30:pos + 30 + nlen].decode("utf-8", "replace")
+        if flags & 0x08 or start + csize > len(region) or method not in (0, 8):
+            pos = region.find(b"PK\x03\x04", pos + 4)
+            continue
+        seen += 1
+        raw = region[start:start + csize]
+        try:
+            data = raw if method == 0 else zlib.decompressobj(-15).decompress(
+                raw, ctx.limits.max_decompressed)
+        except zlib.error:
+            data = b""
+        where = join(prefix, f"<local entry {name!r} at byte {pos}, before the central directory>")
+        if data:
+            before = len(ctx.findings)
+            scan_blob(ctx, memoryview(data), where, start, prefix is None and method == 0,
+                      depth + 1, strict=True)
+            if any(f.severity >= Severity.HIGH for f in ctx.findings[before:]):
+                ctx.add("zip.hidden-local-entry",
+                        f"a local entry {name!r} at byte {pos} that the central directory does not "
+                        "list holds the findings above: streaming unzippers read it, zipfile and "
+                        "torch.load do not", prefix, pos if prefix is None else None)
+        pos = region.find(b"PK\x03\x04", start + csize)
 
 
 def _dcp_blobs(path: str) -> list[tuple[int, int]] | None:

@@ -49,6 +49,35 @@ def _check_joblib_bytes(ctx: "loader._Ctx", data, r, member: str | None, base: i
                     base + g.pos, v.dotted, offset_base)
 
 
+_LONG_FRAME = re.compile(r"FRAME wants (\d+) bytes, (\d+) remain")
+
+
+def _check_long_frame(ctx: "loader._Ctx", data, r, member: str | None, base: int,
+                      offset_base: str) -> None:
+    """A FRAME longer than the bytes left stops CPython's C unpickler (pickle.loads, torch.load)
+    before the frame runs, but the pure-Python ``pickle._Unpickler`` -- what joblib.load reads
+    with -- takes the short read as the frame and runs its opcodes. That reading is judged too:
+    a payload behind a lying FRAME length would otherwise hide behind a mere parse error."""
+    err = r.error
+    m = _LONG_FRAME.match(getattr(err, "reason", "") or "")
+    if m is None or getattr(err, "offset", None) is None or len(data) > ctx.limits.max_decompressed:
+        return
+    at = err.offset - base
+    if not (0 <= at < len(data) - 9) or data[at] != 0x95:
+        return
+    patched = bytearray(data)
+    patched[at + 1:at + 9] = (len(data) - at - 9).to_bytes(8, "little")
+    plain = vm_run(ctx, patched, 0, member, base, joblib=False)
+    for g in plain.globals:
+        v = policy.classify(g.module, g.name)
+        if v.category == policy.DENIED:
+            ctx.add("pickle.dangerous-global",
+                    f"behind a FRAME that claims {m.group(1)} bytes where {m.group(2)} remain "
+                    f"(pickle.loads stops there, pickle._Unpickler and so joblib.load read the "
+                    f"short frame and run it), the pickle imports {v.dotted}: {v.reason}",
+                    member, base + g.pos, v.dotted, offset_base)
+
+
 def scan_stream(ctx: "loader._Ctx", data, member: str | None, base: int, absolute: bool,
                       depth: int, lenient: bool, keys: set | None = None,
                       require_stop: bool = False) -> tuple[bool, bool]:
@@ -60,6 +89,8 @@ def scan_stream(ctx: "loader._Ctx", data, member: str | None, base: int, absolut
     offset_base = "file" if absolute else "member"
     cached = ctx.reused.get((member, base))
     r = cached if cached is not None else vm_run(ctx, data, 0, member, base)
+    if r.error is not None:
+        _check_long_frame(ctx, data, r, member, base, offset_base)
     if not _looks_like_pickle(r) or (require_stop and not r.stopped) or \
             (not lenient and not (r.stopped or r.globals)):
         if r.opcodes >= 1 and lenient and len(data) < (1 << 20) and r.error is not None and \
@@ -157,9 +188,13 @@ def judge_result(ctx: "loader._Ctx", r, member: str | None, base: int, offset_ba
     # need no judging: they are set aside once, by the identity of their Global.
     plain: dict[int, bool] = {}
     to_judge = []
+    mutated = []
     for c in r.calls:
         f = c.func
         if type(f) is Global:
+            if c.opcode in _CONTAINER_OPS:
+                mutated.append(c)   # BUILD/SETITEM on an imported object, not on one built here
+                continue
             p = plain.get(id(f))
             if p is None:
                 p = plain[id(f)] = _plain_callable(f.module, f.name)
@@ -237,6 +272,13 @@ def judge_result(ctx: "loader._Ctx", r, member: str | None, base: int, offset_ba
                         f"imports {dotted} (outside the allowlist) without calling it{times}",
                         at, dotted))
 
+    for c in mutated[:_MUTATION_CAP]:
+        g = c.func
+        out.append(("pickle.global-mutation",
+                    f"{c.opcode} writes into the imported object {g.dotted} (no writer does: they "
+                    "fill objects the pickle built): a monkeypatch that outlives the load "
+                    "(copyreg's extension registry, a class's methods, a function's attributes)",
+                    base + c.pos, policy.classify(g.module, g.name).dotted))
     for at, what in r.reader_disagreements:
         out.append(("pickle.reader-disagreement",
                     f"CPython's readers disagree on these bytes ({what}): opcodes can hide from "
@@ -347,6 +389,7 @@ def _is_loader(module: str, name: str) -> bool:
     return _call_facts(module, name)[1]
 
 
+_MUTATION_CAP = 16   # global-mutation findings per pickle (each one is already CRITICAL)
 # Opcodes recorded as calls that only fill containers (no callable runs).
 _CONTAINER_OPS = frozenset({"BUILD", "APPEND", "APPENDS", "SETITEM", "SETITEMS", "ADDITEMS"})
 _COPYREG_CONSTRUCTORS = (("copyreg", "_reconstructor"), ("copyreg", "__newobj__"),

@@ -52,6 +52,12 @@ _rule("pickle.dangerous-global", C, "The pickle imports a callable that can run 
 _rule("pickle.dynamic-global", C, "A STACK_GLOBAL imports a name computed while loading",
       "What it imports (a call's result, a global such as os.name) cannot be known without running "
       "the pickle, so it is judged as the worst it could be.", _FICKLING)
+_rule("pickle.global-mutation", C, "The pickle writes into an object it imported",
+      "BUILD, SETITEM or APPEND aimed at a global (a class, a function, a module-level dict) "
+      "rather than at an object the pickle built: it rewires copyreg's extension registry so EXT "
+      "opcodes import names no GLOBAL shows, or sets attributes that a later STACK_GLOBAL reads "
+      "back (modelscan issue #85). Standard picklers never emit it.",
+      _PICKLE, "https://github.com/protectai/modelscan/issues/85")
 _rule("pickle.reader-disagreement", C, "CPython's own readers read these bytes differently",
       "An opcode across a FRAME end: pickle.loads reads on, torch.load's io.BytesIO reads from after "
       "the frame. Opcodes can hide from any one reading, and no writer produces this.", _PICKLE)
@@ -147,7 +153,9 @@ _rule("zip.torch-refuses", M, "PyTorch's zip reader (miniz) would refuse this ar
 # --- TorchScript code ---------------------------------------------------------------------------------
 _rule("torchscript.foreign-call", H, "TorchScript code calls outside torch, ops and the builtins",
       "torch.jit.load compiles and runs code/ files; a call outside the TorchScript vocabulary is "
-      "user code. CRITICAL for os/sys/subprocess/eval/open/load_library.", dangerous=C)
+      "user code. CRITICAL for os/sys/subprocess/eval/open/load_library and for the builtins "
+      "that reach the file system from compiled code (torch.save / aten::save writes any path, "
+      "torch.from_file maps any file).", dangerous=C)
 _rule("torchscript.custom-op", M, "TorchScript code calls a custom operator namespace",
       "Loading needs a native library for it.")
 _rule("torchscript.code-unparseable", H, "A TorchScript code/ file does not tokenize",
@@ -160,6 +168,19 @@ _rule("onnx.external-data-escape", H, "ONNX external data points outside the mod
 _rule("onnx.custom-domain", M, "ONNX nodes use operators from a non-standard domain",
       "Runtimes load native custom-op libraries to run them. Only domains that a node uses count: "
       "an opset import nobody uses loads nothing.")
+
+_rule("zip.hidden-local-entry", H, "A zip entry only streaming readers see carries findings",
+      "Local file headers before the first listed member are skipped by zipfile and miniz but read "
+      "first by streaming unzippers; their content is scanned and this says where it hides.",
+      "https://github.com/mmaitre314/picklescan/security/advisories/GHSA-7q5r-7gvp-wc82")
+
+# --- GGUF ----------------------------------------------------------------------------------------------
+_rule("gguf.chat-template-code", C, "A GGUF chat template reaches the interpreter",
+      "tokenizer.chat_template is Jinja2 that llama.cpp front ends render for every chat; a tag "
+      "that touches a dunder or mangled private attribute, spells underscores through escapes or "
+      "attr(), or names os/popen/eval/__import__ escapes an unsandboxed renderer (CVE-2024-34359, "
+      "llama-cpp-python) and is what sandbox escapes are made of. Real templates do none of it.",
+      "https://github.com/abetlen/llama-cpp-python/security/advisories/GHSA-56xg-wfcc-g829")
 
 # --- parser anomalies: kind -> (severity, rationale) ---------------------------------------------------
 # Zip sources: picklescan advisories GHSA-w8jq-xcqf-f792 (flag bits), GHSA-7q5r-7gvp-wc82

@@ -28,6 +28,15 @@ _STANDARD_OP_NAMESPACES = {"aten", "prim", "quantized", "_quantized", "quantized
                            "mkldnn_prepacked", "xnnpack", "_nnapi", "vulkan", "metal", "onednn"}
 
 
+# TorchScript builtins that reach the file system from compiled code: aten::save writes a pickle
+# to any path, aten::from_file maps (shared=True: creates and resizes) any file. Everything else
+# under torch.* stays in memory.
+_TS_FILE_CALLS = {"torch.save", "torch.load", "torch.from_file", "torch.ops.aten.save",
+                  "torch.ops.aten.from_file", "ops.aten.save", "ops.aten.from_file",
+                  "torch.UntypedStorage.from_file", "torch.TypedStorage.from_file",
+                  "torch.jit.load", "torch.jit.save"}
+
+
 _TS_SAFE_IMPORT_ROOTS = ("torch", "__torch__", "typing", "__future__", "math", "warnings")
 
 
@@ -100,7 +109,7 @@ def check_code(ctx: "loader._Ctx", member: str, text: str) -> None:
         root = dotted.split(".")[0]
         if dotted in seen:
             continue
-        if root in _TS_DANGER_ROOTS and root not in bound or \
+        if root in _TS_DANGER_ROOTS and root not in bound or dotted in _TS_FILE_CALLS or \
                 dotted in ("torch.ops.load_library", "torch.classes.load_library"):
             seen.add(dotted)
             ctx.add("torchscript.foreign-call",
