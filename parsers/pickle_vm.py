@@ -1313,8 +1313,8 @@ class _VM:
         ib = get_b[1] if len(get_b) == 2 else _U32.unpack_from(get_b, 1)[0]
         ic = get_c[1] if len(get_c) == 2 else _U32.unpack_from(get_c, 1)[0]
         id_ = get_d[1] if len(get_d) == 2 else _U32.unpack_from(get_d, 1)[0]
-        shape, ops_size = _small_tuple(size)
-        strides, ops_stride = _small_tuple(stride)
+        shape, ops_size = _SMALL_TUPLES.get(size) or _small_tuple(size)
+        strides, ops_stride = _SMALL_TUPLES.get(stride) or _small_tuple(stride)
         ops = 22 + ops_size + ops_stride
         if ia >= n or ib >= n or ic >= n or id_ >= n or shape is None or strides is None or \
                 ops > budget or type(memo[id_]) is not Global or \
@@ -1322,7 +1322,8 @@ class _VM:
             return None
         # From here on, the opcodes' effects in their order.
         key = key.decode("ascii")
-        pid = (memo[ia], memo[ib], key, memo[ic], _small_int(numel))
+        pid = (memo[ia], memo[ib], key, memo[ic],
+               numel[1] if numel[0] == 0x4b else _small_int(numel))    # BININT1 inline
         memo.append(key)
         memo.append(pid)
         at = m.end(9)                                   # BINPERSID
@@ -1345,7 +1346,8 @@ class _VM:
         self.fast_at = (at, ops - 4)
         empty = self.reduce_global(memo[id_], (), at)
         memo.append(empty)
-        args = (storage, _small_int(offset), shape, strides, grad == b"\x88", empty)
+        args = (storage, offset[1] if offset[0] == 0x4b else _small_int(offset), shape, strides,
+                grad == b"\x88", empty)
         memo.append(args)
         at = m.end() - 1                                # REDUCE of the rebuild function
         self.fast_at = (at, ops)

@@ -137,11 +137,23 @@ def _int(value, what: str, pos: int, *, minimum: int = 0) -> int:
 _INT_ONLY = frozenset((int,))
 
 
+_CHECKED: dict[tuple, tuple] = {}  # tuples found valid, by identity (the VM shares shape tuples)
+
+
 def _int_tuple(value, what: str, pos: int) -> tuple[int, ...]:
-    # Fast path (every tensor of a checkpoint): a short tuple of non-negative plain ints.
-    if type(value) is tuple and len(value) <= 64 and (
-            not value or ({*map(type, value)} <= _INT_ONLY and min(value) >= 0)):
-        return value
+    # Fast path (every tensor of a checkpoint): a short tuple of non-negative plain ints, or the
+    # very object already found to be one (an equal tuple of floats or bools is another object).
+    if type(value) is tuple:
+        try:
+            if _CHECKED.get(value) is value:
+                return value
+        except TypeError:   # unhashable items: the checks below say what is wrong
+            pass
+        if len(value) <= 64 and (
+                not value or ({*map(type, value)} <= _INT_ONLY and min(value) >= 0)):
+            if len(_CHECKED) < 4096:
+                _CHECKED[value] = value
+            return value
     if not isinstance(value, (tuple, list)):
         raise _err(f"{what} must be a tuple of integers, got {type(value).__name__}", pos)
     if len(value) > 64:
@@ -562,6 +574,23 @@ def to_tensor_info(path: tuple[str, ...], raw: tuple[str, ...], t: TensorRef, *,
     """A TensorInfo from a TensorRef whose storage the container has resolved."""
     s = t.storage
     if (s is not None and s.error is None and s.data_offset is not None and s.member
+            and t.extras is _NO_EXTRAS and not t.requires_grad
+            and (raw is path or raw == path or not raw)):
+        # A state dict's tensor from `_dense` (the only maker of refs with the shared
+        # `_NO_EXTRAS`): shape and stride are tuples of ints of one length, the dtype a canonical
+        # name, so the record is made without TensorInfo's re-validation.
+        offset = t.storage_offset
+        dtype = t.dtype
+        shape = t.shape
+        nbytes = _NBYTES.get((dtype, shape))
+        if nbytes is None:
+            nbytes = _nbytes(dtype, shape)
+        return _trusted(
+            dotted(path), dtype, shape, t.stride, offset,
+            s.data_offset + (offset * _cached_bits(dtype) // 8 if offset else 0), nbytes,
+            s.file or file, s.key, s.nbytes, path or (ROOT_NAME,), fmt, t.role, (),
+            FrozenDict(location=s.location, member=s.member))
+    if (s is not None and s.error is None and s.data_offset is not None and s.member
             and not t.extras and not t.requires_grad and (raw is path or raw == path or not raw)):
         # The usual tensor (a state dict's): the general case below, in one step.
         offset = t.storage_offset
@@ -596,6 +625,20 @@ def to_tensor_info(path: tuple[str, ...], raw: tuple[str, ...], t: TensorRef, *,
         path or (ROOT_NAME,), fmt, t.role, (), FrozenDict(extras))
 
 
+_trusted = TensorInfo.trusted
+_NBYTES: dict[tuple[str, tuple[int, ...]], int] = {}   # (dtype, shape) -> contiguous bytes
+
+
+def _nbytes(dtype: str, shape: tuple[int, ...]) -> int:
+    """`dtypes.nbytes_for` of a shape, remembered for known dtypes (checkpoints repeat shapes)."""
+    from tensorscope.dtypes import nbytes_for, spec
+    spec(dtype)     # an unknown name is a programming error, as in TensorInfo
+    nbytes = nbytes_for(dtype, math.prod(shape))
+    if not dtype.startswith("unknown:") and len(_NBYTES) < 4096:
+        _NBYTES[dtype, shape] = nbytes
+    return nbytes
+
+
 _BITS: dict[str, int] = {}
 
 
@@ -621,9 +664,25 @@ def tensor_fits(t: TensorRef) -> bool:
     s = t.storage
     if s is None or s.nbytes is None:
         return True
-    last = t.storage_offset
-    for d, st in zip(t.shape, t.stride):
+    key = (t.shape, t.stride)
+    span = _SPANS.get(key, False)
+    if span is False:
+        span = _span(t.shape, t.stride)
+        if len(_SPANS) < 4096:      # checkpoints repeat a few layouts
+            _SPANS[key] = span
+    if span is None:
+        return True
+    return -(-(t.storage_offset + span + 1) * _cached_bits(t.dtype) // 8) <= s.nbytes
+
+
+_SPANS: dict[tuple, int | None] = {}
+
+
+def _span(shape, stride) -> int | None:
+    """Elements from the first addressed element to the last; None when a dimension is 0."""
+    last = 0
+    for d, st in zip(shape, stride):
         if d == 0:
-            return True
+            return None
         last += (d - 1) * st
-    return -(-(last + 1) * _cached_bits(t.dtype) // 8) <= s.nbytes
+    return last

@@ -70,6 +70,7 @@ def make_storage_resolver(archive: ZipArchive, prefix: str, data_dir: str = "dat
     """
     storages = {} if storages is None else storages
     src = archive.source
+    path = src.path
     lookup = archive.get if records is None else _record_lookup(records)
 
     def persistent_load(pid, pos):
@@ -81,18 +82,20 @@ def make_storage_resolver(archive: ZipArchive, prefix: str, data_dir: str = "dat
         member = lookup(name)
         if member is not None and member.name == name:
             name = member.name      # one string object for both (10^5 members)
-        storage = StorageRef(key, dtype, numel, location, src.path, name)
-        if member is None:
-            storage.error = f"record {name} is missing"
-        elif member.error:
-            storage.error = member.error
-        elif member.method != METHOD_STORED:
-            storage.error = f"record {name} is compressed (method {member.method}): not readable in place"
-        else:
-            storage.data_offset = member.data_offset
-            storage.nbytes = member.size
+        if member is not None and not member.error and member.method == METHOD_STORED:
+            storage = StorageRef(key, dtype, numel, location, path, name, member.data_offset,
+                                 member.size)
             if dtype and is_unknown(dtype) and numel and member.size % numel == 0:
                 storage.dtype = register_unknown(cls, member.size // numel)  # record / elements
+        else:
+            storage = StorageRef(key, dtype, numel, location, path, name)
+            if member is None:
+                storage.error = f"record {name} is missing"
+            elif member.error:
+                storage.error = member.error
+            else:
+                storage.error = (f"record {name} is compressed (method {member.method}): "
+                                 "not readable in place")
         storages[key] = storage
         return storage
 
@@ -133,7 +136,11 @@ def data_records(archive: ZipArchive, prefix: str, data_dir: str = "data") -> di
 def _record_lookup(records: dict):
     def lookup(name: str) -> _Record | None:
         # get(): the name's bytes up to a NUL, lowered (ASCII only: a name with other characters
-        # cannot equal the ASCII names held here byte for byte)
+        # cannot equal the ASCII names held here byte for byte). The keys are lowercase ASCII
+        # without NUL, so a name found as it is would be found the same after those steps.
+        record = records.get(name)
+        if record is not None:
+            return record
         if not name.isascii():
             return None
         return records.get(name.split("\0", 1)[0].lower())

@@ -33,10 +33,11 @@ def classify(archive: zipfmt.ZipArchive) -> str:
     prefix = archive.torch_prefix()
     if prefix is not None:
         fmt = archive.get(f"{prefix}/archive_format")
-        if fmt is not None or any(n.startswith(f"{prefix}/models/") and n.endswith(".json") for n in names):
+        models, code = f"{prefix}/models/", f"{prefix}/code/"   # not rebuilt per name (10^5)
+        if fmt is not None or any(n.startswith(models) and n.endswith(".json") for n in names):
             return "pt2"
         if archive.get(f"{prefix}/constants.pkl") is not None or any(
-                n.startswith(f"{prefix}/code/") for n in names):
+                n.startswith(code) for n in names):
             return "torchscript"
         if archive.get(f"{prefix}/data.pkl") is not None:
             return "torch-zip"

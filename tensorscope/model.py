@@ -333,20 +333,42 @@ _ROWS: dict[tuple, tuple | None] = {}
 _ROWS_MAX = 4096
 
 
+def _member_location(extras) -> str | None:
+    """The location of a torch storage's extras, ``{"location": str, "member": str}`` (one
+    record each: the member varies per tensor, and is a field of its kind's rows); else None."""
+    if type(extras) is FrozenDict and len(extras) == 2 and type(extras.get("member")) is str:
+        location = extras.get("location")
+        if type(location) is str:
+            return location
+    return None
+
+
 def _row_parts(t: "TensorInfo") -> tuple | None:
-    """The fixed text of a kind's rows, around the fields that vary: (up to the name, from the
-    name to the path, from the path to the storage key, after the storage offset, the extras
-    object kept alive); None when the record needs the general encoder."""
+    """The fixed text of a kind's rows, around the fields that vary: (up to the name, or up to
+    the extras' member for a `_member_location` kind, from the name to the path, from the path
+    to the storage key, after the storage offset, the extras object kept alive, from the member
+    to the name or None); None when the record needs the general encoder."""
     extras = t.extras
-    ex = _extras_text(extras) if extras else ""
-    if ex is None:
-        return None
+    location = _member_location(extras)
+    after_member = None
+    if location is not None:
+        ex = f'"extras": {{"location": {_str_json(location)}, "member": '
+        after_member = "}, "
+        extras = None       # the kind is keyed by the location, not this record's extras
+    else:
+        ex = _extras_text(extras) if extras else ""
+        if ex is None:
+            return None
     shape = t.shape
-    head = (f'"dtype": {_cached(t.dtype)}, {ex}"file": {_cached(t.file)}, '
-            f'"format": {_cached(t.source_format)}, "name": ')
+    head = f'"dtype": {_cached(t.dtype)}, {ex}'
+    rest = (f'"file": {_cached(t.file)}, "format": {_cached(t.source_format)}, "name": ')
+    if after_member is None:
+        head += rest
+    else:
+        after_member += rest
     mid = f', "nbytes": {int.__repr__(t.nbytes)}, "numel": {int.__repr__(math.prod(shape))}, "path": '
     tail = (f', "role": {_cached(t.role)}, "shape": {_cached(shape)}, "storage_key": ')
-    return head, mid, tail, f', "stride": {_cached(t.stride)}}}', extras
+    return head, mid, tail, f', "stride": {_cached(t.stride)}}}', extras, after_member
 
 
 def json_text(t: "TensorInfo") -> str | None:
@@ -361,9 +383,11 @@ def json_texts(records) -> list[str | None]:
     a record's kind are looked up again only when it differs from the previous record's."""
     out: list[str | None] = []
     append = out.append
-    prev = parts = None
+    prev = parts = location = None     # location: of the previous kind, when a member kind
     for t in records:
-        if not (prev is not None and t.shape is prev.shape and t.extras is prev.extras
+        ex = t.extras
+        if not (prev is not None and t.shape is prev.shape
+                and (ex is prev.extras or (location is not None and _member_location(ex) == location))
                 and t.dtype is prev.dtype and t.file is prev.file and t.stride is prev.stride
                 and type(t.nbytes) is int and t.nbytes == prev.nbytes and t.role is prev.role
                 and t.source_format is prev.source_format and t.has_data and not t.chunks):
@@ -372,6 +396,7 @@ def json_texts(records) -> list[str | None]:
             if parts is None:
                 append(None)
                 continue
+            location = None if parts[5] is None else ex["location"]
         bo, so, sk = t.byte_offset, t.storage_offset, t.storage_key
         try:
             if (bo is not None and type(bo) is not int) or type(so) is not int:
@@ -379,7 +404,9 @@ def json_texts(records) -> list[str | None]:
             name, path = _str_json(t.name), t.path
             path_text = f"[{name}]" if len(path) == 1 and path[0] == t.name else \
                 f'[{", ".join(map(_str_json, path))}]'
-            head, mid, tail, stride, _ = parts
+            head, mid, tail, stride, _, after_member = parts
+            if after_member is not None:
+                head = f'{head}{_str_json(ex["member"])}{after_member}'
             append(f'{{"byte_offset": {"null" if bo is None else int.__repr__(bo)}, {head}{name}'
                    f'{mid}{path_text}{tail}{"null" if sk is None else _str_json(sk)}, '
                    f'"storage_offset": {int.__repr__(so)}{stride}')
@@ -392,7 +419,9 @@ def _parts_of(t: "TensorInfo") -> tuple | None:
     """`_row_parts` of a record's kind, from the table or made (None: the general encoder)."""
     if t.chunks or not t.has_data or type(t.nbytes) is not int:   # True == 1: not one kind
         return None
-    key = (t.dtype, t.shape, t.stride, t.file, t.source_format, t.role, t.nbytes, id(t.extras))
+    location = _member_location(t.extras)
+    key = (t.dtype, t.shape, t.stride, t.file, t.source_format, t.role, t.nbytes,
+           id(t.extras) if location is None else ("member", location))
     parts = _ROWS.get(key, False)
     if parts is False:
         try:

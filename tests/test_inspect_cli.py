@@ -302,6 +302,35 @@ def test_json_text_is_what_the_encoder_writes_for_every_fixture_record():
     assert json_text(TensorInfo("x", "float32", (1,), has_data=False)) is None
 
 
+def test_json_texts_rows_of_one_call_are_what_the_encoder_writes():
+    """`json_texts` over each fixture's whole listing (consecutive rows share a kind's text;
+    torch rows share it across their per-record ``member`` extras), and over records whose
+    storage extras differ from the previous row's in location, member type or keys."""
+    from tensorscope.model import FrozenDict, TensorInfo, json_texts
+    encode = json.JSONEncoder(sort_keys=True, allow_nan=True).encode
+    shared = 0
+    for path, tensors in _fixture_models():
+        for text, t in zip(json_texts(tensors), tensors):
+            assert (text or encode(t.to_dict())) == encode(t.to_dict()), (path, t.name)
+            shared += text is not None and set(t.extras) == {"location", "member"}
+    assert shared    # the fixtures hold torch rows of that kind
+    kinds = [{"location": "cpu", "member": "archive/data/0"},
+             {"location": "cpu", "member": "a\n\u00e9\x1b"},
+             {"location": "cuda:0", "member": "archive/data/2"},
+             {"location": "cuda:0", "member": 3},
+             {"location": "cuda:0", "member": "m", "error": "e"},
+             {"location": None, "member": "m"},
+             {"member": "archive/data/5", "location": "cpu"},
+             {"location": "cpu", "member": "archive/data/6"}]
+    shape = (2, 2)
+    records = [TensorInfo(f"t{i}", "float32", shape, extras=FrozenDict(e), storage_key=str(i),
+                          byte_offset=64 * i) for i, e in enumerate(kinds)]
+    for r in records:
+        object.__setattr__(r, "shape", shape)
+    assert [x or encode(t.to_dict()) for x, t in zip(json_texts(records), records)] == \
+        [encode(t.to_dict()) for t in records]
+
+
 def test_text_table_folds_long_names_on_a_terminal():
     out = io.StringIO()
     rows = [["a" * 50, "f32", "1"], ["short", "bf16", "22"]]

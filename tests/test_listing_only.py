@@ -73,3 +73,18 @@ def test_records_found_as_the_archive_finds_them(tmp_path, new):
         with light:
             assert _records(light) == _records(full)
             assert light.read("w").tolist() == expected
+
+
+def test_record_lookup_is_the_archive_lookup_rule():
+    """`_record_lookup` (a name found as it is first) answers as the rule it shortcuts: the name
+    up to a NUL, lowered, ASCII only."""
+    from tensorscope.parsers.torch_zip import _record_lookup
+    records = {"m/data/0": 0, "m/data/1": 1}
+    lookup = _record_lookup(records)
+
+    def rule(name):
+        return records.get(name.split("\0", 1)[0].lower()) if name.isascii() else None
+
+    for name in ("m/data/0", "M/DATA/1", "m/data/0\0x", "m/data/1\0", "m/data/2", "m/data/\u00e9",
+                 "\0m/data/0", "m/dAta/0\0z"):
+        assert lookup(name) == rule(name), name

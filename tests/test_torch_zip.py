@@ -44,6 +44,25 @@ def test_matches_torch_load(name):
             assert our_bytes(model.read(tname)) == stored_bytes(t), tname
 
 
+@pytest.mark.parametrize("name", FILES)
+def test_records_equal_validated_ones(name):
+    """Records made without re-validation (`TensorInfo.trusted`) equal the same fields passed
+    through TensorInfo's checks, nbytes recomputed, and give torch's nbytes."""
+    from dataclasses import fields
+    from tensorscope.model import TensorInfo
+    expected = _oracle(TORCH_DIR / name)
+    with tensorscope.open(TORCH_DIR / name) as model:
+        for info in model.tensors:
+            kw = {f.name: getattr(info, f.name) for f in fields(TensorInfo)}
+            again = TensorInfo(**{**kw, "nbytes": -1})
+            assert again == info and again.extras == info.extras, info.name
+            assert type(info.shape) is tuple and type(info.stride) is tuple, info.name
+            t = expected.get(info.name)
+            if t is not None and t.layout == torch.strided and t.dtype.itemsize and \
+                    info.dtype == dtype_name(t):
+                assert info.nbytes == t.numel() * t.dtype.itemsize, info.name
+
+
 @pytest.mark.parametrize("name", ["views.pt", "tied.bin", "align4096.pt"])
 def test_byte_offsets_point_at_the_storage_record(name):
     """byte_offset = data offset of archive/data/<key> (as zipfile sees it) + storage_offset*itemsize."""
