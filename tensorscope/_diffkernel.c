@@ -209,4 +209,15 @@ static struct PyModuleDef module = {
     methods,
 };
 
-PyMODINIT_FUNC PyInit__diffkernel(void) { return PyModule_Create(&module); }
+/* Bumped whenever stats() changes its arguments or results: `diffing` uses a build only when it
+ * carries the ABI it was written for (a stale build of an editable install is ignored). */
+#define KERNEL_ABI 3
+
+PyMODINIT_FUNC PyInit__diffkernel(void) {
+    PyObject *m = PyModule_Create(&module);
+    if (m != NULL && PyModule_AddIntConstant(m, "ABI", KERNEL_ABI) < 0) {
+        Py_DECREF(m);
+        return NULL;
+    }
+    return m;
+}

@@ -893,9 +893,12 @@ _F16 = np.dtype(np.float16)
 # The optional compiled pass (tensorscope/_diffkernel.c, built by `pip install` when a C compiler
 # is there; numpy computes the same figures without it). Codes are the kernel's; bfloat16 goes in
 # as its uint16 bits (numpy cannot export ml_dtypes' types through the buffer protocol).
+KERNEL_ABI = 3   # what `_diffkernel.c` must say it is (a stale build is ignored, not called)
 try:
     from . import _diffkernel as _KERNEL
 except ImportError:
+    _KERNEL = None
+if getattr(_KERNEL, "ABI", None) != KERNEL_ABI:
     _KERNEL = None
 _KERNEL_CODES = {_F16: "e", _BF16: "b", np.dtype(np.float32): "f", np.dtype(np.float64): "d",
                  np.dtype(np.int8): "c", np.dtype(np.uint8): "B", np.dtype(np.int16): "h",

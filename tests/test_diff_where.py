@@ -182,7 +182,8 @@ def test_the_compiled_pass_is_built_where_a_compiler_is():
     import shutil
     if shutil.which("cc") is None and shutil.which("gcc") is None:
         pytest.skip("no C compiler: the numpy path is the one in use")
-    assert diffing._KERNEL is not None
+    assert diffing._KERNEL is not None, ("tensorscope/_diffkernel.c is not built, or its build "
+                                         "is stale (ABI): run pip install -e . again")
 
 
 @pytest.mark.skipif(diffing._KERNEL is None, reason="the compiled pass is not built")
