@@ -844,7 +844,7 @@ def _openblas():
             if hasattr(lib, "openblas_set_num_threads_local"):
                 return lib
     except (OSError, ValueError, AttributeError):
-        pass  # not Linux, or not OpenBLAS: the pool keeps to pieces below BLAS's threshold
+        return None  # not Linux, or not OpenBLAS: the pool keeps to pieces below BLAS's threshold
     return None
 
 
