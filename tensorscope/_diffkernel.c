@@ -6,9 +6,10 @@
  * `diffing._Accumulator` computes the same figures with numpy (and the tests compare the two).
  *
  * Semantics are those of `_Accumulator.add`'s finite path, operation for operation:
- *   x, y   = a, b widened exactly to float64 (float16, bfloat16, float32, float64, int8-32)
+ *   x, y   = a, b widened exactly to float64 (float16, bfloat16, float32, float64, int8-32,
+ *            one-byte floats through their 256-entry table)
  *   d      = x - y;  ad = |d|;  ay = |y|
- *   sums   = Σ d·d, Σ x·x, Σ y·y, Σ x·y, Σ ad        (float64; 4 interleaved partial sums)
+ *   sums   = Σ d·d, Σ x·x, Σ y·y, Σ x·y, Σ ad        (float64; one partial sum per lane)
  *   max_abs = max ad
  *   max_rel = max ad / ay over ay != 0; zero_ref = #(ay == 0 and ad != 0)
  *   mismatched = #(ad > atol + ay * rtol)            (torch.isclose's order of operations)
@@ -106,14 +107,14 @@ static int widen(const char *p, char code, const double *table, Py_ssize_t n, do
 typedef struct {
     double sq, xx, yy, xy, sa, mx, mr;
     double zr, mm, nz;   /* counts, exact in float64 up to 2^53 */
-} Lanes;
+} Sums;
 
 /* The statistics over n finite pairs. `omp simd` (compiled with -fopenmp-simd: no OpenMP runtime)
  * lets the compiler keep one partial sum per vector lane, the only reordering of the sums; the
  * maxima and counts are exact whatever the order. */
 VECTOR_CLONES
 static void block_stats(const double *restrict xs, const double *restrict ys, Py_ssize_t n,
-                        double atol, double rtol, Lanes *restrict s) {
+                        double atol, double rtol, Sums *restrict s) {
     double sq = 0, xx = 0, yy = 0, xy = 0, sa = 0, mx = 0, mr = 0, zr = 0, mm = 0, nz = 0;
 #pragma omp simd reduction(+:sq, xx, yy, xy, sa, zr, mm, nz) reduction(max:mx, mr)
     for (Py_ssize_t i = 0; i < n; i++) {
@@ -174,7 +175,7 @@ static PyObject *stats(PyObject *self, PyObject *args) {
         return NULL;
     }
     Py_ssize_t n = ba.len / sa;
-    Lanes s;
+    Sums s;
     memset(&s, 0, sizeof s);   /* max lanes start at 0: |d| and ratios are >= 0 */
     int special = 0;
     Py_BEGIN_ALLOW_THREADS
