@@ -71,10 +71,12 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import itertools
 import json
 import math
 import mmap
 import os
+import re
 import secrets
 import threading
 from dataclasses import dataclass, field
@@ -246,30 +248,61 @@ def plan(model: ModelFile, *, include_all: bool = False, skip_unsupported: bool 
     p = ConversionPlan()
     by_storage: dict[str, list[str]] = {}
     layouts: dict[tuple, str] = {}
+    plain_dtypes: dict[str, bool] = {}  # dtype -> nothing but the record's extras can refuse it
+    bases: dict[str, str] = {}
+    custom = model.custom_readers
+    written, expanded, contiguous = p.tensors, p.expanded, p.contiguous
     for t in model.tensors:
         if not include_all and t.role not in STATE_DICT_ROLES:
             p.skipped.append((t, f"role {t.role}: not part of the state dict"))
             continue
-        why = _refusal(model, t)
-        if why is not None:
-            (p.skipped if skip_unsupported else p.refused).append((t, why))
-            continue
-        p.tensors.append(PlannedTensor(t, SAFETENSORS_DTYPES[t.dtype], _st_shape(t)))
-        sid = _storage_id(t)
-        if sid is not None and not t.chunks:
-            by_storage.setdefault(sid, []).append(t.name)
-        if t.numel and not t.chunks and t.name not in model.custom_readers:
+        extras, name = t.extras, t.name
+        plain = plain_dtypes.get(t.dtype)
+        if plain is None:
+            st = SAFETENSORS_DTYPES.get(t.dtype)
+            plain = plain_dtypes[t.dtype] = (st is not None and st not in _SUB_BYTE_BITS
+                                             and not dtypes.spec(t.dtype).packed)
+        # The common record (a plain dtype, stored values, none of the extras that refuse)
+        # passes `_refusal` as is.
+        if not plain or t.byte_offset is None or (extras and (
+                extras.get("numpy_descr") or extras.get("pickled") or extras.get("error"))):
+            why = _refusal(model, t)
+            if why is not None:
+                (p.skipped if skip_unsupported else p.refused).append((t, why))
+                continue
+        written.append(PlannedTensor(t, SAFETENSORS_DTYPES[t.dtype], _st_shape(t)))
+        chunks = t.chunks
+        if t.storage_key is not None and not chunks:
+            # _storage_id, inlined (this runs once per tensor)
+            member, key = extras.get("member"), t.storage_key
+            if type(member) is str and type(key) is str and member.endswith(key):
+                sid = member
+            elif member:
+                sid = _storage_id(t)
+            else:
+                base = bases.get(t.file)
+                if base is None:
+                    base = bases[t.file] = os.path.basename(t.file)
+                sid = f"{base}:{key}"
+            ids = by_storage.get(sid)
+            if ids is None:
+                by_storage[sid] = [name]
+            else:
+                ids.append(name)
+        if not chunks and name not in custom:
             key = (t.shape, t.stride, t.dtype)  # a checkpoint has few layouts: judge each once
             kind = layouts.get(key)
             if kind is None:
-                kind = layouts[key] = ("expanded" if t.span_bytes < t.nbytes else
+                kind = layouts[key] = ("" if not t.numel else
+                                       "expanded" if t.span_bytes < t.nbytes else
                                        "contiguous" if not t.is_contiguous else "")
             if kind:
-                (p.expanded if kind == "expanded" else p.contiguous).append(t.name)
-        layout = t.extras.get("sparse_layout")
-        if layout and t.extras.get("component") and "." in t.name:
-            p.sparse[t.name.rsplit(".", 1)[0]] = {"layout": str(layout),
-                                                   "shape": list(t.extras.get("sparse_shape") or [])}
+                (expanded if kind == "expanded" else contiguous).append(name)
+        if extras:
+            layout = extras.get("sparse_layout")
+            if layout and extras.get("component") and "." in name:
+                p.sparse[name.rsplit(".", 1)[0]] = {"layout": str(layout),
+                                                    "shape": list(extras.get("sparse_shape") or [])}
     p.shared = {k: v for k, v in by_storage.items() if len(v) > 1}
     _check_names(model, p)
     return p
@@ -571,17 +604,34 @@ def _data_order(tensors: list[PlannedTensor]) -> list[PlannedTensor]:
     return sorted(tensors, key=lambda t: (-_DTYPE_RANK[t.st_dtype], t.name))
 
 
+# Characters json.dumps(ensure_ascii=False) escapes in a string; a name without any is written
+# as itself between quotes (names are valid UTF-8 by then: `_check_names`).
+_JSON_ESCAPED = re.compile(r'["\\\x00-\x1f]')
+
+
 def _header(ordered: list[PlannedTensor], metadata: dict[str, str] | None) -> bytes:
-    # Built entry by entry as text: the same bytes as json.dumps of the whole object (the same
-    # C encoder writes every key and the metadata), without 100,000 dicts and lists to walk.
+    # Built from columns as text: the same bytes as json.dumps of the whole object (the same
+    # C encoder writes the metadata and any name that needs escaping), without 100,000 dicts
+    # and lists to walk. Offsets are running sums; each distinct shape is formatted once.
     enc = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode
+    names = [t.info.name for t in ordered]
+    if _JSON_ESCAPED.search("".join(names)):
+        keys = [enc(n) for n in names]
+    else:
+        keys = [f'"{n}"' for n in names]
+    shapes: dict[tuple[int, ...], str] = {}
+    heads: dict[str, str] = {}
+    ends = list(itertools.accumulate(t.info.nbytes for t in ordered))
+    begins = [0] + ends[:-1]
     parts = [f"{enc(_METADATA_KEY)}:{enc(metadata)}"] if metadata else []
-    begin = 0
-    for t in ordered:
-        end = begin + t.nbytes
-        parts.append(f'{enc(t.name)}:{{"dtype":{enc(t.st_dtype)},"shape":[{",".join(map(str, t.st_shape))}],'
-                     f'"data_offsets":[{begin},{end}]}}')
-        begin = end
+    for key, t, begin, end in zip(keys, ordered, begins, ends):
+        shape = shapes.get(t.st_shape)
+        if shape is None:
+            shape = shapes[t.st_shape] = ",".join(map(str, t.st_shape))
+        head = heads.get(t.st_dtype)
+        if head is None:
+            head = heads[t.st_dtype] = f':{{"dtype":{enc(t.st_dtype)},"shape":['
+        parts.append(f'{key}{head}{shape}],"data_offsets":[{begin},{end}]}}')
     text = ("{" + ",".join(parts) + "}").encode("utf-8")
     pad = (8 - len(text) % 8) % 8  # data starts on a multiple of 8, as the reference writer pads
     return HEADER_LEN.pack(len(text) + pad) + text + b" " * pad
@@ -605,6 +655,7 @@ class _Sink:
     WRITEBACK_STEP = 64 << 20
     GATHER_BELOW = 256 << 10
     GATHER_STEP = 4 << 20
+    GATHER_GAP = 4 << 10
 
     def __init__(self, path: str, advance: Callable[[int], None]):
         self.f = open(path, "xb", buffering=0)
@@ -615,6 +666,9 @@ class _Sink:
         self.can_copy = hasattr(os, "copy_file_range")
         self.sources: dict[str, int] = {}
         self.gathered = bytearray()  # read, accounted, not yet written
+        self.run: list[tuple[int, int]] = []  # (offset, length) to gather, not yet read
+        self.run_file: str | None = None      # ... all from this file, in [run_start, run_end)
+        self.run_start = self.run_end = self.pending = 0
 
     def _fd(self, file: str) -> int:
         src = self.sources.get(file)
@@ -624,6 +678,8 @@ class _Sink:
 
     def flush(self) -> None:
         """Write the gathered bytes (before any other write or copy: the file position moves)."""
+        if self.run:
+            self._read_run()
         if self.gathered:
             view = memoryview(self.gathered)
             done = 0
@@ -634,15 +690,47 @@ class _Sink:
 
     def gather(self, file: str, offset: int, length: int) -> None:
         """Append ``length`` bytes of ``file`` at ``offset`` (inside the file: checked by the
-        caller) to the buffer; written at the next `flush`."""
-        data = os.pread(self._fd(file), length, offset)
-        if len(data) != length:
-            raise TensorscopeError(f"{file}: read {len(data)} bytes at offset {offset}, expected "
-                                   f"{length} (the file changed while it was converted?)")
-        self.gathered += data
-        self._account(length)
+        caller) to the buffer; written at the next `flush`. Tensors that follow each other in
+        the file, a few bytes apart (a zip's local headers), are read with one ``pread``."""
+        gap = offset - self.run_end
+        if file == self.run_file and 0 <= gap <= self.GATHER_GAP and \
+                offset + length - self.run_start <= self.GATHER_STEP:
+            self.run.append((offset, length))
+            self.run_end = offset + length
+        else:
+            if self.run:
+                self._read_run()
+            self.run_file, self.run_start, self.run_end = file, offset, offset + length
+            self.run.append((offset, length))
+        self.pending += length  # accounted (position, progress, writeback) once read
+
+    def _read_run(self) -> None:
+        file, start, end, run = self.run_file, self.run_start, self.run_end, self.run
+        data = os.pread(self._fd(file), end - start, start)
+        if len(data) != end - start:
+            raise TensorscopeError(f"{file}: read {len(data)} bytes at offset {start}, expected "
+                                   f"{end - start} (the file changed while it was converted?)")
+        if len(run) == 1:
+            self.gathered += data
+            n = len(data)
+        else:
+            view = memoryview(data)
+            gathered = self.gathered
+            n = 0
+            for offset, length in run:
+                gathered += view[offset - start:offset - start + length]
+                n += length
+            view.release()
+        run.clear()
+        self.run_file = None
+        self.pending = 0
+        self._account(n)
         if len(self.gathered) >= self.GATHER_STEP:
             self.flush()
+
+    def tell(self) -> int:
+        """Bytes of the output so far, counting those gathered but not read yet."""
+        return self.pos + self.pending
 
     def _account(self, n: int) -> None:
         self.pos += n
@@ -709,7 +797,10 @@ def _plain_range(model: ModelFile, info: TensorInfo,
     if not contiguous:
         return None
     src = model.source(info.file)
-    if not isinstance(src.raw, mmap.mmap) or is_url(src.path):  # an in-memory blob or a URL, not a file
+    on_disk = layouts.get(src)  # judged once per source
+    if on_disk is None:  # an in-memory blob or a URL is not a file
+        on_disk = layouts[src] = isinstance(src.raw, mmap.mmap) and not is_url(src.path)
+    if not on_disk:
         return None
     itemsize = _plain_itemsize(info.dtype)
     if itemsize is None:
@@ -754,7 +845,7 @@ def _write_file(path: str, model: ModelFile, ordered: list[PlannedTensor], metad
     try:
         sink.write(header)
         for t in ordered:
-            start = sink.pos
+            start = sink.tell()
             plain = _plain_range(model, t.info, layouts)
             if plain is None:
                 for piece in _pieces(model, t.info, chunk_bytes, release):
@@ -770,8 +861,8 @@ def _write_file(path: str, model: ModelFile, ordered: list[PlannedTensor], metad
                     for i in range(0, len(rest), chunk_bytes):
                         sink.write(rest[i:i + chunk_bytes])
                     release(plain[0], model.read(t.info))
-            if sink.pos - start != t.nbytes:  # a reader bug must never become a shifted file
-                raise TensorscopeError(f"tensor {t.name!r}: wrote {sink.pos - start} bytes, "
+            if sink.tell() - start != t.nbytes:  # a reader bug must never become a shifted file
+                raise TensorscopeError(f"tensor {t.name!r}: wrote {sink.tell() - start} bytes, "
                                        f"expected {t.nbytes}")
         sink.flush()
     finally:
