@@ -784,25 +784,28 @@ class _Sink:
 def _plain_range(model: ModelFile, info: TensorInfo,
                  layouts: dict | None = None) -> tuple[str, int] | None:
     """``(file, offset)`` when the tensor's bytes are exactly ``nbytes`` contiguous bytes of a
-    file on disk, in the order safetensors wants; None otherwise. ``layouts`` caches
-    contiguity by (shape, stride) across the calls for one file."""
-    if info.chunks or info.byte_offset is None or not info.numel or info.name in model.custom_readers:
+    file on disk, in the order safetensors wants; None otherwise. ``layouts`` caches, across
+    the calls for one file, what repeats: by (shape, stride) whether the layout is contiguous
+    and not empty, by file its source when that is a file on disk (else None)."""
+    if info.chunks or info.byte_offset is None or info.name in model.custom_readers:
         return None
     if layouts is None:
         layouts = {}
     key = (info.shape, info.stride)
-    contiguous = layouts.get(key)
-    if contiguous is None:
-        contiguous = layouts[key] = info.is_contiguous
-    if not contiguous:
+    plain_layout = layouts.get(key)
+    if plain_layout is None:
+        plain_layout = layouts[key] = bool(info.numel) and info.is_contiguous
+    if not plain_layout:
         return None
-    src = model.source(info.file)
-    on_disk = layouts.get(src)  # judged once per source
-    if on_disk is None:  # an in-memory blob or a URL is not a file
-        on_disk = layouts[src] = isinstance(src.raw, mmap.mmap) and not is_url(src.path)
-    if not on_disk:
+    src = layouts.get(info.file, False)
+    if src is False:  # an in-memory blob or a URL is not a file
+        src = model.source(info.file)
+        src = layouts[info.file] = src if isinstance(src.raw, mmap.mmap) and not is_url(src.path) else None
+    if src is None:
         return None
-    itemsize = _plain_itemsize(info.dtype)
+    itemsize = _PLAIN_ITEMSIZE.get(info.dtype, -1)
+    if itemsize == -1:
+        itemsize = _plain_itemsize(info.dtype)
     if itemsize is None:
         arr = model.read(info)  # the reader's own bounds checks; touches no tensor byte
         return None if arr.dtype.byteorder == ">" else (info.file, info.byte_offset)
