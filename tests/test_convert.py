@@ -796,3 +796,43 @@ def test_per_tensor_bounds_check_agrees_with_the_reader(tmp_path):
             assert convert_mod._plain_range(model, info) == (str(f), info.byte_offset)
     assert refused == ["past_end", "past_record"]
     model.close()
+
+
+def _reference_header(ordered, metadata) -> bytes:
+    """The header as one json.dumps of the whole object (the writer before it was built from
+    columns): what `_header` must reproduce byte for byte."""
+    doc, begin = {"__metadata__": metadata} if metadata else {}, 0
+    for t in ordered:
+        doc[t.name] = {"dtype": t.st_dtype, "shape": list(t.st_shape),
+                       "data_offsets": [begin, begin + t.nbytes]}
+        begin += t.nbytes
+    text = json.dumps(doc, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
+    text += b" " * ((8 - len(text) % 8) % 8)
+    return struct.pack("<Q", len(text)) + text
+
+
+@pytest.mark.parametrize("src", [p for p in _torch_fixtures() if p.is_file()], ids=lambda p: p.name)
+def test_header_is_the_whole_object_json(src):
+    """The column-built header equals json.dumps of the whole header object, on every torch fixture."""
+    with tensorscope.open(src) as m:
+        p = plan(m, include_all=True, skip_unsupported=True)
+    ordered = convert_mod._data_order(p.tensors)
+    meta = {"format": "pt", "source_format": "x\"y\\z\n", "converted_by": "tensorscope \u2028é"}
+    assert convert_mod._header(ordered, meta) == _reference_header(ordered, meta)
+    assert convert_mod._header(ordered, {}) == _reference_header(ordered, {})
+
+
+def test_names_that_json_escapes_equal_save_file(tmp_path):
+    """Names with quotes, backslashes, control characters and non-ASCII text (the escaped path of
+    the header writer, next to plain ones): byte-identical to safetensors' own writer."""
+    names = ["plain.weight", 'quo"te', "back\\slash", "new\nline", "ctl\x01\x1f", "tab\t",
+             "é.ünï", "sep\u2028x", "z"]
+    sd = {n: torch.full((2, i + 1), float(i)) for i, n in enumerate(names)}
+    src, ours, theirs = (tmp_path / n for n in ("odd.pt", "ours.safetensors", "theirs.safetensors"))
+    torch.save(sd, src)
+    convert(src, ours, record_source=False, metadata={"format": "pt"})
+    save_file(sd, str(theirs), metadata={"format": "pt"})
+    assert ours.read_bytes() == theirs.read_bytes()
+    with tensorscope.open(src) as m:
+        ordered = convert_mod._data_order(plan(m).tensors)
+    assert convert_mod._header(ordered, None) == _reference_header(ordered, None)
