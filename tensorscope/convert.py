@@ -75,6 +75,7 @@ import itertools
 import json
 import math
 import mmap
+import operator
 import os
 import re
 import secrets
@@ -270,7 +271,9 @@ def plan(model: ModelFile, *, include_all: bool = False, skip_unsupported: bool 
             if why is not None:
                 (p.skipped if skip_unsupported else p.refused).append((t, why))
                 continue
-        written.append(PlannedTensor(t, SAFETENSORS_DTYPES[t.dtype], _st_shape(t)))
+        dtype = t.dtype
+        written.append(PlannedTensor(t, SAFETENSORS_DTYPES[dtype],
+                                     t.shape if dtype != "float4_e2m1fn_x2" else _st_shape(t)))
         chunks = t.chunks
         if t.storage_key is not None and not chunks:
             # _storage_id, inlined (this runs once per tensor)
@@ -601,7 +604,20 @@ def _pieces(model: ModelFile, info: TensorInfo, chunk_bytes: int, release) -> It
 def _data_order(tensors: list[PlannedTensor]) -> list[PlannedTensor]:
     """safetensors' own order: dtype (enum rank) descending, then name ascending (bytewise UTF-8,
     which is code point order)."""
-    return sorted(tensors, key=lambda t: (-_DTYPE_RANK[t.st_dtype], t.name))
+    by_dtype: dict[str, list[PlannedTensor]] = {}
+    for t in tensors:
+        group = by_dtype.get(t.st_dtype)
+        if group is None:
+            by_dtype[t.st_dtype] = [t]
+        else:
+            group.append(t)
+    ordered: list[PlannedTensor] = []
+    for st in sorted(by_dtype, key=_DTYPE_RANK.__getitem__, reverse=True):
+        ordered += sorted(by_dtype[st], key=_BY_NAME)
+    return ordered
+
+
+_BY_NAME = operator.attrgetter("info.name")
 
 
 # Characters json.dumps(ensure_ascii=False) escapes in a string; a name without any is written
