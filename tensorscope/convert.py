@@ -247,7 +247,8 @@ def plan(model: ModelFile, *, include_all: bool = False, skip_unsupported: bool 
             valid UTF-8 (these cannot be skipped: the output would silently lose a tensor).
     """
     p = ConversionPlan()
-    by_storage: dict[str, list[str]] = {}
+    by_storage: dict[str, str] = {}  # storage -> the first tensor written from it
+    shared: dict[str, list[str]] = {}
     layouts: dict[tuple, str] = {}
     plain_dtypes: dict[str, bool] = {}  # dtype -> nothing but the record's extras can refuse it
     bases: dict[str, str] = {}
@@ -287,11 +288,14 @@ def plan(model: ModelFile, *, include_all: bool = False, skip_unsupported: bool 
                 if base is None:
                     base = bases[t.file] = os.path.basename(t.file)
                 sid = f"{base}:{key}"
-            ids = by_storage.get(sid)
-            if ids is None:
-                by_storage[sid] = [name]
-            else:
-                ids.append(name)
+            seen = len(by_storage)
+            first = by_storage.setdefault(sid, name)
+            if len(by_storage) == seen:  # a storage seen before: listed (most are viewed once)
+                ids = shared.get(sid)
+                if ids is None:
+                    shared[sid] = [first, name]
+                else:
+                    ids.append(name)
         if not chunks and name not in custom:
             key = (t.shape, t.stride, t.dtype)  # a checkpoint has few layouts: judge each once
             kind = layouts.get(key)
@@ -306,7 +310,8 @@ def plan(model: ModelFile, *, include_all: bool = False, skip_unsupported: bool 
             if layout and extras.get("component") and "." in name:
                 p.sparse[name.rsplit(".", 1)[0]] = {"layout": str(layout),
                                                     "shape": list(extras.get("sparse_shape") or [])}
-    p.shared = {k: v for k, v in by_storage.items() if len(v) > 1}
+    if shared:  # in the order the storages were first seen
+        p.shared = {k: shared[k] for k in by_storage if k in shared}
     _check_names(model, p)
     return p
 
