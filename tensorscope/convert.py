@@ -55,7 +55,8 @@ existing output is only replaced with ``force=True``.
 Memory and speed: a contiguous tensor stored plainly in a file is copied by the kernel
 (``os.copy_file_range``: no page of the input is mapped into this process), or, below 256 KiB,
 read with ``os.pread`` into a buffer written every 4 MiB (a checkpoint of 100,000 small tensors
-costs a few hundred writes, not 100,000 kernel copies); the header is built once, as text; any
+costs a few hundred writes, not 100,000 kernel copies; tensors a few bytes apart in the input
+share one ``pread``); the header is built once, as text, from columns; any
 other tensor is
 read through the memory maps piece by piece (`reader.iter_flat_chunks`), a non-contiguous piece
 copied one at a time, and the pages already written are handed back to the kernel. Either way
