@@ -70,9 +70,9 @@ Public API: `convert`, `plan`, `ConversionPlan`, `PlannedTensor`, `ConvertReport
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
-import itertools
 import json
 import math
 import mmap
@@ -634,26 +634,24 @@ _JSON_ESCAPED = re.compile(r'["\\\x00-\x1f]')
 def _header(ordered: list[PlannedTensor], metadata: dict[str, str] | None) -> bytes:
     # Built from columns as text: the same bytes as json.dumps of the whole object (the same
     # C encoder writes the metadata and any name that needs escaping), without 100,000 dicts
-    # and lists to walk. Offsets are running sums; each distinct shape is formatted once.
+    # and lists to walk. Each distinct shape and dtype is formatted once.
     enc = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode
-    names = [t.info.name for t in ordered]
-    if _JSON_ESCAPED.search("".join(names)):
-        keys = [enc(n) for n in names]
-    else:
-        keys = [f'"{n}"' for n in names]
+    plain = not _JSON_ESCAPED.search("".join([t.info.name for t in ordered]))
     shapes: dict[tuple[int, ...], str] = {}
     heads: dict[str, str] = {}
-    ends = list(itertools.accumulate(t.info.nbytes for t in ordered))
-    begins = [0] + ends[:-1]
     parts = [f"{enc(_METADATA_KEY)}:{enc(metadata)}"] if metadata else []
-    for key, t, begin, end in zip(keys, ordered, begins, ends):
+    begin = 0
+    for t in ordered:
+        name, end = t.info.name, begin + t.info.nbytes
         shape = shapes.get(t.st_shape)
         if shape is None:
             shape = shapes[t.st_shape] = ",".join(map(str, t.st_shape))
         head = heads.get(t.st_dtype)
         if head is None:
             head = heads[t.st_dtype] = f':{{"dtype":{enc(t.st_dtype)},"shape":['
+        key = f'"{name}"' if plain else enc(name)
         parts.append(f'{key}{head}{shape}],"data_offsets":[{begin},{end}]}}')
+        begin = end
     text = ("{" + ",".join(parts) + "}").encode("utf-8")
     pad = (8 - len(text) % 8) % 8  # data starts on a multiple of 8, as the reference writer pads
     return HEADER_LEN.pack(len(text) + pad) + text + b" " * pad
@@ -1033,14 +1031,16 @@ def convert(src: str | os.PathLike, out: str | os.PathLike, *, max_shard_size: i
         report.scan = scan_report if scan_report is not None else scan_paths(src)
         _announce_scan(report, on_scan, refuse_at, allow_unsafe_source)
         raise
-    # The collector stays paused while the 10^5-10^6 plan entries, header parts and report rows
-    # are made (`formats.gc_paused`): the records it would walk are frozen, but these new objects
-    # would set off full collections over each other again and again (measured: the report rows
-    # took 3-7x longer). The pause ends, and the model's records are unfrozen, with the model.
-    with model, gc_paused():
+    with model, contextlib.ExitStack() as after_scan:
         # the scan reads the model just opened: one parse for both
         report.scan = scan_report if scan_report is not None else scan_opened(src, model)
         model.evidence.archive = None  # read by the scan; the writing has no use for it
+        # From here the collector stays paused while the 10^5-10^6 plan entries, header parts and
+        # report rows are made (`formats.gc_paused`): the records it would walk are frozen, but
+        # these new objects would set off full collections over each other again and again
+        # (measured: the report rows took 3-7x longer). Not during the scan, whose garbage is
+        # collected as it goes. The pause ends, and the records are unfrozen, with the model.
+        after_scan.enter_context(gc_paused())
         _announce_scan(report, on_scan, refuse_at, allow_unsafe_source)
         report.source_format = model.format
         p = _checked_plan(model, report, include_all, skip_unsupported)
@@ -1097,7 +1097,7 @@ def convert(src: str | os.PathLike, out: str | os.PathLike, *, max_shard_size: i
                 hasher.cancel()
             raise
 
-        # Still inside ``with model, gc_paused()`` (see above).
+        # Still inside ``with model`` and the collector's pause (see above).
         report.index = index
         for group, final in zip(groups, paths):
             report.outputs.append({"path": final, "tensors": len(group),
