@@ -72,14 +72,17 @@ def make_storage_resolver(archive: ZipArchive, prefix: str, data_dir: str = "dat
     src = archive.source
     path = src.path
     lookup = archive.get if records is None else _record_lookup(records)
+    direct = {} if records is None else records    # `_record_lookup`'s first step, inline
+    parse_pid = torch_pickle.parse_storage_pid
+    start = f"{prefix}/{data_dir}/"
 
     def persistent_load(pid, pos):
-        dtype, key, location, numel, cls = torch_pickle.parse_storage_pid(pid, pos,
-                                                                           allow_unknown=True)
-        if key in storages:
-            return storages[key]
-        name = f"{prefix}/{data_dir}/{key}"
-        member = lookup(name)
+        dtype, key, location, numel, cls = parse_pid(pid, pos, allow_unknown=True)
+        storage = storages.get(key)
+        if storage is not None:
+            return storage
+        name = start + key
+        member = direct.get(name) or lookup(name)
         if member is not None and member.name == name:
             name = member.name      # one string object for both (10^5 members)
         if member is not None and not member.error and member.method == METHOD_STORED:

@@ -1155,10 +1155,24 @@ class _Reader:
         # "struct" (directory and trailer records). A member's description (``what``) is None
         # here and made by `_what` only for a message: 10^5 members, a handful of messages.
         spans: list[tuple[int, int, str | None, str, ZipMember | None]] = []
+        buf, size, descriptor_length = self.buf, self.size, self.descriptor_length
+        short = _DESCRIPTORS[1].unpack_from if _SHORTCUTS and buf is not None and not self.sparse \
+            else None
         for m in members:
             if m.error is None:
-                spans.append((m.header_offset, m.data_end + self.descriptor_length(m), None,
-                              "member", m))
+                end = m.data_offset + m.compressed_size
+                if not m.flags & FLAG_DESCRIPTOR:
+                    d = 0
+                elif (short is not None and m.size and end + 16 <= size
+                      and short(buf, end) == (MAGIC_DESCRIPTOR, m.crc32, m.compressed_size,
+                                              m.size)):
+                    # The 16-byte form torch writes, tried first: where it matches a member
+                    # that is not empty, the 24-byte form `descriptor_length` tries first
+                    # cannot (its size field would be compressed_size + size << 32).
+                    d = 16
+                else:
+                    d = descriptor_length(m)
+                spans.append((m.header_offset, end + d, None, "member", m))
             elif m.local_name is not None:
                 spans.append((m.header_offset, min(m.data_end, self.size), None, "bad", m))
         structs = [(cd_start, cd_start + cd_size, "central directory", "struct", None)]
