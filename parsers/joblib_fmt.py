@@ -29,6 +29,10 @@ Spec (joblib 0.10 - 1.6: ``numpy_pickle.py``, ``numpy_pickle_utils.py``, ``compr
   ``ZF``-compressed raw data files (both listed by `plain_pickle` from those files when they are
   plain names in the same folder).
 
+A whole model file through one of these compressors (``model.pt.gz``, a legacy ``.pkl.gzip``,
+``model.safetensors.gz``, ``arrays.npy.gz``) is opened here too: the decompressed payload goes to the
+parser whose signature it carries (one layer only), and the model keeps that format's name.
+
 Reading: the pickle VM runs with `build_hooks`, which skip (and place) each wrapper's bytes
 exactly as joblib's unpickler reads them. Uncompressed files are opened by `plain_pickle` (listed
 zero-copy at their absolute offsets); compressed ones by `open_source` here: decompressed into
