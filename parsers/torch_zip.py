@@ -72,14 +72,17 @@ def make_storage_resolver(archive: ZipArchive, prefix: str, data_dir: str = "dat
     src = archive.source
     path = src.path
     lookup = archive.get if records is None else _record_lookup(records)
+    direct = {} if records is None else records    # `_record_lookup`'s first step, inline
+    parse_pid = torch_pickle.parse_storage_pid
+    start = f"{prefix}/{data_dir}/"
 
     def persistent_load(pid, pos):
-        dtype, key, location, numel, cls = torch_pickle.parse_storage_pid(pid, pos,
-                                                                           allow_unknown=True)
-        if key in storages:
-            return storages[key]
-        name = f"{prefix}/{data_dir}/{key}"
-        member = lookup(name)
+        dtype, key, location, numel, cls = parse_pid(pid, pos, allow_unknown=True)
+        storage = storages.get(key)
+        if storage is not None:
+            return storage
+        name = start + key
+        member = direct.get(name) or lookup(name)
         if member is not None and member.name == name:
             name = member.name      # one string object for both (10^5 members)
         if member is not None and not member.error and member.method == METHOD_STORED:
@@ -215,20 +218,27 @@ def build_tensor_list(root, fmt: str, file: str, model: ModelFile, consume: bool
     """Name every tensor in ``root`` and check each against its storage record (``consume``:
     see `torch_pickle.named_tensors`)."""
     tensors = []
+    append = tensors.append
+    to_tensor_info, tensor_fits = torch_pickle.to_tensor_info, torch_pickle.tensor_fits
+    unknown: dict[str, bool] = {}     # dtype -> is_unknown (a checkpoint has a handful)
     for path, raw, ref in torch_pickle.named_tensors(root, consume=consume):
-        info = torch_pickle.to_tensor_info(path, raw, ref, fmt=fmt, file=file)
+        info = to_tensor_info(path, raw, ref, fmt=fmt, file=file)
         s = ref.storage
         if s is not None and s.error:
             model.evidence.add("torch.storage_unreadable", f"tensor {info.name!r}: {s.error}",
                                file=s.file, member=s.member)
-        elif not torch_pickle.tensor_fits(ref):
+        elif not tensor_fits(ref):
             model.evidence.add(
                 "torch.tensor_out_of_storage",
                 f"tensor {info.name!r} addresses bytes past the end of its storage record "
                 f"({s.nbytes} bytes)", file=s.file, member=s.member)
-        if is_unknown(info.dtype):
+        dtype = info.dtype
+        u = unknown.get(dtype)
+        if u is None:
+            u = unknown[dtype] = is_unknown(dtype)
+        if u:
             torch_pickle.note_unknown_dtype(model, info)
-        tensors.append(info)
+        append(info)
     return tensors
 
 

@@ -98,6 +98,7 @@ MAGIC_CENTRAL = b"PK\x01\x02"
 # 4.3.7 local file header
 LOCAL = struct.Struct("<4s2B4HL2L2H")
 MAGIC_LOCAL = b"PK\x03\x04"
+_LOCAL_UNPACK, _LOCAL_SIZE = LOCAL.unpack_from, LOCAL.size
 (_LH_SIG, _LH_NEED_VER, _LH_NEED_SYS, _LH_FLAGS, _LH_METHOD, _LH_TIME, _LH_DATE, _LH_CRC,
  _LH_CSIZE, _LH_USIZE, _LH_NAME_LEN, _LH_EXTRA_LEN) = range(12)
 # 4.3.9 data descriptor
@@ -848,9 +849,10 @@ class _Reader:
         local header agreeing with the central one), in far fewer steps; None for anything
         else, which `make_member` then reads and reports in full. Every check whose failure
         `make_member` would report is made here too, so no entry that passes has an anomaly."""
-        flags, csize = f[_CD_FLAGS], f[_CD_CSIZE]
-        if (f[_CD_METHOD] != METHOD_STORED or flags & _IRREGULAR_FLAGS or f[_CD_DISK]
-                or csize != f[_CD_USIZE] or csize == U32_MAX or f[_CD_OFFSET] == U32_MAX
+        (_, _, _, _, _, flags, method, _, _, crc, csize, usize, _, _, _, disk, _, _,
+         offset) = f
+        if (method != METHOD_STORED or flags & _IRREGULAR_FLAGS or disk or csize != usize
+                or csize == U32_MAX or offset == U32_MAX
                 or _IRREGULAR_NAME.search(raw_name) is not None):
             return None
         if raw_name.isascii():
@@ -862,21 +864,20 @@ class _Reader:
                 return None
         else:
             return None     # cp437: reported by make_member
-        header = f[_CD_OFFSET] + prepended
+        header = offset + prepended
         n = len(raw_name)
-        start = header + LOCAL.size
+        start = header + _LOCAL_SIZE
         if start + n > self.size:
             return None
-        lf = LOCAL.unpack_from(self.buf, header)
-        if (lf[_LH_SIG] != MAGIC_LOCAL or lf[_LH_NAME_LEN] != n or lf[_LH_FLAGS] != flags
-                or lf[_LH_METHOD] != METHOD_STORED or self.copy(start, start + n) != raw_name):
+        (sig, _, _, l_flags, l_method, _, _, l_crc, l_csize, l_usize, l_name_len,
+         l_extra_len) = _LOCAL_UNPACK(self.buf, header)
+        if (sig != MAGIC_LOCAL or l_name_len != n or l_flags != flags
+                or l_method != METHOD_STORED or self.copy(start, start + n) != raw_name):
             return None
-        crc = f[_CD_CRC]
-        l_crc, l_csize, l_usize = lf[_LH_CRC], lf[_LH_CSIZE], lf[_LH_USIZE]
         if not ((l_crc == crc and l_csize == csize and l_usize == csize)
                 or (flags & FLAG_DESCRIPTOR and not (l_crc or l_csize or l_usize))):
             return None
-        data_offset = start + n + lf[_LH_EXTRA_LEN]
+        data_offset = start + n + l_extra_len
         end = data_offset + csize
         if end > self.size or (header < cd_end and end > cd_start):
             return None
@@ -1155,10 +1156,24 @@ class _Reader:
         # "struct" (directory and trailer records). A member's description (``what``) is None
         # here and made by `_what` only for a message: 10^5 members, a handful of messages.
         spans: list[tuple[int, int, str | None, str, ZipMember | None]] = []
+        buf, size, descriptor_length = self.buf, self.size, self.descriptor_length
+        short = _DESCRIPTORS[1].unpack_from if _SHORTCUTS and buf is not None and not self.sparse \
+            else None
         for m in members:
             if m.error is None:
-                spans.append((m.header_offset, m.data_end + self.descriptor_length(m), None,
-                              "member", m))
+                end = m.data_offset + m.compressed_size
+                if not m.flags & FLAG_DESCRIPTOR:
+                    d = 0
+                elif (short is not None and m.size and end + 16 <= size
+                      and short(buf, end) == (MAGIC_DESCRIPTOR, m.crc32, m.compressed_size,
+                                              m.size)):
+                    # The 16-byte form torch writes, tried first: where it matches a member
+                    # that is not empty, the 24-byte form `descriptor_length` tries first
+                    # cannot (its size field would be compressed_size + size << 32).
+                    d = 16
+                else:
+                    d = descriptor_length(m)
+                spans.append((m.header_offset, end + d, None, "member", m))
             elif m.local_name is not None:
                 spans.append((m.header_offset, min(m.data_end, self.size), None, "bad", m))
         structs = [(cd_start, cd_start + cd_size, "central directory", "struct", None)]

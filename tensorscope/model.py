@@ -387,7 +387,10 @@ def json_texts(records) -> list[str | None]:
     for t in records:
         ex = t.extras
         if not (prev is not None and t.shape is prev.shape
-                and (ex is prev.extras or (location is not None and _member_location(ex) == location))
+                and (ex is prev.extras or (location is not None and type(ex) is FrozenDict
+                                           and len(ex) == 2 and type(ex.get("member")) is str
+                                           and type(loc := ex.get("location")) is str
+                                           and loc == location))   # `_member_location`, inline
                 and t.dtype is prev.dtype and t.file is prev.file and t.stride is prev.stride
                 and type(t.nbytes) is int and t.nbytes == prev.nbytes and t.role is prev.role
                 and t.source_format is prev.source_format and t.has_data and not t.chunks):

@@ -88,3 +88,34 @@ def test_record_lookup_is_the_archive_lookup_rule():
     for name in ("m/data/0", "M/DATA/1", "m/data/0\0x", "m/data/1\0", "m/data/2", "m/data/\u00e9",
                  "\0m/data/0", "m/dAta/0\0z"):
         assert lookup(name) == rule(name), name
+
+
+def _renamed_archive(tmp_path, old: bytes, new: bytes):
+    path = tmp_path / "r.pt"
+    torch.save({f"w{i}": torch.full((2,), float(i)) for i in range(12)}, path)
+    path.write_bytes(path.read_bytes().replace(old, new))
+    return path
+
+
+@pytest.mark.parametrize("old,new", [(b"r/data/1", b"r/DATA/1"), (b"r/data/11", b"r/data/\xc3\xa9"),
+                                     (b"r/data/2", b"r/data/\x00"), (b"r/data/3", b"r/Data/3")])
+def test_data_records_answer_as_the_archive(tmp_path, old, new):
+    """`data_records` + `_record_lookup` find for every storage name what `ZipArchive.get` finds
+    (or decline, None), on archives whose record names differ in case, are not ASCII or hold NUL."""
+    from tensorscope.parsers import zipfmt
+    from tensorscope.parsers.torch_zip import _record_lookup, data_records
+    from tensorscope.source import ByteSource
+    for path in [*TORCH_FILES, _renamed_archive(tmp_path, old, new)]:
+        archive = zipfmt.read_zip(ByteSource(str(path)))
+        prefix = archive.torch_prefix()
+        records = data_records(archive, prefix)
+        if records is None:
+            continue
+        lookup = _record_lookup(records)
+        names = {m.name for m in archive.members} | {f"{prefix}/data/{k}" for k in range(14)}
+        for name in sorted(names) + [n.upper() for n in sorted(names)]:
+            got, want = lookup(name), archive.get(name)
+            if want is None or not want.name.startswith(f"{prefix}/data/"):
+                assert got is None or want is not None, name
+                continue
+            assert got == (want.name, want.error, want.method, want.data_offset, want.size), name

@@ -70,3 +70,24 @@ def test_the_shortcuts_are_taken(monkeypatch):
     monkeypatch.setattr(zipfmt._Reader, "regular_member", spy)
     zipfmt.read_zip(ByteSource.from_bytes(_torch_archive()))
     assert taken and all(taken)
+
+
+def test_an_empty_member_reads_the_same(monkeypatch):
+    """An empty record: its 16-byte data descriptor would also read as the 24-byte form."""
+    buf = io.BytesIO()
+    torch.save({"e": torch.empty(0), "w": torch.ones(2)}, buf)
+    data = buf.getvalue()
+    assert _picture(data, True, monkeypatch) == _picture(data, False, monkeypatch)
+
+
+def test_the_descriptor_shortcut_is_taken(monkeypatch):
+    """Not a test that cannot fail: torch's non-empty records' descriptors are read inline."""
+    calls = []
+    original = zipfmt._Reader.descriptor_length
+    monkeypatch.setattr(zipfmt._Reader, "descriptor_length",
+                        lambda self, m: calls.append(m.name) or original(self, m))
+    zipfmt.read_zip(ByteSource.from_bytes(_torch_archive()))
+    assert calls == []
+    monkeypatch.setattr(zipfmt, "_SHORTCUTS", False)
+    zipfmt.read_zip(ByteSource.from_bytes(_torch_archive()))
+    assert calls
