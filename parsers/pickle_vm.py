@@ -1050,6 +1050,8 @@ class _VM:
                                 built += 1
                                 pos += 1
                             elif op == REDUCE:
+                                # `reduce_global` written inline (the hot opcode of a torch
+                                # pickle): keep the two in step
                                 args = stack[-1]
                                 func = stack[-2]
                                 if type(func) is not Global or type(args) is not tuple:
