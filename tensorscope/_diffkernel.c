@@ -16,12 +16,29 @@
  * A NaN or an infinity in either input (or a sum that overflows) returns None: the caller then
  * takes its careful path for that piece. The GIL is released while the loop runs, so pieces run
  * on every core from the diff's thread pool.
+ *
+ * Two entry points: `stats` over two buffers (views of a map, pieces in memory), and `pstats`,
+ * which reads both ranges of two files itself with pread(2) into a caller's scratch buffer (a
+ * few hundred KiB, L2-resident) piece by piece: no page of the files is mapped, so there are no
+ * page faults to take and no pages to release, and the copy out of the page cache is the one
+ * `cat` pays too.
+ *
+ * On x86-64 CPUs with AVX-512 (checked at load time) the statistics run in `run_v4`: float16,
+ * bfloat16, float32 and float64 pairs are widened in registers (F16C for float16) and every sum
+ * kept in vector accumulators, and the ratio |d|/|b| is not divided per element: each block of
+ * BLOCK elements only tests |d| > t·|b| against the largest ratio t found so far (shaved by 4
+ * ulps, so that a product's rounding can never hide a larger ratio), and the rare block where
+ * that holds (a new maximum, or a zero of b where a differs) is run again through the exact,
+ * dividing loop. The maxima and counts are those of the exact loop; 0.45 ns per float16 pair
+ * on one core against 0.97 for the portable loop (measured, Zen 4).
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <math.h>
 #include <stdint.h>
 #include <string.h>
+#include <errno.h>
+#include <unistd.h>
 
 /* Each piece is walked in blocks of BLOCK elements: both sides are widened into two small
  * float64 arrays (L1-resident), then the statistics run over them. Both loops are branch-free so
@@ -141,6 +158,163 @@ static void block_stats(const double *restrict xs, const double *restrict ys, Py
     s->zr += zr; s->mm += mm; s->nz += nz;
 }
 
+static Py_ssize_t itemsize(char code);
+
+/* The exact ratio and zero-of-b figures over one widened block (the AVX-512 pass's re-run of a
+ * flagged block). Ratios are 0 where b is 0. Returns the block's zero-of-b count, which is added
+ * to s->zr only when `zeros` (the vector loop did not count them). */
+VECTOR_CLONES
+static double exact_block(const double *restrict xs, const double *restrict ys, Py_ssize_t n,
+                          int zeros, Sums *restrict s) {
+    double mr = 0, zr = 0;
+#pragma omp simd reduction(+:zr) reduction(max:mr)
+    for (Py_ssize_t i = 0; i < n; i++) {
+        double ad = fabs(xs[i] - ys[i]), ay = fabs(ys[i]);
+        double ref = ay != 0.0 ? 1.0 : 0.0;
+        double r = ad / (ay + (1.0 - ref)) * ref;
+        mr = r > mr ? r : mr;
+        zr += (ad != 0.0 ? 1.0 : 0.0) * (1.0 - ref);
+    }
+    s->mr = mr > s->mr ? mr : s->mr;
+    if (zeros) s->zr += zr;
+    return zr;
+}
+
+#if defined(__GNUC__) && defined(__x86_64__)
+#define HAVE_V4 1
+#include <immintrin.h>
+#define V4 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,f16c,fma")))
+
+/* One step over 8 lanes into the accumulator set k: the sums, the maxima of |d| and |b|, the
+ * tolerance count (atol + |b|·rtol rounded as torch rounds it: a product, then a sum, no fused
+ * multiply-add) and the flag |d| > t·|b|. With ZC (a constant) the zeros of b where a differs
+ * are counted here and raise no flag: for inputs with many zeros (integers, pruned tensors),
+ * where they would flag every block. */
+#define V4_DECL(k) __m512d sq##k = zero, xx##k = zero, yy##k = zero, xy##k = zero, \
+    sa##k = zero, mx##k = zero, my##k = zero; __m512i mm##k = _mm512_setzero_si512(), \
+    zr##k = _mm512_setzero_si512();
+#define V4_STEP(k, X, Y, ZC) do { \
+    __m512d x_ = (X), y_ = (Y), d_ = _mm512_sub_pd(x_, y_); \
+    __m512d ad_ = _mm512_andnot_pd(sign, d_), ay_ = _mm512_andnot_pd(sign, y_); \
+    sq##k = _mm512_fmadd_pd(d_, d_, sq##k); xx##k = _mm512_fmadd_pd(x_, x_, xx##k); \
+    yy##k = _mm512_fmadd_pd(y_, y_, yy##k); xy##k = _mm512_fmadd_pd(x_, y_, xy##k); \
+    sa##k = _mm512_add_pd(sa##k, ad_); \
+    mx##k = _mm512_max_pd(mx##k, ad_); my##k = _mm512_max_pd(my##k, ay_); \
+    __m512d tol_ = _mm512_add_pd(vatol, _mm512_mul_pd(ay_, vrtol)); \
+    mm##k = _mm512_mask_sub_epi64(mm##k, _mm512_cmp_pd_mask(ad_, tol_, _CMP_GT_OQ), mm##k, \
+                                  minus1); \
+    if (ZC) { \
+        __mmask8 kz_ = _mm512_cmp_pd_mask(ay_, zero, _CMP_EQ_OQ); \
+        zr##k = _mm512_mask_sub_epi64(zr##k, _mm512_mask_cmp_pd_mask(kz_, ad_, zero, \
+                                      _CMP_NEQ_OQ), zr##k, minus1); \
+        flag |= _mm512_mask_cmp_pd_mask((__mmask8)~kz_, ad_, _mm512_mul_pd(vt, ay_), \
+                                        _CMP_GT_OQ); \
+    } else { \
+        flag |= _mm512_cmp_pd_mask(ad_, _mm512_mul_pd(vt, ay_), _CMP_GT_OQ); \
+    } \
+} while (0)
+#define V4_FOLD(k) do { \
+    s->sq += _mm512_reduce_add_pd(sq##k); s->xx += _mm512_reduce_add_pd(xx##k); \
+    s->yy += _mm512_reduce_add_pd(yy##k); s->xy += _mm512_reduce_add_pd(xy##k); \
+    s->sa += _mm512_reduce_add_pd(sa##k); s->mm += (double)_mm512_reduce_add_epi64(mm##k); \
+    s->zr += (double)_mm512_reduce_add_epi64(zr##k); \
+    double m_ = _mm512_reduce_max_pd(mx##k); s->mx = m_ > s->mx ? m_ : s->mx; \
+    m_ = _mm512_reduce_max_pd(my##k); my_all = m_ > my_all ? m_ : my_all; \
+} while (0)
+
+/* 16 elements (fewer at the end: masked, the rest read as 0, which adds nothing to any figure
+ * and raises no flag) of one side as two vectors of float64. */
+V4 static inline void v4_load(const char *p, char code, Py_ssize_t left, __m512d *lo,
+                              __m512d *hi) {
+    __mmask16 m16 = left >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << left) - 1);
+    __m512 f;
+    if (code == 'e') {
+        f = _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m16, p));
+    } else if (code == 'b') {
+        __m512i w = _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(m16, p));
+        f = _mm512_castsi512_ps(_mm512_slli_epi32(w, 16));
+    } else if (code == 'f') {
+        f = _mm512_maskz_loadu_ps(m16, p);
+    } else {   /* 'd' */
+        *lo = _mm512_maskz_loadu_pd((__mmask8)m16, p);
+        *hi = _mm512_maskz_loadu_pd((__mmask8)(m16 >> 8), p + 64);
+        return;
+    }
+    *lo = _mm512_cvtps_pd(_mm512_castps512_ps256(f));
+    *hi = _mm512_cvtps_pd(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(f), 1)));
+}
+
+/* The statistics over n pairs with AVX-512. Equal codes among e/b/f/d are read directly (an Inf
+ * or a NaN then makes a sum Inf or NaN: d = Inf - Inf is NaN); any other pair is widened block
+ * by block (`widen`, which flags them: its float16 route makes them finite) and read as float64.
+ * Sets s->nz to 1 when some b is non-zero. Returns non-zero when `widen` found an Inf or NaN. */
+V4 static int run_v4(const char *pa, char ca, const double *ta, const char *pb, char cb,
+                      const double *tb, Py_ssize_t n, double atol, double rtol, Sums *s) {
+    const __m512d zero = _mm512_setzero_pd(), sign = _mm512_set1_pd(-0.0);
+    const __m512d vatol = _mm512_set1_pd(atol), vrtol = _mm512_set1_pd(rtol);
+    const __m512i minus1 = _mm512_set1_epi64(-1);
+    V4_DECL(0) V4_DECL(1)
+    double xs[BLOCK], ys[BLOCK], my_all = 0;
+    Py_ssize_t sa = itemsize(ca), sb = itemsize(cb);
+    int special = 0;
+    int direct = ca == cb && (ca == 'e' || ca == 'b' || ca == 'f' || ca == 'd');
+    char code = direct ? ca : 'd';
+    int zc = !direct;   /* count zeros of b in the vector loop (from the start, or once seen) */
+    for (Py_ssize_t at = 0; at < n; at += BLOCK) {
+        Py_ssize_t m = n - at < BLOCK ? n - at : BLOCK;
+        const char *qa, *qb;
+        if (direct) {
+            qa = pa + at * sa;
+            qb = pb + at * sb;
+        } else {
+            special |= widen(pa + at * sa, ca, ta, m, xs) | widen(pb + at * sb, cb, tb, m, ys);
+            qa = (const char *)xs;
+            qb = (const char *)ys;
+        }
+        Py_ssize_t w = direct ? sa : 8;
+        /* the largest ratio so far, less 4 ulps: fl(t·|b|) < |d| for every ratio above it */
+        double t = s->mr > 0 ? s->mr * (1.0 - 4.0 * 2.220446049250313e-16) : 0.0;
+        __m512d vt = _mm512_set1_pd(t);
+        __mmask8 flag = 0;
+        if (zc) {
+            for (Py_ssize_t i = 0; i < m; i += 16) {
+                __m512d x0, x1, y0, y1;
+                v4_load(qa + i * w, code, m - i, &x0, &x1);
+                v4_load(qb + i * w, code, m - i, &y0, &y1);
+                V4_STEP(0, x0, y0, 1);
+                V4_STEP(1, x1, y1, 1);
+            }
+        } else {
+            for (Py_ssize_t i = 0; i < m; i += 16) {
+                __m512d x0, x1, y0, y1;
+                v4_load(qa + i * w, code, m - i, &x0, &x1);
+                v4_load(qb + i * w, code, m - i, &y0, &y1);
+                V4_STEP(0, x0, y0, 0);
+                V4_STEP(1, x1, y1, 0);
+            }
+        }
+        /* t = inf (a float64 ratio that overflowed) would make inf·0 a NaN and hide zeros of b */
+        if (flag || !(t <= 1.7976931348623157e308)) {
+            if (direct) {
+                widen(qa, ca, ta, m, xs);
+                widen(qb, cb, tb, m, ys);
+            }
+            if (exact_block(xs, ys, m, !zc, s) > 0)
+                zc = 1;   /* zeros of b where a differs: count them in the loop from now on */
+        }
+    }
+    V4_FOLD(0);
+    V4_FOLD(1);
+    s->nz = my_all > 0;
+    if (s->nz && s->mr < 0) s->mr = 0;
+    return special;
+}
+
+static int use_v4;   /* set at load time: the CPU (and the OS) run AVX-512 */
+#else
+static const int use_v4 = 0;
+#endif
+
 static Py_ssize_t itemsize(char code) {
     switch (code) {
     case 'c': case 'B': case 't': return 1;
@@ -151,11 +325,52 @@ static Py_ssize_t itemsize(char code) {
     }
 }
 
-/* stats(a, code_a, b, code_b, atol, rtol) -> (sum_sq, xx, yy, dot, sum_abs, max_abs, max_rel,
- * zero_ref, mismatched) or None when a value is not finite. a and b: C-contiguous buffers of n
- * elements each, codes 'e' float16, 'b' bfloat16 (both as their uint16 bits), 'f' float32,
- * 'd' float64, 'c' int8, 'B' uint8, 'h' int16, 'i' int32 (all exact in float64), 't' bytes
- * indexing the 256-entry float64 table passed after rtol (table_a, then table_b). max_rel is -inf when every element of b is 0. */
+/* Every statistic over n pairs at pa and pb into s (which starts zeroed). Returns non-zero when
+ * a value is Inf or NaN: the caller's careful path takes that piece. */
+static int accumulate(const char *pa, char ca, const double *ta, const char *pb, char cb,
+                      const double *tb, Py_ssize_t n, double atol, double rtol, Sums *s) {
+#ifdef HAVE_V4
+    if (use_v4) {
+        Sums p;
+        memset(&p, 0, sizeof p);
+        int special = run_v4(pa, ca, ta, pb, cb, tb, n, atol, rtol, &p);
+        s->sq += p.sq; s->xx += p.xx; s->yy += p.yy; s->xy += p.xy; s->sa += p.sa;
+        s->mx = p.mx > s->mx ? p.mx : s->mx;
+        s->mr = p.mr > s->mr ? p.mr : s->mr;
+        s->zr += p.zr; s->mm += p.mm; s->nz += p.nz;
+        return special || !isfinite(p.sq) || !isfinite(p.xx) || !isfinite(p.yy);
+    }
+#endif
+    double xs[BLOCK], ys[BLOCK];
+    Py_ssize_t sa = itemsize(ca), sb = itemsize(cb);
+    int special = 0;
+    for (Py_ssize_t at = 0; at < n && !special; at += BLOCK) {
+        Py_ssize_t m = n - at < BLOCK ? n - at : BLOCK;
+        special = widen(pa + at * sa, ca, ta, m, xs) | widen(pb + at * sb, cb, tb, m, ys);
+        block_stats(xs, ys, m, atol, rtol, s);
+    }
+    return special || !isfinite(s->sq) || !isfinite(s->xx) || !isfinite(s->yy);
+}
+
+static PyObject *result(const Sums *s) {
+    /* no element of b is non-zero: no ratio at all */
+    double max_rel = s->nz == 0 ? -INFINITY : s->mr;
+    return Py_BuildValue("dddddddLL", s->sq, s->xx, s->yy, s->xy, s->sa, s->mx, max_rel,
+                         (long long)s->zr, (long long)s->mm);
+}
+
+static int check_codes(char ca, char cb, const Py_buffer *ta, const Py_buffer *tb) {
+    int tables_ok = (ca != 't' || ta->len == 256 * (Py_ssize_t)sizeof(double)) &&
+                    (cb != 't' || tb->len == 256 * (Py_ssize_t)sizeof(double));
+    return itemsize(ca) && itemsize(cb) && tables_ok;
+}
+
+/* stats(a, code_a, b, code_b, atol, rtol, table_a, table_b) -> (sum_sq, xx, yy, dot, sum_abs,
+ * max_abs, max_rel, zero_ref, mismatched) or None when a value is not finite. a and b:
+ * C-contiguous buffers of n elements each, codes 'e' float16, 'b' bfloat16 (both as their uint16
+ * bits), 'f' float32, 'd' float64, 'c' int8, 'B' uint8, 'h' int16, 'i' int32 (all exact in
+ * float64), 't' bytes indexing the 256-entry float64 table passed after rtol (table_a, then
+ * table_b). max_rel is -inf when every element of b is 0. */
 static PyObject *stats(PyObject *self, PyObject *args) {
     Py_buffer ba, bb, ta = {0}, tb = {0};
     int ca, cb;
@@ -163,45 +378,116 @@ static PyObject *stats(PyObject *self, PyObject *args) {
     if (!PyArg_ParseTuple(args, "y*Cy*Cdd|y*y*", &ba, &ca, &bb, &cb, &atol, &rtol, &ta, &tb))
         return NULL;
     Py_ssize_t sa = itemsize((char)ca), sb = itemsize((char)cb);
-    int tables_ok = (ca != 't' || ta.len == 256 * (Py_ssize_t)sizeof(double)) &&
-                    (cb != 't' || tb.len == 256 * (Py_ssize_t)sizeof(double));
-    if (!sa || !sb || ba.len % sa || bb.len % sb || ba.len / sa != bb.len / sb || !tables_ok) {
-        PyBuffer_Release(&ba);
-        PyBuffer_Release(&bb);
-        if (ta.obj) PyBuffer_Release(&ta);
-        if (tb.obj) PyBuffer_Release(&tb);
+    PyObject *out = NULL;
+    if (!check_codes((char)ca, (char)cb, &ta, &tb) || ba.len % sa || bb.len % sb ||
+            ba.len / sa != bb.len / sb) {
         PyErr_SetString(PyExc_ValueError, "stats: unknown dtype code, pieces of unequal length "
                         "or a missing 256-entry float64 table");
-        return NULL;
+        goto done;
     }
-    Py_ssize_t n = ba.len / sa;
     Sums s;
     memset(&s, 0, sizeof s);   /* max lanes start at 0: |d| and ratios are >= 0 */
-    int special = 0;
+    int special;
     Py_BEGIN_ALLOW_THREADS
-    double xs[BLOCK], ys[BLOCK];
-    const char *pa = (const char *)ba.buf, *pb = (const char *)bb.buf;
-    for (Py_ssize_t at = 0; at < n && !special; at += BLOCK) {
-        Py_ssize_t m = n - at < BLOCK ? n - at : BLOCK;
-        special = widen(pa + at * sa, (char)ca, (const double *)ta.buf, m, xs) |
-                  widen(pb + at * sb, (char)cb, (const double *)tb.buf, m, ys);
-        block_stats(xs, ys, m, atol, rtol, &s);
-    }
+    special = accumulate((const char *)ba.buf, (char)ca, (const double *)ta.buf,
+                         (const char *)bb.buf, (char)cb, (const double *)tb.buf,
+                         ba.len / sa, atol, rtol, &s);
     Py_END_ALLOW_THREADS
+    if (special) {
+        out = Py_None;
+        Py_INCREF(out);
+    } else {
+        out = result(&s);
+    }
+done:
     PyBuffer_Release(&ba);
     PyBuffer_Release(&bb);
     if (ta.obj) PyBuffer_Release(&ta);
     if (tb.obj) PyBuffer_Release(&tb);
-    if (special || !isfinite(s.sq) || !isfinite(s.xx) || !isfinite(s.yy))
-        Py_RETURN_NONE;
-    /* no element of b is non-zero: no ratio at all */
-    double max_rel = s.nz == 0 ? -INFINITY : s.mr;
-    return Py_BuildValue("dddddddLL", s.sq, s.xx, s.yy, s.xy, s.sa, s.mx, max_rel,
-                         (long long)s.zr, (long long)s.mm);
+    return out;
+}
+
+/* Read exactly len bytes at off; 0, or an errno value (-1 for the end of the file). */
+static int pread_all(int fd, char *buf, Py_ssize_t len, long long off) {
+    while (len > 0) {
+        ssize_t got = pread(fd, buf, (size_t)len, (off_t)off);
+        if (got < 0) {
+            if (errno == EINTR) continue;
+            return errno;
+        }
+        if (got == 0) return -1;
+        buf += got;
+        len -= got;
+        off += got;
+    }
+    return 0;
+}
+
+/* pstats(fd_a, offset_a, code_a, fd_b, offset_b, code_b, n, atol, rtol, table_a, table_b,
+ * scratch) -> what `stats` returns for the n elements stored at those offsets of the two files,
+ * read with pread(2) into halves of the writable buffer `scratch` (a piece per read; each half
+ * must hold at least one element of either side). A failed read raises OSError(errno, message
+ * naming the side and offset); a file that ends early raises EOFError. */
+static PyObject *pstats(PyObject *self, PyObject *args) {
+    Py_buffer ta = {0}, tb = {0}, sc = {0};
+    int fa, fb, ca, cb;
+    long long oa, ob;
+    Py_ssize_t n;
+    double atol, rtol;
+    if (!PyArg_ParseTuple(args, "iLCiLCnddy*y*w*", &fa, &oa, &ca, &fb, &ob, &cb, &n, &atol,
+                          &rtol, &ta, &tb, &sc))
+        return NULL;
+    PyObject *out = NULL;
+    Py_ssize_t sa = itemsize((char)ca), sb = itemsize((char)cb);
+    Py_ssize_t half = sc.len / 2 / 64 * 64;   /* B's piece starts 64-byte aligned */
+    Py_ssize_t wide = sa > sb ? sa : sb;
+    if (!check_codes((char)ca, (char)cb, &ta, &tb) || n < 0 || oa < 0 || ob < 0 ||
+            half < wide) {
+        PyErr_SetString(PyExc_ValueError, "pstats: unknown dtype code, a negative count or "
+                        "offset, a missing 256-entry float64 table or too small a scratch buffer");
+        goto done;
+    }
+    Sums s;
+    memset(&s, 0, sizeof s);
+    int special = 0, err = 0, side = 0;
+    long long where = 0;
+    Py_ssize_t per = half / wide;
+    char *bufa = (char *)sc.buf, *bufb = (char *)sc.buf + half;
+    Py_BEGIN_ALLOW_THREADS
+    for (Py_ssize_t at = 0; at < n && !special; at += per) {
+        Py_ssize_t m = n - at < per ? n - at : per;
+        where = oa + (long long)at * sa;
+        if ((err = pread_all(fa, bufa, m * sa, where)) != 0) break;
+        side = 1;
+        where = ob + (long long)at * sb;
+        if ((err = pread_all(fb, bufb, m * sb, where)) != 0) break;
+        side = 0;
+        special = accumulate(bufa, (char)ca, (const double *)ta.buf, bufb, (char)cb,
+                             (const double *)tb.buf, m, atol, rtol, &s);
+    }
+    Py_END_ALLOW_THREADS
+    if (err == -1) {
+        PyErr_Format(PyExc_EOFError, "side %c ends before byte %lld", side ? 'B' : 'A', where);
+    } else if (err) {
+        errno = err;
+        PyErr_Format(PyExc_OSError, "side %c: read at byte %lld failed: %s", side ? 'B' : 'A',
+                     where, strerror(err));
+    } else if (special) {
+        out = Py_None;
+        Py_INCREF(out);
+    } else {
+        out = result(&s);
+    }
+done:
+    if (ta.obj) PyBuffer_Release(&ta);
+    if (tb.obj) PyBuffer_Release(&tb);
+    PyBuffer_Release(&sc);
+    return out;
 }
 
 static PyMethodDef methods[] = {
     {"stats", stats, METH_VARARGS, "One pass of the diff's statistics over a pair of pieces."},
+    {"pstats", pstats, METH_VARARGS, "The same pass over two files' ranges, read with pread."},
     {NULL, NULL, 0, NULL},
 };
 
@@ -212,11 +498,18 @@ static struct PyModuleDef module = {
 
 /* Bumped whenever stats() changes its arguments or results: `diffing` uses a build only when it
  * carries the ABI it was written for (a stale build of an editable install is ignored). */
-#define KERNEL_ABI 3
+#define KERNEL_ABI 4
 
 PyMODINIT_FUNC PyInit__diffkernel(void) {
+#ifdef HAVE_V4
+    __builtin_cpu_init();
+    use_v4 = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+             __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") &&
+             __builtin_cpu_supports("f16c") && __builtin_cpu_supports("fma");
+#endif
     PyObject *m = PyModule_Create(&module);
-    if (m != NULL && PyModule_AddIntConstant(m, "ABI", KERNEL_ABI) < 0) {
+    if (m != NULL && (PyModule_AddIntConstant(m, "ABI", KERNEL_ABI) < 0 ||
+                      PyModule_AddIntConstant(m, "AVX512", use_v4) < 0)) {
         Py_DECREF(m);
         return NULL;
     }

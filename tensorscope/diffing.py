@@ -893,7 +893,7 @@ _F16 = np.dtype(np.float16)
 # The optional compiled pass (tensorscope/_diffkernel.c, built by `pip install` when a C compiler
 # is there; numpy computes the same figures without it). Codes are the kernel's; bfloat16 goes in
 # as its uint16 bits (numpy cannot export ml_dtypes' types through the buffer protocol).
-KERNEL_ABI = 3   # what `_diffkernel.c` must say it is (a stale build is ignored, not called)
+KERNEL_ABI = 4   # what `_diffkernel.c` must say it is (a stale build is ignored, not called)
 try:
     from . import _diffkernel as _KERNEL
 except ImportError:
