@@ -17,12 +17,6 @@
  * takes its careful path for that piece. The GIL is released while the loop runs, so pieces run
  * on every core from the diff's thread pool.
  *
- * Two entry points: `stats` over two buffers (views of a map, pieces in memory), and `pstats`,
- * which reads both ranges of two files itself with pread(2) into a caller's scratch buffer (a
- * few hundred KiB, L2-resident) piece by piece: no page of the files is mapped, so there are no
- * page faults to take and no pages to release, and the copy out of the page cache is the one
- * `cat` pays too.
- *
  * On x86-64 CPUs with AVX-512 (checked at load time) the statistics run in `run_v4`: float16,
  * bfloat16, float32 and float64 pairs are widened in registers (F16C for float16) and every sum
  * kept in vector accumulators, and the ratio |d|/|b| is not divided per element: each block of
@@ -37,8 +31,6 @@
 #include <math.h>
 #include <stdint.h>
 #include <string.h>
-#include <errno.h>
-#include <unistd.h>
 
 /* Each piece is walked in blocks of BLOCK elements: both sides are widened into two small
  * float64 arrays (L1-resident), then the statistics run over them. Both loops are branch-free so
@@ -407,87 +399,8 @@ done:
     return out;
 }
 
-/* Read exactly len bytes at off; 0, or an errno value (-1 for the end of the file). */
-static int pread_all(int fd, char *buf, Py_ssize_t len, long long off) {
-    while (len > 0) {
-        ssize_t got = pread(fd, buf, (size_t)len, (off_t)off);
-        if (got < 0) {
-            if (errno == EINTR) continue;
-            return errno;
-        }
-        if (got == 0) return -1;
-        buf += got;
-        len -= got;
-        off += got;
-    }
-    return 0;
-}
-
-/* pstats(fd_a, offset_a, code_a, fd_b, offset_b, code_b, n, atol, rtol, table_a, table_b,
- * scratch) -> what `stats` returns for the n elements stored at those offsets of the two files,
- * read with pread(2) into halves of the writable buffer `scratch` (a piece per read; each half
- * must hold at least one element of either side). A failed read raises OSError(errno, message
- * naming the side and offset); a file that ends early raises EOFError. */
-static PyObject *pstats(PyObject *self, PyObject *args) {
-    Py_buffer ta = {0}, tb = {0}, sc = {0};
-    int fa, fb, ca, cb;
-    long long oa, ob;
-    Py_ssize_t n;
-    double atol, rtol;
-    if (!PyArg_ParseTuple(args, "iLCiLCnddy*y*w*", &fa, &oa, &ca, &fb, &ob, &cb, &n, &atol,
-                          &rtol, &ta, &tb, &sc))
-        return NULL;
-    PyObject *out = NULL;
-    Py_ssize_t sa = itemsize((char)ca), sb = itemsize((char)cb);
-    Py_ssize_t half = sc.len / 2 / 64 * 64;   /* B's piece starts 64-byte aligned */
-    Py_ssize_t wide = sa > sb ? sa : sb;
-    if (!check_codes((char)ca, (char)cb, &ta, &tb) || n < 0 || oa < 0 || ob < 0 ||
-            half < wide) {
-        PyErr_SetString(PyExc_ValueError, "pstats: unknown dtype code, a negative count or "
-                        "offset, a missing 256-entry float64 table or too small a scratch buffer");
-        goto done;
-    }
-    Sums s;
-    memset(&s, 0, sizeof s);
-    int special = 0, err = 0, side = 0;
-    long long where = 0;
-    Py_ssize_t per = half / wide;
-    char *bufa = (char *)sc.buf, *bufb = (char *)sc.buf + half;
-    Py_BEGIN_ALLOW_THREADS
-    for (Py_ssize_t at = 0; at < n && !special; at += per) {
-        Py_ssize_t m = n - at < per ? n - at : per;
-        where = oa + (long long)at * sa;
-        if ((err = pread_all(fa, bufa, m * sa, where)) != 0) break;
-        side = 1;
-        where = ob + (long long)at * sb;
-        if ((err = pread_all(fb, bufb, m * sb, where)) != 0) break;
-        side = 0;
-        special = accumulate(bufa, (char)ca, (const double *)ta.buf, bufb, (char)cb,
-                             (const double *)tb.buf, m, atol, rtol, &s);
-    }
-    Py_END_ALLOW_THREADS
-    if (err == -1) {
-        PyErr_Format(PyExc_EOFError, "side %c ends before byte %lld", side ? 'B' : 'A', where);
-    } else if (err) {
-        errno = err;
-        PyErr_Format(PyExc_OSError, "side %c: read at byte %lld failed: %s", side ? 'B' : 'A',
-                     where, strerror(err));
-    } else if (special) {
-        out = Py_None;
-        Py_INCREF(out);
-    } else {
-        out = result(&s);
-    }
-done:
-    if (ta.obj) PyBuffer_Release(&ta);
-    if (tb.obj) PyBuffer_Release(&tb);
-    PyBuffer_Release(&sc);
-    return out;
-}
-
 static PyMethodDef methods[] = {
     {"stats", stats, METH_VARARGS, "One pass of the diff's statistics over a pair of pieces."},
-    {"pstats", pstats, METH_VARARGS, "The same pass over two files' ranges, read with pread."},
     {NULL, NULL, 0, NULL},
 };
 
