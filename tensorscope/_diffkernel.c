@@ -302,9 +302,11 @@ V4 static int run_v4(const char *pa, char ca, const double *ta, const char *pb, 
     return special;
 }
 
-static int use_v4;   /* set at load time: the CPU (and the OS) run AVX-512 */
+static int cpu_v4;   /* set at load time: the CPU (and the OS) run AVX-512 */
+static int use_v4;   /* cpu_v4, unless the tests turned it off (`avx512`) */
 #else
-static const int use_v4 = 0;
+static const int cpu_v4 = 0;
+static int use_v4 = 0;
 #endif
 
 static Py_ssize_t itemsize(char code) {
@@ -399,8 +401,20 @@ done:
     return out;
 }
 
+/* avx512(on) -> whether the AVX-512 pass was in use; turns it on (where the CPU has it) or off,
+ * so that the tests can hold the portable loop and the AVX-512 pass to the same figures. */
+static PyObject *avx512(PyObject *self, PyObject *arg) {
+    int on = PyObject_IsTrue(arg);
+    if (on < 0) return NULL;
+    int was = use_v4;
+    use_v4 = on && cpu_v4;
+    return PyBool_FromLong(was);
+}
+
 static PyMethodDef methods[] = {
     {"stats", stats, METH_VARARGS, "One pass of the diff's statistics over a pair of pieces."},
+    {"avx512", avx512, METH_O, "Use the AVX-512 pass (where the CPU has it) or not; returns the "
+     "previous setting."},
     {NULL, NULL, 0, NULL},
 };
 
@@ -416,13 +430,14 @@ static struct PyModuleDef module = {
 PyMODINIT_FUNC PyInit__diffkernel(void) {
 #ifdef HAVE_V4
     __builtin_cpu_init();
-    use_v4 = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+    cpu_v4 = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
              __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") &&
              __builtin_cpu_supports("f16c") && __builtin_cpu_supports("fma");
+    use_v4 = cpu_v4;
 #endif
     PyObject *m = PyModule_Create(&module);
     if (m != NULL && (PyModule_AddIntConstant(m, "ABI", KERNEL_ABI) < 0 ||
-                      PyModule_AddIntConstant(m, "AVX512", use_v4) < 0)) {
+                      PyModule_AddIntConstant(m, "AVX512", cpu_v4) < 0)) {
         Py_DECREF(m);
         return NULL;
     }

@@ -186,18 +186,46 @@ def test_the_compiled_pass_is_built_where_a_compiler_is():
                                          "is stale (ABI): run pip install -e . again")
 
 
-@pytest.mark.skipif(diffing._KERNEL is None, reason="the compiled pass is not built")
+@pytest.fixture(params=["avx512", "portable"])
+def kernel_path(request):
+    """Each compiled route in turn: the AVX-512 pass (where the CPU has it) and the portable
+    loop."""
+    k = diffing._KERNEL
+    if k is None:
+        pytest.skip("the compiled pass is not built")
+    if request.param == "avx512" and not k.AVX512:
+        pytest.skip("this CPU has no AVX-512")
+    was = k.avx512(request.param == "avx512")
+    yield request.param
+    k.avx512(was)
+
+
+def _both(xa, xb, atol=1e-5, rtol=1.3e-6):
+    """The compiled pass's and the numpy passes' accumulators over one pair of pieces."""
+    figures = []
+    for kernel in (diffing._KERNEL, None):
+        acc = diffing._Accumulator(atol, rtol, max(xa.size, 8), False)
+        saved, diffing._KERNEL = diffing._KERNEL, kernel
+        try:
+            acc.add(xa, xb)
+        finally:
+            diffing._KERNEL = saved
+        figures.append(acc)
+    return figures
+
+
 @pytest.mark.parametrize("dt", [np.float16, ml_dtypes.bfloat16, np.float32, np.float64, np.int8,
                                 np.uint8, np.int16, np.int32, ml_dtypes.float8_e4m3fn,
                                 ml_dtypes.float8_e5m2])
-def test_compiled_pass_equals_the_numpy_pass(dt):
+def test_compiled_pass_equals_the_numpy_pass(dt, kernel_path):
     """Counts and maxima identical, sums to rounding (their order differs), on pieces that are
-    not a multiple of the kernel's block, with exact zeros of B, subnormals and the largest
-    finite values; a NaN or an Inf sends the piece to the careful path in both."""
+    not a multiple of the kernel's block nor of its 16-element vector step, with exact zeros of
+    B, subnormals and the largest finite values; a NaN or an Inf sends the piece to the careful
+    path in both."""
     r = np.random.default_rng(5)
     floating = np.dtype(dt).kind not in "iu"
     info = ml_dtypes.finfo(dt) if floating else np.iinfo(dt)
-    for n in (1, 511, 513, 4099):
+    for n in (1, 15, 17, 511, 513, 1025, 4099):
         with np.errstate(invalid="ignore"):   # integer casts of the random values wrap: fine
             xa, xb = pair(r, n, dt, dt, zeros=True)
         edge = [info.smallest_subnormal, info.max, -info.max] if floating else [info.min, info.max, 0]
@@ -206,20 +234,67 @@ def test_compiled_pass_equals_the_numpy_pass(dt):
             if special is not None:
                 xb = xb.copy()
                 xb[n // 2] = special
-            figures = []
-            for kernel in (diffing._KERNEL, None):
-                acc = diffing._Accumulator(1e-5, 1.3e-6, max(n, 8), False)
-                saved, diffing._KERNEL = diffing._KERNEL, kernel
-                try:
-                    acc.add(xa, xb)
-                finally:
-                    diffing._KERNEL = saved
-                figures.append(acc)
-            k, ref = figures
-            for f in ("count", "mismatched", "nan", "inf", "zero_ref", "max_abs", "max_rel"):
-                assert getattr(k, f) == getattr(ref, f), (n, special, f)
-            for f in ("sum_sq", "sum_abs", "xx", "yy", "dot"):
-                assert getattr(k, f) == pytest.approx(getattr(ref, f), rel=1e-12, abs=1e-300), f
+            _same_figures(*_both(xa, xb), (n, special))
+
+
+def _same_figures(k, ref, where) -> None:
+    for f in ("count", "mismatched", "nan", "inf", "zero_ref", "max_abs", "max_rel"):
+        assert getattr(k, f) == getattr(ref, f), (where, f)
+    for f in ("sum_sq", "sum_abs", "xx", "yy", "dot"):
+        assert getattr(k, f) == pytest.approx(getattr(ref, f), rel=1e-12, abs=1e-300,
+                                              nan_ok=True), (where, f)
+
+
+@pytest.mark.parametrize("dt", [np.float16, ml_dtypes.bfloat16, np.float32, np.float64])
+@pytest.mark.parametrize("case", ["rising", "ulp", "zeros_late", "zeros_first", "b_all_zero",
+                                  "equal"])
+def test_compiled_ratio_without_division_is_exact(dt, case, kernel_path):
+    """The AVX-512 pass divides only in blocks where |d| > t·|b| for the largest ratio t so far:
+    max_rel must still be the exact maximum and zero_ref the exact count when each block holds
+    a new maximum ("rising"), when a later ratio exceeds the earlier one by one ulp ("ulp": the
+    shaved threshold), when zeros of B first appear after many blocks ("zeros_late": counted by
+    the exact re-run, then in the loop) or from the start, when B is all zero (no ratio: None),
+    and when nothing differs."""
+    n = 20 * 512 + 7     # many blocks of 512, and a tail
+    b = np.full(n, 1.0)
+    a = b.copy()
+    if case == "rising":
+        a = b + np.linspace(2.0 ** -8, 0.5, n)            # every later ratio is larger
+    elif case == "ulp":
+        a[:] = 1.5                                        # |d|/|b| = 0.5 in every block ...
+    elif case == "zeros_late":
+        a = b + 0.25
+        b[15 * 512 + 3::97] = 0.0
+        b[-1] = 0.0
+    elif case == "zeros_first":
+        a = b + 0.25
+        b[::3] = 0.0
+    elif case == "b_all_zero":
+        b[:] = 0.0
+    xa, xb = a.astype(dt), b.astype(dt)
+    if case == "ulp":   # ... and, 10 blocks on, the next value above 1.5: a ratio just above
+        bits = xa.view(f"u{xa.itemsize}")
+        bits[n - 3] += 1
+    k, ref = _both(xa, xb)
+    _same_figures(k, ref, case)
+    expect = oracle(torch_of(xa), torch_of(xb))
+    assert k.zero_ref == expect["zero_ref"]
+    got_rel = k.max_rel if k.max_rel >= 0 else None
+    assert (got_rel if k.max_abs else 0.0) == (expect["max_rel"] if expect["max_abs"] else 0.0)
+
+
+@pytest.mark.skipif(diffing._KERNEL is None, reason="the compiled pass is not built")
+def test_compiled_ratio_that_overflows_keeps_counting_zeros(kernel_path):
+    """float64: a ratio |d|/|b| beyond the largest float64 (1e10 / 1e-300) makes the threshold
+    infinite, where inf·0 would hide the zeros of B that follow: every later block is then run
+    exactly, and zero_ref stays exact."""
+    b = np.full(4000, 1.0)
+    a = b + 0.5
+    b[10], a[10] = 1e-300, 1e10
+    b[3000::7] = 0.0
+    _same_figures(*_both(a, b), "overflow")
+    k, _ = _both(a, b)
+    assert k.max_rel == math.inf and k.zero_ref == len(range(3000, 4000, 7))
 
 
 def test_pool_threads_pin_blas_to_one_thread():
