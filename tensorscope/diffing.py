@@ -151,7 +151,7 @@ import math
 import mmap
 import os
 import threading
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator, Sequence
 
@@ -804,6 +804,20 @@ def _released(pieces: Iterator[np.ndarray], rel: PageReleaser, file: str) -> Ite
 
 _POOL: ThreadPoolExecutor | None = None
 _POOL_LOCK = threading.Lock()
+
+
+LANES = 2   # large pairs compared at once (`_diff`)
+_LANES: ThreadPoolExecutor | None = None
+
+
+def _lanes() -> ThreadPoolExecutor:
+    """The threads that compare large pairs `LANES` at a time (each hands its slices to `_pool`,
+    whose threads never wait on a lane: no deadlock)."""
+    global _LANES
+    with _POOL_LOCK:
+        if _LANES is None:
+            _LANES = ThreadPoolExecutor(LANES, thread_name_prefix="tensorscope-pair")
+        return _LANES
 
 
 def _workers() -> int:
@@ -1524,7 +1538,7 @@ def _diff(ma: ModelFile, mb: ModelFile, *, atol, rtol, values, strip, maps, dete
     rel_a, rel_b = _Pages(ma), _Pages(mb)
     walker = _Walker(rel_a, rel_b, progress, chunk_bytes)
     walker.want_norms = norms
-    entries: list[TensorDiff] = []
+    entries: list = []   # TensorDiff, or the Future of one (a large pair, in a lane)
     # tied weights matter only for names one side lacks
     tied_a = _tied(ka, kb) if ka.keys() - kb.keys() else {}  # A name -> B tensor stored as
     tied_b = _tied(kb, ka) if kb.keys() - ka.keys() else {}  # B name -> A tensor
@@ -1537,6 +1551,7 @@ def _diff(ma: ModelFile, mb: ModelFile, *, atol, rtol, values, strip, maps, dete
     renamed_b = {t.name for t in renamed.values()}
 
     pending = list(ka.items())
+    lanes: list[Future] = []
     for i, (key, ta) in enumerate(pending):
         tb = kb.get(key)
         if values and i + 1 < len(pending) and pending[i + 1][1].nbytes >= RELEASE_BYTES:
@@ -1545,7 +1560,15 @@ def _diff(ma: ModelFile, mb: ModelFile, *, atol, rtol, values, strip, maps, dete
             rel_a.prefetch_tensor(nxt[1])
             if nxt[0] in kb:
                 rel_b.prefetch_tensor(kb[nxt[0]])
-        if tb is not None:
+        if tb is not None and values and (ta.nbytes >= SMALL_BYTES or tb.nbytes >= SMALL_BYTES):
+            # Large pairs are compared `LANES` at a time, each with a walker of its own: one's
+            # set-up (views, byte probe, slicing) runs while the pool computes the other's slices.
+            lane_walker = _Walker(rel_a, rel_b, progress, chunk_bytes)
+            lane_walker.want_norms = norms
+            lanes.append(_lanes().submit(_pair, ma, ta, mb, tb, lane_walker, values, atol,
+                                         rtol))
+            entries.append(lanes[-1])
+        elif tb is not None:
             entries.append(_pair(ma, ta, mb, tb, walker, values, atol, rtol))
         elif ta.name in tied_a:
             entries.append(_tied_pair(ma, ta, mb, tied_a[ta.name], walker, values, atol, rtol,
@@ -1565,6 +1588,13 @@ def _diff(ma: ModelFile, mb: ModelFile, *, atol, rtol, values, strip, maps, dete
         elif key not in ka and tb.name not in renamed_b:
             entries.append(TensorDiff("added", None, tb.name, None, tb))
 
+    try:
+        entries = [e.result() if isinstance(e, Future) else e for e in entries]
+    except BaseException:
+        for f in lanes:   # the models are closed next: no lane may still be reading them
+            f.cancel()
+        wait(lanes)
+        raise
     rel_a.flush()
     rel_b.flush()
     return DiffResult(a_path=ma.path, b_path=mb.path, a_format=ma.format, b_format=mb.format,

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import math
+import time
 
 import ml_dtypes
 import numpy as np
@@ -478,3 +479,58 @@ def test_reason_says_why_a_row_is_changed(tmp_path):
 def test_help_group_choices_match_the_engine():
     from tensorscope.commands import diff as cmd
     assert cmd.GROUP_BY == diffing.GROUP_BY
+
+
+# -- large pairs compared two at a time (lanes) ----------------------------------------------------
+def _many_pairs(tmp_path, n=7):
+    r = np.random.default_rng(11)
+    xs = {f"layers.{i}.w": r.standard_normal(40_000 + 999 * i).astype(np.float16)
+          for i in range(n)}   # each above SMALL_BYTES: a lane's
+    ys = {k: (v + r.standard_normal(v.size) * (0.01 * (i % 3))).astype(np.float16)
+          for i, (k, v) in enumerate(xs.items())}
+    return xs, ys, raw_model(tmp_path / "a.bin", xs), raw_model(tmp_path / "b.bin", ys)
+
+
+def test_lanes_keep_the_order_and_the_figures_of_one_pair_at_a_time(tmp_path, monkeypatch):
+    """Large pairs go to the lanes, two at a time: the entries keep A's order, and each one's
+    figures are those of the pair compared on its own (`compare_values`) and torch's."""
+    monkeypatch.setattr(diffing, "PARALLEL_ELEMS", 5000)   # and each one over the pool
+    xs, ys, ma, mb = _many_pairs(tmp_path)
+    res = diff_models(ma, mb)
+    assert [e.name for e in res.entries] == list(xs)
+    for e, ta, tb in zip(res.entries, ma.tensors, mb.tensors):
+        alone = diffing.compare_values(ma, ta, mb, tb)
+        if alone.identical_bytes:
+            assert e.values.identical_bytes and e.status == "same"
+            continue
+        for k in ("max_abs", "max_rel", "mismatched", "zero_ref", "norm_a", "norm_diff"):
+            assert getattr(e.values, k) == getattr(alone, k), (e.name, k)
+        check_against(e.values, oracle(torch_of(xs[e.name]), torch_of(ys[e.name])), rel=1e-9)
+
+
+def test_a_failing_lane_stops_the_diff_and_no_lane_outlives_it(tmp_path, monkeypatch):
+    """A pair whose stored bytes run past its file fails in its lane: the diff raises that error
+    (the CLI's exit 2), and every lane has finished by then (the models are closed next)."""
+    import dataclasses
+    from tensorscope.errors import FormatError
+    from tensorscope.model import ModelFile
+    xs, ys, ma, mb = _many_pairs(tmp_path)
+    end = (tmp_path / "a.bin").stat().st_size
+    bad = dataclasses.replace(ma.tensors[2], byte_offset=end - 10)
+    ma = ModelFile("raw", ma.path, [*ma.tensors[:2], bad, *ma.tensors[3:]])
+    running = set()
+    real = diffing._pair
+
+    def tracked(*args):
+        running.add(args[1].name)
+        try:
+            if args[1].name != "layers.2.w":
+                time.sleep(0.05)          # the other lanes are still busy when the bad one fails
+            return real(*args)
+        finally:
+            running.discard(args[1].name)
+
+    monkeypatch.setattr(diffing, "_pair", tracked)
+    with pytest.raises(FormatError, match="layers.2.w"):
+        diff_models(ma, mb)
+    assert not running
