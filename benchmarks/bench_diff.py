@@ -13,7 +13,8 @@ Cases (``--cases``, default all):
   where EVERY tensor differs by ~1e-3 noise (a fine-tune): tensorscope, the torch loop, and the
   read-once floor ``cat A B > /dev/null`` (warm cache), measured in the same run;
 - ``kernel``: in-process, the fused pass's CPU time per element pair per dtype (one thread, pieces
-  in memory, the caller's and the pool's piece sizes), each numpy call of the float16 pass timed
+  in memory, the caller's and the pool's piece sizes; the compiled pass's AVX-512 route, where
+  the CPU has it, and its portable loop), each numpy call of the float16 pass timed
   on its own (the per-element cost breakdown), and ``diff_models`` on the fine-tune pair (wall, CPU
   of every thread, CPU per element pair);
 - ``many``: a 100,000-tensor torch zip (``model.layers.L.mlp.experts.E.{gate,up,down}_proj.weight``,
@@ -93,19 +94,26 @@ tick = time.thread_time_ns
 rng = np.random.default_rng(0)
 n = 1 << 22
 out = {"per_dtype": {}, "float16_breakdown": {}}
+K = diffing._KERNEL
+routes = (["avx512"] if K is not None and K.AVX512 else []) + (["portable"] if K else ["numpy"])
 for dt in (np.float16, ml_dtypes.bfloat16, np.float32, ml_dtypes.float8_e4m3fn, np.int8):
     base = rng.standard_normal(n) * (20 if dt is np.int8 else 0.02)
     a = base.astype(dt)
     b = (base + rng.standard_normal(n) * (2 if dt is np.int8 else 1e-3)).astype(dt)
-    for elems in sorted({diffing.FLOAT_ELEMS, diffing._pool_elems()}):
-        acc = diffing._Accumulator(1e-8, 1e-5, elems, False)
-        best = math.inf
-        for _ in range(3):
-            t0 = tick()
-            for i in range(0, n, elems):
-                acc.add(a[i:i + elems], b[i:i + elems])
-            best = min(best, (tick() - t0) / n)
-        out["per_dtype"][f"{np.dtype(dt).name} x {elems}"] = round(best, 3)
+    for route in routes:
+        if K is not None:
+            K.avx512(route == "avx512")
+        for elems in sorted({diffing.FLOAT_ELEMS, diffing._pool_elems()}):
+            acc = diffing._Accumulator(1e-8, 1e-5, elems, False)
+            best = math.inf
+            for _ in range(3):
+                t0 = tick()
+                for i in range(0, n, elems):
+                    acc.add(a[i:i + elems], b[i:i + elems])
+                best = min(best, (tick() - t0) / n)
+            out["per_dtype"][f"{np.dtype(dt).name} x {elems} ({route})"] = round(best, 3)
+if K is not None:
+    K.avx512(True)
 k = diffing._pool_elems()
 base = rng.standard_normal(k) * 0.02
 pa, pb = base.astype(np.float16), (base + rng.standard_normal(k) * 1e-3).astype(np.float16)
@@ -337,7 +345,7 @@ def main(argv=None) -> int:
         print(f"\nfused pass, CPU ns per element pair, one thread, pieces in memory "
               f"(load average {os.getloadavg()[0]:.1f}):")
         for k, v in got["per_dtype"].items():
-            print(f"  {k:28} {v:6.2f} ns")
+            print(f"  {k:40} {v:6.2f} ns")
         print("float16 pass, each numpy call on its own (ns per element pair):")
         for k, v in got["float16_breakdown"].items():
             print(f"  {k:28} {v:6.3f} ns")

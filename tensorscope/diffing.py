@@ -701,7 +701,12 @@ class _Walker:
             return self._parallel(va, vb, ia, ib, atol, rtol, skip, cplx).result(va.size,
                                                                                   compared_as)
         acc = _Accumulator(atol, rtol, elems, cplx)
-        for pa, pb in self.pieces(va, vb, ia, ib, elems * max(va.itemsize, vb.itemsize, 1), skip):
+        step = elems * max(va.itemsize, vb.itemsize, 1)
+        if _KERNEL is not None and not cplx:
+            # the compiled pass takes any length in one call: steps of `RELEASE_BYTES` (or
+            # `chunk_bytes`) rather than a call, and a release of its pages, per 8K elements
+            step = max(step, min(self.chunk_bytes, RELEASE_BYTES))
+        for pa, pb in self.pieces(va, vb, ia, ib, step, skip):
             acc.add(pa, pb)
         return acc.result(va.size, compared_as)
 
