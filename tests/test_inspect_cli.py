@@ -382,3 +382,38 @@ def test_group_collector_agrees_with_the_one_name_functions():
                            got["model.layers.#.mlp.experts.#.up_proj.weight"]["ranges"]) == \
         "layers 0–9 (3 seen), experts 2–17 (2 seen)"
     assert describe_ranges("#.#", got["#.#"]["ranges"]) == "#1 0, #2 1"
+
+
+# -- the notice while a slow open runs ----------------------------------------------------------------
+
+def test_slow_open_says_what_it_reads_then_wipes_the_line(tmp_path, capsys, monkeypatch):
+    """On a terminal an open that takes longer than the notice delay shows ``reading <file> …`` on
+    stderr, erased before the table, and the file's name in it is escaped like any other text."""
+    import time
+    from tensorscope import render
+    path, _ = _moe(tmp_path, layers=1, experts=2)
+    evil = tmp_path / f"{EVIL}.pt"
+    path.rename(evil)
+    monkeypatch.setattr(render, "_status_visible", lambda: True)
+    monkeypatch.setattr(render, "OPENING_NOTICE_AFTER", 0.0)
+    real_open = inspect_cmd.open_model
+
+    def slow_open(p):
+        time.sleep(0.2)     # longer than the (zero) delay: the timer fires during the open
+        return real_open(p)
+
+    monkeypatch.setattr(inspect_cmd, "open_model", slow_open)
+    code = main(["inspect", str(evil)])
+    out = capsys.readouterr()
+    assert code == 0
+    assert out.err == f"reading {shown(str(evil))} …\r\x1b[2K"
+    assert "\x1b]" not in out.err and "model.layers.0.mlp.experts.1.up_proj.weight" in out.out
+
+
+def test_no_notice_when_no_terminal_shows_it(tmp_path, capsys, monkeypatch):
+    from tensorscope import render
+    path, _ = _moe(tmp_path, layers=1, experts=2)
+    monkeypatch.setattr(render, "OPENING_NOTICE_AFTER", 0.0)
+    assert not render._status_visible()     # captured stderr is no terminal
+    assert main(["inspect", str(path)]) == 0
+    assert capsys.readouterr().err == ""
