@@ -56,7 +56,7 @@ STORAGE_DTYPES: dict[str, str | None] = {
     "UntypedStorage": None,  # bytes; the tensor's dtype comes from _rebuild_tensor_v3
 }
 # torch.FloatStorage, torch.storage.UntypedStorage, torch.cuda.FloatStorage (a CUDA checkpoint).
-_STORAGE_MODULES = {"torch", "torch.storage", "torch.cuda"}
+STORAGE_MODULES = _STORAGE_MODULES = {"torch", "torch.storage", "torch.cuda"}
 # Storage classes whose pid numel counts bytes rather than elements.
 _NUMEL_IS_BYTES = {"UntypedStorage", "QUInt4x2Storage", "QUInt2x4Storage"}
 
