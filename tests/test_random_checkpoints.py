@@ -4,7 +4,7 @@ compared with what torch.load / safetensors report for the same file.
 Hypothesis draws the names users have (flat dotted keys with layer and expert indices, digits
 inside components, unicode, escape sequences), dtypes, shapes, and views sharing one storage
 (offsets, transposes, slices), so every fast path (the VM's torch step, the zip reader's
-regular members, trusted records, JSON row templates, grouping caches) meets the general case.
+regular members, trusted records, JSON row templates) meets the general case.
 """
 from __future__ import annotations
 
