@@ -31,7 +31,8 @@ of A for the identical case, and (``.pt`` only) a C where every tensor differs. 
 
 Each measurement is a whole process: wall time, CPU time (user + system of every thread) and peak
 RSS (``ru_maxrss``) of that child alone, through ``os.wait4``, the median of ``--runs`` runs after
-one warm-up run that fills the page cache. On a shared machine the CPU times are the steadier
+one warm-up run that fills the page cache (and writes the bytecode, as an installed package has:
+`CHILD_ENV`). On a shared machine the CPU times are the steadier
 figures. Peers:
 
 - ``tensorscope diff A B --json`` (output to /dev/null);
@@ -247,12 +248,20 @@ def generate(cache: Path) -> None:
     torch.save({k: v + 1e-3 for k, v in a.items()}, cache / "c.pt")
 
 
+# The children may write bytecode (``__pycache__``, gitignored) even where the session sets
+# PYTHONDONTWRITEBYTECODE: the warm-up run compiles tensorscope once, as `pip install` does for an
+# installed package (and did for torch and numpy), instead of every measured run compiling every
+# module from source again (~0.07 s of start-up, measured).
+CHILD_ENV = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+
+
 def measure(argv: list[str], cwd: str | None = None) -> tuple[float, float, int, float]:
     """Wall seconds, peak RSS in MB, exit status, CPU seconds (user + system, every thread) of one
     child process."""
     t0 = time.perf_counter()
     with open(os.devnull, "wb") as null:
-        proc = subprocess.Popen(argv, stdout=null, stderr=subprocess.PIPE, cwd=cwd)
+        proc = subprocess.Popen(argv, stdout=null, stderr=subprocess.PIPE, cwd=cwd,
+                                env=CHILD_ENV)
         _, status, usage = os.wait4(proc.pid, 0)
         wall = time.perf_counter() - t0
         err = proc.stderr.read().decode(errors="replace")

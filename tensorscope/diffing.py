@@ -167,7 +167,7 @@ from typing import Any, Callable, Iterator, Sequence
 import ml_dtypes
 import numpy as np
 
-from . import dequant, dtypes
+from . import dtypes
 from .errors import TensorscopeError
 from .model import ModelFile, TensorInfo, contiguous_stride
 from .reader import PageReleaser, iter_flat_chunks
@@ -541,8 +541,12 @@ def _numeric(t: TensorInfo) -> bool:
 
 def _decodable(t: TensorInfo) -> bool:
     """Decoded values exist for ``t`` (a block, packed or torch quantized dtype we can decode) and
-    have ``t``'s own shape."""
+    have ``t``'s own shape. (`dequant.is_decoded`'s test first: plain dtypes, every pair of a
+    fine-tune, never import `dequant`.)"""
     s = dtypes.spec(t.dtype)
+    if not (s.kind in ("block", "quantized") or s.packed):
+        return False
+    from . import dequant
     if not dequant.is_decoded(t.dtype) or dequant.decoded_shape(t) != t.shape:
         return False
     return s.kind != "block" or t.dtype in dequant.DECODABLE_BLOCK_TYPES
@@ -797,6 +801,7 @@ class _Walker:
     @staticmethod
     def _stream(model, t, rel: PageReleaser, elems: int):
         if _decodable(t):
+            from . import dequant
             return dequant.iter_decoded(model, t, elems, release=rel.release_range)
         return _released(iter_flat_chunks(model.read(t), elems * dtypes.spec(t.dtype).itemsize),
                          rel, t.file)
