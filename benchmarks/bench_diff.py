@@ -248,11 +248,13 @@ def generate(cache: Path) -> None:
     torch.save({k: v + 1e-3 for k, v in a.items()}, cache / "c.pt")
 
 
-# The children may write bytecode (``__pycache__``, gitignored) even where the session sets
-# PYTHONDONTWRITEBYTECODE: the warm-up run compiles tensorscope once, as `pip install` does for an
-# installed package (and did for torch and numpy), instead of every measured run compiling every
-# module from source again (~0.07 s of start-up, measured).
+# The children may write bytecode even where the session sets PYTHONDONTWRITEBYTECODE, into a
+# tree of their own under the cache (PYTHONPYCACHEPREFIX: no file lands in a checkout, the
+# --baseline one included): the warm-up run compiles tensorscope once, as `pip install` does for
+# an installed package (and did for torch and numpy), instead of every measured run compiling
+# every module from source again (~0.07 s of start-up, measured).
 CHILD_ENV = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+CHILD_ENV["PYTHONPYCACHEPREFIX"] = str(HERE / ".cache" / "pycache")
 
 
 def measure(argv: list[str], cwd: str | None = None) -> tuple[float, float, int, float]:
