@@ -1224,6 +1224,7 @@ def compare_values(ma: ModelFile, ta: TensorInfo, mb: ModelFile, tb: TensorInfo,
     if not (_readable(ma, ta) and _readable(mb, tb)):
         return None
     rel_a, rel_b = _Pages(ma), _Pages(mb)
+    progress = _serialised(progress)   # the lanes and the pool report too
     walker = _Walker(rel_a, rel_b, progress, chunk_bytes)
     try:
         return _compare(walker, ma, ta, mb, tb, atol, rtol)
@@ -1481,7 +1482,8 @@ def diff_models(a, b, *, atol: float = 1e-8, rtol: float = 1e-5, values: bool = 
         maps: ``(OLD, NEW)`` leading-prefix rewrites applied to the names of both sides.
         detect_prefix: find and strip a wrapper prefix carried by every name of one side.
         detect_renames: pair removed and added tensors whose bytes are equal.
-        progress: called with the number of bytes read after each chunk.
+        progress: called with the number of bytes read after each chunk (from the diff's
+            threads, one call at a time).
         chunk_bytes: stored bytes compared per step (peak memory is a small multiple of it).
         norms: also read tensors whose bytes are identical for their 2-norms, so that grouped
             relative changes (`group_changes`) have every tensor in their denominators.
@@ -1526,6 +1528,32 @@ def _as_model(x, opened: list[ModelFile]) -> ModelFile:
     return m
 
 
+def _large(ta: TensorInfo, tb: TensorInfo) -> bool:
+    """A pair for the lanes: not one of the small pairs compared as byte strings."""
+    return ta.nbytes >= SMALL_BYTES or tb.nbytes >= SMALL_BYTES
+
+
+def _lane_pair(ma, ta, mb, tb, walker: _Walker, atol, rtol, nxt) -> TensorDiff:
+    """`_pair` in a lane, which first asks the kernel to read ahead the start of the next large
+    pair (``nxt``, or None), so that its pages come in while this one is compared."""
+    if nxt is not None and nxt[0].nbytes >= RELEASE_BYTES:
+        walker.rel_a.prefetch_tensor(nxt[0])
+        walker.rel_b.prefetch_tensor(nxt[1])
+    return _pair(ma, ta, mb, tb, walker, True, atol, rtol)
+
+
+def _serialised(progress: Callable[[int], None] | None) -> Callable[[int], None] | None:
+    """``progress`` called one call at a time, from whichever of the diff's threads."""
+    if progress is None:
+        return None
+    lock = threading.Lock()
+
+    def advance(n: int) -> None:
+        with lock:
+            progress(n)
+    return advance
+
+
 def _tied(mine: dict[str, TensorInfo], other: dict[str, TensorInfo]) -> dict[str, TensorInfo]:
     """Names only ``mine`` has whose bytes are exactly those of another of its tensors that
     ``other`` has too: name -> that tensor in ``other``."""
@@ -1561,6 +1589,7 @@ def _diff(ma: ModelFile, mb: ModelFile, *, atol, rtol, values, strip, maps, dete
     kb = _keyed(mb.tensors, strip, maps, pb)
 
     rel_a, rel_b = _Pages(ma), _Pages(mb)
+    progress = _serialised(progress)   # the lanes and the pool report too
     walker = _Walker(rel_a, rel_b, progress, chunk_bytes)
     walker.want_norms = norms
     entries: list = []   # TensorDiff, or the Future of one (a large pair, in a lane)
@@ -1576,22 +1605,18 @@ def _diff(ma: ModelFile, mb: ModelFile, *, atol, rtol, values, strip, maps, dete
     renamed_b = {t.name for t in renamed.values()}
 
     pending = list(ka.items())
+    large = [(ta, kb[key]) for key, ta in pending if key in kb and _large(ta, kb[key])]
+    following = dict(zip((ta.name for ta, _ in large), large[1:]))  # the next large pair
     lanes: list[Future] = []
-    for i, (key, ta) in enumerate(pending):
+    for key, ta in pending:
         tb = kb.get(key)
-        if values and i + 1 < len(pending) and pending[i + 1][1].nbytes >= RELEASE_BYTES:
-            # read ahead: the kernel fetches the next pair's first pages while this one is compared
-            nxt = pending[i + 1]
-            rel_a.prefetch_tensor(nxt[1])
-            if nxt[0] in kb:
-                rel_b.prefetch_tensor(kb[nxt[0]])
-        if tb is not None and values and (ta.nbytes >= SMALL_BYTES or tb.nbytes >= SMALL_BYTES):
+        if tb is not None and values and _large(ta, tb):
             # Large pairs are compared `LANES` at a time, each with a walker of its own: one's
             # set-up (views, byte probe, slicing) runs while the pool computes the other's slices.
             lane_walker = _Walker(rel_a, rel_b, progress, chunk_bytes)
             lane_walker.want_norms = norms
-            lanes.append(_lanes().submit(_pair, ma, ta, mb, tb, lane_walker, values, atol,
-                                         rtol))
+            lanes.append(_lanes().submit(_lane_pair, ma, ta, mb, tb, lane_walker, atol, rtol,
+                                         following.get(ta.name)))
             entries.append(lanes[-1])
         elif tb is not None:
             entries.append(_pair(ma, ta, mb, tb, walker, values, atol, rtol))
