@@ -844,6 +844,17 @@ def _lanes() -> ThreadPoolExecutor:
         return _LANES
 
 
+def _forget_pools() -> None:
+    """In a forked child the pools' threads do not exist: start new pools there when asked."""
+    global _POOL, _LANES, _POOL_LOCK
+    _POOL = _LANES = None
+    _POOL_LOCK = threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_pools)
+
+
 def _workers() -> int:
     return max(1, min(8, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
                       else (os.cpu_count() or 1)))

@@ -561,3 +561,29 @@ def test_diff_loads_numpy_without_blas_threads_unless_told(how):
         assert threads == "1"
     elif how == "plain" and diffing._openblas() is not None and diffing._workers() > 1:
         assert int(threads) > 1   # what the diff avoids
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="fork")
+def test_a_forked_child_diffs_with_pools_of_its_own(tmp_path):
+    """The pool and lane threads do not survive a fork: a child that diffs after its parent did
+    starts pools of its own instead of waiting on threads that are not there."""
+    xs, ys, ma, mb = _many_pairs(tmp_path, n=3)
+    want = [e.values.max_abs for e in diff_models(ma, mb).entries]   # the parent's pools exist
+    pid = os.fork()
+    if pid == 0:   # the child: exit 0 only when its diff finishes with the parent's figures
+        code = 1
+        try:
+            got = [e.values.max_abs for e in diff_models(ma, mb).entries]
+            code = 0 if got == want else 1
+        finally:
+            os._exit(code)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            assert os.waitstatus_to_exitcode(status) == 0
+            return
+        time.sleep(0.05)
+    os.kill(pid, 9)
+    os.waitpid(pid, 0)
+    pytest.fail("the forked child's diff hung")
