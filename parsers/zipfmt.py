@@ -125,6 +125,17 @@ _IRREGULAR_FLAGS = FLAG_ENCRYPTED | FLAG_STRONG_ENCRYPTION | FLAG_MASKED_LOCAL
 # Names make_member reports something about (NUL, absolute, drive letter, parent): a superset.
 _IRREGULAR_NAME = re.compile(rb"[\x00:\\]|\.\.|\A/")
 
+# The compiled plain-member step (tensorscope/_zipscan.c, built by `pip install` when a C compiler
+# is there): `regular_member`'s checks, the data descriptor and the small CRC for whole runs of
+# entries. Without it every entry is read by the Python loop, with the same results.
+ZIPSCAN_ABI = 1   # what `_zipscan.c` must say it is (a stale build is ignored, not called)
+try:
+    from tensorscope import _zipscan as _SCAN
+except ImportError:
+    _SCAN = None
+if getattr(_SCAN, "ABI", None) != ZIPSCAN_ABI:
+    _SCAN = None
+
 
 def sniff(head: bytes, size: int) -> bool:
     """True iff the file starts like a zip: a local header (torch.load's ``_is_zipfile`` test) or
@@ -179,6 +190,10 @@ class ZipMember:
     @property
     def data_end(self) -> int:
         return self.data_offset + self.compressed_size
+
+
+if _SCAN is not None:
+    _SCAN.bind(ZipMember)
 
 
 @dataclass(slots=True)
@@ -605,6 +620,13 @@ class _Reader:
         self.anomalies: list[Anomaly] = []
         self.miniz_error: str | None = None
         self.sparse = False     # set once the member count is known (see `peek`)
+        # What the compiled step (`_SCAN`) did, when `read_cd` used it: the indices of members
+        # it found with a wrong small CRC, of those the Python loop made, and the span of the
+        # members when it made them all and they lie end to end.
+        self.scanned = False
+        self.crc_bad: list[int] = []
+        self.made: list[int] = []
+        self.span: tuple[int, int] | None = None
         # The whole file as one view when it is a local map or a buffer (not a remote source,
         # which fetches ranges): the regular-member path reads headers through it directly.
         self.buf = src.buffer if type(src) is ByteSource else None
@@ -747,7 +769,10 @@ class _Reader:
             crc32, buf, size = zlib.crc32, self.buf, self.size
             view = self.src.view if buf is None else (lambda at, n, fmt: buf[at:at + n])
             encrypted = FLAG_ENCRYPTED | FLAG_STRONG_ENCRYPTION
-            for m in members:
+            # The compiled step checked its members' CRCs: only its mismatches are read again.
+            todo = [members[i] for i in sorted(self.made + self.crc_bad)] if self.scanned \
+                else members
+            for m in todo:
                 if (m.error is None and m.method == METHOD_STORED and not m.flags & encrypted
                         and m.compressed_size <= SMALL_CRC_LIMIT):
                     start, n = m.data_offset, m.compressed_size
@@ -798,14 +823,27 @@ class _Reader:
                 prepended: int) -> list[ZipMember]:
         cd = self.src.view(start, cd_size, "central directory", fmt=FORMAT)
         _prefetch_local_headers(self.src, cd, prepended)
-        if self.buf is not None:
+        fast = self.buf is not None and not self.sparse and _SHORTCUTS
+        scan = _SCAN.scan if fast and _SCAN is not None else None
+        if self.buf is not None and scan is None:
             cd = bytes(cd)  # a transient copy (~70 bytes a member): bytes slice and compare faster
         members: list[ZipMember] = []
         pos = 0
         cd_end = start + cd_size
-        regular = self.regular_member if self.buf is not None and not self.sparse and \
-            _SHORTCUTS else None
+        regular = self.regular_member if fast else None
+        crc_limit = SMALL_CRC_LIMIT if self.check_small_crc else -1
+        span = None
         while pos < cd_size:
+            if scan is not None:
+                # The compiled step reads entries until one it does not accept; this loop reads
+                # that one (and reports what is odd about it), then hands back.
+                first_call = not members and not self.made
+                pos, first, end = scan(self.buf, self.size, cd, start, pos, members, prepended,
+                                       self.max_members, crc_limit, self.crc_bad)
+                if first_call and end >= 0:
+                    span = (first, end)
+                if pos >= cd_size:
+                    break
             i = len(members)
             at = start + pos
             if cd_size - pos < CENTRAL.size or cd[pos:pos + 4] != MAGIC_CENTRAL:
@@ -839,7 +877,12 @@ class _Reader:
                 member = self.make_member(i, at, fields, raw_name, extra, prepended,
                                           (start, cd_end))
             members.append(member)
+            if scan is not None:
+                self.made.append(i)
             pos += CENTRAL.size + var_len
+        self.scanned = scan is not None
+        # Every member made by one call of the compiled step, laid end to end: their span.
+        self.span = span if scan is not None and not self.made else None
         return members
 
     def regular_member(self, i: int, f: tuple, raw_name: bytes, prepended: int, cd_start: int,
@@ -1155,27 +1198,6 @@ class _Reader:
         # reported: its bytes count as accounted for, its overlaps would repeat the report) or
         # "struct" (directory and trailer records). A member's description (``what``) is None
         # here and made by `_what` only for a message: 10^5 members, a handful of messages.
-        spans: list[tuple[int, int, str | None, str, ZipMember | None]] = []
-        buf, size, descriptor_length = self.buf, self.size, self.descriptor_length
-        short = _DESCRIPTORS[1].unpack_from if _SHORTCUTS and buf is not None and not self.sparse \
-            else None
-        for m in members:
-            if m.error is None:
-                end = m.data_offset + m.compressed_size
-                if not m.flags & FLAG_DESCRIPTOR:
-                    d = 0
-                elif (short is not None and m.size and end + 16 <= size
-                      and short(buf, end) == (MAGIC_DESCRIPTOR, m.crc32, m.compressed_size,
-                                              m.size)):
-                    # The 16-byte form torch writes, tried first: where it matches a member
-                    # that is not empty, the 24-byte form `descriptor_length` tries first
-                    # cannot (its size field would be compressed_size + size << 32).
-                    d = 16
-                else:
-                    d = descriptor_length(m)
-                spans.append((m.header_offset, end + d, None, "member", m))
-            elif m.local_name is not None:
-                spans.append((m.header_offset, min(m.data_end, self.size), None, "bad", m))
         structs = [(cd_start, cd_start + cd_size, "central directory", "struct", None)]
         if z64_pos is not None:
             structs.append((z64_pos, z64_end, "zip64 end-of-central-directory record", "struct",
@@ -1183,13 +1205,13 @@ class _Reader:
         if loc_pos >= 0:
             structs.append((loc_pos, eocd_pos, "zip64 locator", "struct", None))
         structs.append((eocd_pos, eocd_end, "end-of-central-directory record", "struct", None))
-        if (_SHORTCUTS and len(spans) == len(members) > 1 and not any(m.error for m in members)
-                and min(s[0] for s in structs) >= spans[-1][1]
-                and all(a[1] == b[0] for a, b in zip(spans, spans[1:]))):
-            # Readable members laid end to end, in order, before every structure (as torch and
-            # most writers lay them out): they neither overlap nor leave gaps among themselves,
-            # so one span for the run finds exactly what the member spans would.
-            spans = [(spans[0][0], spans[-1][1], None, "member", spans[0][4])]
+        if self.span is not None and (len(members) == 1
+                                      or min(s[0] for s in structs) >= self.span[1]):
+            # The compiled step found every member end to end, each with its descriptor: the
+            # one span the loop below would come to.
+            spans = [(self.span[0], self.span[1], None, "member", members[0])]
+        else:
+            spans = self.member_spans(members, structs)
         spans += structs
         spans.sort(key=_span_key)
 
@@ -1228,6 +1250,38 @@ class _Reader:
         if eocd_end < self.size:
             self.add("zip.trailing_bytes", f"{self.size - eocd_end} bytes after the end-of-central-"
                      f"directory record and its comment", offset=eocd_end)
+
+    def member_spans(self, members: list[ZipMember], structs: list[tuple]) -> list[tuple]:
+        """`check_layout`'s spans of the members: (start, end, None, role, member)."""
+        spans: list[tuple[int, int, str | None, str, ZipMember | None]] = []
+        buf, size, descriptor_length = self.buf, self.size, self.descriptor_length
+        short = _DESCRIPTORS[1].unpack_from if _SHORTCUTS and buf is not None and not self.sparse \
+            else None
+        for m in members:
+            if m.error is None:
+                end = m.data_offset + m.compressed_size
+                if not m.flags & FLAG_DESCRIPTOR:
+                    d = 0
+                elif (short is not None and m.size and end + 16 <= size
+                      and short(buf, end) == (MAGIC_DESCRIPTOR, m.crc32, m.compressed_size,
+                                              m.size)):
+                    # The 16-byte form torch writes, tried first: where it matches a member
+                    # that is not empty, the 24-byte form `descriptor_length` tries first
+                    # cannot (its size field would be compressed_size + size << 32).
+                    d = 16
+                else:
+                    d = descriptor_length(m)
+                spans.append((m.header_offset, end + d, None, "member", m))
+            elif m.local_name is not None:
+                spans.append((m.header_offset, min(m.data_end, self.size), None, "bad", m))
+        if (_SHORTCUTS and len(spans) == len(members) > 1 and not any(m.error for m in members)
+                and min(s[0] for s in structs) >= spans[-1][1]
+                and all(a[1] == b[0] for a, b in zip(spans, spans[1:]))):
+            # Readable members laid end to end, in order, before every structure (as torch and
+            # most writers lay them out): they neither overlap nor leave gaps among themselves,
+            # so one span for the run finds exactly what the member spans would.
+            spans = [(spans[0][0], spans[-1][1], None, "member", spans[0][4])]
+        return spans
 
     def report_gap(self, start: int, end: int, before: str) -> None:
         head = self.bytes_at(start, min(end - start, 4))

@@ -1,0 +1,219 @@
+"""The compiled plain-member step (tensorscope/_zipscan.c) against the Python reader: on every
+zip fixture, every zip of the attack corpus and hypothesis-damaged torch archives, the members
+(every field) and the anomalies must be those of the Python loop, with its shortcuts (the
+plain-member step in Python, the one-span layout check) and without them."""
+from __future__ import annotations
+
+import io
+import shutil
+import struct
+import sys
+import zlib
+from pathlib import Path
+
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from tensorscope.parsers import zipfmt
+from tensorscope.source import ByteSource
+from torch_oracle import FIXTURES
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import make_attack_corpus  # noqa: E402
+
+needs_scan = pytest.mark.skipif(zipfmt._SCAN is None, reason="the compiled step is not built")
+ZIPS = sorted(p for p in FIXTURES.rglob("*") if p.is_file() and b"PK\x05\x06" in p.read_bytes())
+MODES = ("compiled", "python", "slow")   # the compiled step; Python's shortcuts; neither
+
+
+def _picture(data: bytes, mode: str, monkeypatch, **kw):
+    with monkeypatch.context() as m:
+        if mode != "compiled":
+            m.setattr(zipfmt, "_SCAN", None)
+        m.setattr(zipfmt, "_SHORTCUTS", mode != "slow")
+        try:
+            arc = zipfmt.read_zip(ByteSource.from_bytes(data), **kw)
+        except Exception as e:     # the same failure every way
+            return ("error", type(e).__name__, str(e))
+        members = [(type(x), x.name, x.raw_name, x.index, x.header_offset, x.data_offset,
+                    x.compressed_size, x.size, x.crc32, x.method, x.flags, x.local_name, x.error)
+                   for x in arc.members]
+        return (members, [(a.kind, a.message, a.member, a.offset) for a in arc.anomalies],
+                arc.miniz_error, arc.eocd_count, arc.cd_offset, arc.prepended)
+
+
+def _same_every_way(data: bytes, monkeypatch, label="", **kw):
+    compiled, python, slow = (_picture(data, mode, monkeypatch, **kw) for mode in MODES)
+    assert compiled == python, label
+    assert compiled == slow, label
+    return compiled
+
+
+def _torch_archive(n: int = 6, empty: bool = False) -> bytes:
+    buf = io.BytesIO()
+    sd = {f"w{i}": torch.full((i % 5 + 1,), float(i)) for i in range(n)}
+    if empty:
+        sd["e"] = torch.empty(0)
+    torch.save(sd, buf)
+    return buf.getvalue()
+
+
+TORCH = _torch_archive()
+
+
+@needs_scan
+@pytest.mark.parametrize("path", ZIPS, ids=[str(p.relative_to(FIXTURES)) for p in ZIPS])
+def test_fixtures_read_the_same(path, monkeypatch):
+    _same_every_way(path.read_bytes(), monkeypatch)
+
+
+@pytest.fixture(scope="module")
+def corpus_zips(tmp_path_factory):
+    out = tmp_path_factory.mktemp("corpus")
+    make_attack_corpus.build(out)
+    files = [p for p in sorted(out.rglob("*")) if p.is_file()]
+    return [(str(p.relative_to(out)), p.read_bytes()) for p in files
+            if b"PK\x05\x06" in p.read_bytes()]
+
+
+@needs_scan
+def test_attack_corpus_reads_the_same(corpus_zips, monkeypatch):
+    assert len(corpus_zips) > 20   # the corpus has its zips (not a test that cannot fail)
+    for label, data in corpus_zips:
+        _same_every_way(data, monkeypatch, label)
+
+
+@needs_scan
+def test_torch_archives_read_the_same(monkeypatch):
+    for data in (TORCH, _torch_archive(40, empty=True), b"JUNK" * 8 + TORCH, TORCH + b"\0" * 9):
+        _same_every_way(data, monkeypatch)
+    for kw in ({"check_small_crc": False}, {"max_members": 3}, {"max_members": 9}):
+        _same_every_way(TORCH, monkeypatch, str(kw), **kw)
+
+
+def _regions(data: bytes) -> list[tuple[int, int]]:
+    """Where the structure is: every local header (with its name) and every central entry."""
+    out = []
+    for sig, length in ((b"PK\x03\x04", 30 + 20), (b"PK\x01\x02", 46 + 20), (b"PK\x07\x08", 16)):
+        at = data.find(sig)
+        while at >= 0:
+            out.append((at, min(len(data), at + length)))
+            at = data.find(sig, at + 1)
+    return out
+
+
+@needs_scan
+@settings(max_examples=300, deadline=None, suppress_health_check=list(HealthCheck))
+@given(st.data())
+def test_damaged_torch_archives_read_the_same(monkeypatch, data):
+    """Bytes of the local headers, central entries and descriptors flipped or set."""
+    base = data.draw(st.sampled_from([TORCH, _EMPTY]), label="archive")
+    raw = bytearray(base)
+    regions = _regions(base)
+    for _ in range(data.draw(st.integers(1, 4), label="edits")):
+        lo, hi = data.draw(st.sampled_from(regions), label="region")
+        at = data.draw(st.integers(lo, hi - 1), label="at")
+        raw[at] = data.draw(st.sampled_from([raw[at] ^ 1, raw[at] ^ 0x80, 0, 0xFF, ord("."),
+                                             ord("/"), ord(":"), 0xC3]), label="byte")
+    _same_every_way(bytes(raw), monkeypatch)
+
+
+_EMPTY = _torch_archive(3, empty=True)
+
+
+@needs_scan
+def test_member_data_with_a_bad_crc_is_reported_the_same(monkeypatch):
+    """The compiled CRC-32 against zlib's: data of every length 0..40 (not multiples of the
+    8-byte step only), some of it changed after the CRC was taken."""
+    buf = io.BytesIO()
+    with __import__("zipfile").ZipFile(buf, "w") as z:
+        for n in range(41):
+            z.writestr(f"m/{n}", bytes(range(n)))
+    data = bytearray(buf.getvalue())
+    arc = zipfmt.read_zip(ByteSource.from_bytes(bytes(data)))
+    assert not [a for a in arc.anomalies if a.kind == "zip.bad_crc"]
+    for m in arc.members[5::6]:
+        if m.size:
+            data[m.data_offset + m.size // 2] ^= 0x10
+    pic = _same_every_way(bytes(data), monkeypatch)
+    bad = [a for a in pic[1] if a[0] == "zip.bad_crc"]
+    assert len(bad) == len([m for m in arc.members[5::6] if m.size])
+    assert zlib.crc32(bytes(range(40))) == arc.members[40].crc32
+
+
+@needs_scan
+def test_the_compiled_step_is_taken(monkeypatch):
+    """Not a test that cannot fail: a torch archive's members all come from the compiled step,
+    the layout is one span and the Python step is not called."""
+    calls = []
+    monkeypatch.setattr(zipfmt._Reader, "regular_member", lambda *a: calls.append(a))
+    monkeypatch.setattr(zipfmt._Reader, "descriptor_length", lambda *a: calls.append(a))
+    seen = {}
+    original = zipfmt._Reader.check_layout
+
+    def spy(self, *a):
+        seen.update(span=self.span, made=list(self.made))
+        return original(self, *a)
+
+    monkeypatch.setattr(zipfmt._Reader, "check_layout", spy)
+    arc = zipfmt.read_zip(ByteSource.from_bytes(TORCH))
+    assert calls == [] and seen["made"] == [] and seen["span"] == (0, arc.cd_offset)
+    import zipfile
+    assert arc.names() == zipfile.ZipFile(io.BytesIO(TORCH)).namelist()
+
+
+@needs_scan
+def test_members_are_not_tracked_by_the_collector():
+    import gc
+    arc = zipfmt.read_zip(ByteSource.from_bytes(TORCH))
+    assert arc.members and not any(gc.is_tracked(m) for m in arc.members)
+
+
+@needs_scan
+def test_hostile_arguments_stay_inside_the_buffers():
+    """Arguments no caller passes: positions and offsets outside the buffers read nothing."""
+    scan = zipfmt._SCAN.scan
+    cd_at = TORCH.rfind(b"PK\x01\x02")
+    first_cd = TORCH.find(b"PK\x01\x02")
+    cd = TORCH[first_cd:cd_at + 46 + 40]
+    for args in [(TORCH, len(TORCH) + 1, cd, first_cd, 0, 0),      # size beyond the file
+                 (TORCH, len(TORCH), cd, len(TORCH), 0, 0),        # the CD beyond the file
+                 (TORCH, len(TORCH), cd, first_cd, len(cd) + 5, 0),
+                 (TORCH, len(TORCH), cd, first_cd, -3, 0),
+                 (TORCH, len(TORCH), cd, -1, 0, 0),
+                 (TORCH, len(TORCH), cd, first_cd, 0, -5),
+                 (TORCH, len(TORCH), cd, first_cd, 0, 1 << 40),    # every header past the end
+                 (TORCH[:100], 100, cd, 0, 0, 0)]:
+        members, bad = [], []
+        pos, first, end = scan(args[0], args[1], args[2], args[3], args[4], members, args[5],
+                               10, 1 << 20, bad)
+        assert members == [] and bad == [] and first == end == -1
+    # an entry whose name runs past the directory: not read
+    cut = cd[:46 + 3]
+    members = []
+    assert scan(TORCH, len(TORCH), cut, first_cd, 0, members, 0, 10, -1, [])[0] == 0
+    assert members == []
+
+
+def test_the_compiled_step_is_built_where_a_compiler_is():
+    # `pip install` builds tensorscope/_zipscan.c (optional: without a compiler the Python loop
+    # reads every entry). Where a C compiler exists, a missing step is a broken build.
+    if shutil.which("cc") is None and shutil.which("gcc") is None:
+        pytest.skip("no C compiler: the Python loop is the one in use")
+    assert zipfmt._SCAN is not None, ("tensorscope/_zipscan.c is not built, or its build is "
+                                      "stale (ABI): run pip install -e . again")
+
+
+@needs_scan
+def test_bind_refuses_a_class_without_the_slots(monkeypatch):
+
+    class NotAMember:
+        __slots__ = ("name",)
+
+    with pytest.raises(TypeError):
+        zipfmt._SCAN.bind(NotAMember)
+    with pytest.raises(TypeError):
+        zipfmt._SCAN.bind(struct)
+    _same_every_way(TORCH, monkeypatch)   # ZipMember stays bound, its slots as they were
