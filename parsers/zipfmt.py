@@ -231,6 +231,7 @@ class ZipArchive:
     _miniz_index: dict[bytes, list[int]] | None = field(default=None, repr=False)
     _miniz_sorted: list[int] | None = field(default=None, repr=False)
     _crc_checked: set[int] = field(default_factory=set, repr=False)
+    _distinct: bool = field(default=False, repr=False)   # see `_exact_table`
 
     # -- lookup ----------------------------------------------------------------------------------
     def names(self) -> list[str]:
@@ -287,8 +288,8 @@ class ZipArchive:
         `get` answers from a plain dict (a torch archive has one member per tensor: 10^5
         lookups). Empty when names collide: every lookup then takes miniz's path."""
         visible = self.members[:self._visible()]
-        lowered = {m.raw_name.lower() for m in visible}
-        if len(lowered) != len(visible):
+        # (`read_zip` found no two visible names alike ignoring case when _distinct is set)
+        if not self._distinct and len({m.raw_name.lower() for m in visible}) != len(visible):
             self._exact = {}
         else:
             self._exact = {m.name: m for m in visible
@@ -1116,10 +1117,20 @@ class _Reader:
     # -- cross-member checks --------------------------------------------------------------------
     def check_duplicates(self, archive: ZipArchive) -> None:
         visible = archive.members[:archive._visible()]
-        names = [m.name for m in archive.members]
-        if (len(set(names)) == len(names) and "\0" not in "".join(names)
-                and len({m.raw_name.lower() for m in visible}) == len(visible)):
-            return  # no two names alike for either reader (the usual case, checked in C loops)
+        plain = None
+        if _SCAN is not None and _SHORTCUTS:
+            # Names made by the compiled step differ when their raw names do (strict decoding)
+            known = self.scanned and not self.made and len(visible) == len(archive.members)
+            plain = _SCAN.distinct(archive.members, len(visible), not known)
+        if plain is None:
+            names = [m.name for m in archive.members]
+            plain = (len(set(names)) == len(names) and "\0" not in "".join(names)
+                     and len({m.raw_name.lower() for m in visible}) == len(visible))
+        if plain:
+            # No two names alike for either reader (the usual case): `get` may then answer
+            # from a plain dict without comparing lowercased names again.
+            archive._distinct = True
+            return
         groups: dict[bytes, list[int]] = {}
         for m in visible:
             groups.setdefault(m.raw_name.lower(), []).append(m.index)

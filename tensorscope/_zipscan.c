@@ -326,7 +326,147 @@ done:
     return result;
 }
 
+/* Open addressing over up to `n` keys: each slot holds a key's hash and its index + 1 (0: empty),
+ * so that only keys of equal hash are compared. */
+typedef struct {
+    uint64_t hash;
+    Py_ssize_t index;
+} Slot;
+
+typedef struct {
+    Slot *slot;
+    size_t mask;
+} Table;
+
+static int table_init(Table *t, Py_ssize_t n) {
+    size_t cap = 8;
+    while (cap < (size_t)n * 2)
+        cap <<= 1;
+    t->slot = PyMem_Calloc(cap, sizeof(Slot));
+    t->mask = cap - 1;
+    if (t->slot == NULL)
+        PyErr_NoMemory();
+    return t->slot == NULL ? -1 : 0;
+}
+
+static inline unsigned char ascii_lower(unsigned char c) {
+    return (c >= 'A' && c <= 'Z') ? (unsigned char)(c + 32) : c;
+}
+
+/* Eight bytes with their ASCII capitals lowercased (what bytes.lower() does to each byte). */
+static inline uint64_t lower8(uint64_t x) {
+    const uint64_t ones = 0x0101010101010101ull;
+    uint64_t low7 = x & (0x7F * ones);
+    uint64_t above_z = low7 + (0x7F - 'Z') * ones;   /* bit 7 set where the low 7 bits > 'Z' */
+    uint64_t from_a = low7 + (0x80 - 'A') * ones;    /* bit 7 set where they are >= 'A' */
+    uint64_t upper = from_a & ~above_z & ~x & (0x80 * ones);  /* and the byte is ASCII */
+    return x | (upper >> 2);                         /* 0x80 >> 2 = 0x20 */
+}
+
+/* A hash of the lowercased bytes, eight at a time (any two equal once lowercased hash equal). */
+static uint64_t lower_hash(const unsigned char *b, Py_ssize_t len) {
+    uint64_t h = 0x9E3779B97F4A7C15ull ^ (uint64_t)len, w;
+    while (len >= 8) {
+        memcpy(&w, b, 8);
+        h = (h ^ lower8(w)) * 0xff51afd7ed558ccdull;
+        h ^= h >> 32;
+        b += 8;
+        len -= 8;
+    }
+    w = 0;
+    memcpy(&w, b, (size_t)len);
+    h = (h ^ lower8(w)) * 0xc4ceb9fe1a85ec53ull;
+    return h ^ (h >> 29);
+}
+
+/* Insert `index` with `hash`; returns 1 when an entry `same` calls equal was there already. */
+static inline int table_add(Table *t, uint64_t hash, Py_ssize_t index, PyObject *members,
+                            int (*same)(PyObject *, PyObject *)) {
+    for (size_t at = (size_t)hash & t->mask;; at = (at + 1) & t->mask) {
+        Slot *s = &t->slot[at];
+        if (s->index == 0) {
+            s->hash = hash;
+            s->index = index + 1;
+            return 0;
+        }
+        if (s->hash == hash && same(PyList_GET_ITEM(members, s->index - 1),
+                                    PyList_GET_ITEM(members, index)))
+            return 1;
+    }
+}
+
+#define FIELD(m, f) (*(PyObject **)((char *)(m) + field_offset[f]))
+
+static int same_lowered(PyObject *a, PyObject *b) {
+    PyObject *x = FIELD(a, F_RAW_NAME), *y = FIELD(b, F_RAW_NAME);
+    Py_ssize_t len = PyBytes_GET_SIZE(x);
+    if (PyBytes_GET_SIZE(y) != len)
+        return 0;
+    const unsigned char *p = (const unsigned char *)PyBytes_AS_STRING(x);
+    const unsigned char *q = (const unsigned char *)PyBytes_AS_STRING(y);
+    for (Py_ssize_t k = 0; k < len; k++)
+        if (ascii_lower(p[k]) != ascii_lower(q[k]))
+            return 0;
+    return 1;
+}
+
+static int same_name(PyObject *a, PyObject *b) {
+    return PyUnicode_Compare(FIELD(a, F_NAME), FIELD(b, F_NAME)) == 0;
+}
+
+/* distinct(members, visible, names) -> True, False, or None (not all are bound ZipMembers: the
+ * caller decides) -- `check_duplicates`'s test that nothing needs reporting: among the first
+ * `visible` members no two raw names are equal once ASCII letters are lowercased (bytes.lower(),
+ * miniz's comparison) and, when `names` is true, every decoded name differs from the others and
+ * holds no NUL. (The caller passes names=False when that follows: every member made by `scan`,
+ * whose names are the strict decoding of raw names without NUL, and all of them visible.) */
+static PyObject *distinct(PyObject *self, PyObject *args) {
+    PyObject *members;
+    Py_ssize_t visible;
+    int names;
+    if (!PyArg_ParseTuple(args, "O!np", &PyList_Type, &members, &visible, &names))
+        return NULL;
+    if (member_type == NULL)
+        Py_RETURN_NONE;
+    Py_ssize_t n = PyList_GET_SIZE(members);
+    visible = visible < 0 ? 0 : visible > n ? n : visible;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *m = PyList_GET_ITEM(members, i);
+        if (Py_TYPE(m) != member_type)
+            Py_RETURN_NONE;
+        PyObject *name = FIELD(m, F_NAME), *raw = FIELD(m, F_RAW_NAME);
+        if (name == NULL || raw == NULL || !PyUnicode_CheckExact(name) ||
+            PyUnicode_READY(name) < 0 || !PyBytes_CheckExact(raw))
+            Py_RETURN_NONE;
+    }
+    Table t;
+    if (table_init(&t, n) < 0)
+        return NULL;
+    PyObject *answer = Py_True;
+    for (Py_ssize_t i = 0; i < visible && answer == Py_True; i++) {
+        PyObject *raw = FIELD(PyList_GET_ITEM(members, i), F_RAW_NAME);
+        uint64_t h = lower_hash((const unsigned char *)PyBytes_AS_STRING(raw),
+                                PyBytes_GET_SIZE(raw));
+        if (table_add(&t, h, i, members, same_lowered))
+            answer = Py_False;
+    }
+    if (names && answer == Py_True) {
+        memset(t.slot, 0, (t.mask + 1) * sizeof(Slot));
+        for (Py_ssize_t i = 0; i < n && answer == Py_True; i++) {
+            PyObject *name = FIELD(PyList_GET_ITEM(members, i), F_NAME);
+            /* FindChar: -1 not found (-2, an error, needs a bad range); a str's hash: no error */
+            if (PyUnicode_FindChar(name, 0, 0, PyUnicode_GET_LENGTH(name), 1) != -1 ||
+                table_add(&t, (uint64_t)PyObject_Hash(name), i, members, same_name))
+                answer = Py_False;
+        }
+    }
+    PyMem_Free(t.slot);
+    return Py_NewRef(answer);
+}
+
 static PyMethodDef methods[] = {
+    {"distinct", distinct, METH_VARARGS,
+     "distinct(members, visible, names): nothing for check_duplicates to report (see the comment)."},
     {"bind", bind, METH_O, "bind(ZipMember): the class scan makes members of."},
     {"scan", scan, METH_VARARGS, "Read plain central-directory entries (see the file's comment)."},
     {NULL, NULL, 0, NULL}};

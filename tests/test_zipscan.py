@@ -8,6 +8,7 @@ import io
 import shutil
 import struct
 import sys
+import warnings
 import zlib
 from pathlib import Path
 
@@ -217,3 +218,70 @@ def test_bind_refuses_a_class_without_the_slots(monkeypatch):
     with pytest.raises(TypeError):
         zipfmt._SCAN.bind(struct)
     _same_every_way(TORCH, monkeypatch)   # ZipMember stays bound, its slots as they were
+
+
+_ALPHABET = [b"A", b"a", b"Z", b"z", b"@", b"[", b"`", b"{", b"\xc1", b"\xe1", b"\xda", b"\xfa",
+             b"\x00", b"/", b"0", b"\xc3\xa9", b"\x82"]
+
+
+def _python_distinct(members, visible, names=True):
+    vis = members[:visible]
+    plain = len({m.raw_name.lower() for m in vis}) == len(vis)
+    if names:
+        all_names = [m.name for m in members]
+        plain = plain and len(set(all_names)) == len(all_names) and "\0" not in "".join(all_names)
+    return plain
+
+
+@needs_scan
+@settings(max_examples=400, deadline=None)
+@given(st.lists(st.lists(st.sampled_from(_ALPHABET), max_size=19).map(b"".join), max_size=12),
+       st.integers(0, 12), st.lists(st.booleans(), min_size=12, max_size=12))
+def test_distinct_is_the_python_test(raws, visible, utf8):
+    """`distinct` (lowercasing eight bytes at a time, hashing) against bytes.lower() and sets,
+    on names that differ by case, by bytes above 0x7F that lowercasing must not touch, by NUL,
+    and on raw names that decode to the same name (UTF-8 'é' and cp437 'é')."""
+    members = [zipfmt.ZipMember(raw.decode("utf-8", "surrogateescape") if utf8[i]
+                                else raw.decode("cp437"), raw, i, 0, 30, 0, 0, 0, 0, 0)
+               for i, raw in enumerate(raws)]
+    for names in (True, False):
+        assert zipfmt._SCAN.distinct(members, visible, names) == \
+            _python_distinct(members, visible, names)
+    # long names: the same comparisons past the first eight-byte words
+    long = [zipfmt.ZipMember(m.name * 5, m.raw_name * 5, m.index, 0, 30, 0, 0, 0, 0, 0)
+            for m in members]
+    assert zipfmt._SCAN.distinct(long, visible, True) == _python_distinct(long, visible)
+
+
+@needs_scan
+def test_distinct_leaves_other_objects_to_python():
+    m = zipfmt.ZipMember("a", b"a", 0, 0, 30, 0, 0, 0, 0, 0)
+    assert zipfmt._SCAN.distinct([m, object()], 2, True) is None
+    assert zipfmt._SCAN.distinct([zipfmt.ZipMember("a", "a", 0, 0, 30, 0, 0, 0, 0, 0)], 1,
+                                 True) is None
+
+
+@needs_scan
+def test_names_alike_read_the_same(monkeypatch):
+    """Duplicates for miniz (letter case) and for zipfile (exact), seen and beyond the EOCD's
+    count, through the whole reader."""
+    import zipfile
+    for names in (["m/A", "m/a"], ["m/x", "m/x"], ["m/x\0y", "m/x"], ["m/\u00e9", "m/\u00c9"],
+                  ["m/" + "Q" * 20, "m/" + "q" * 20], ["m/1", "m/2", "M/1"]):
+        buf = io.BytesIO()
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")     # zipfile's "Duplicate name"
+            with zipfile.ZipFile(buf, "w") as z:
+                for k, name in enumerate(names):
+                    z.writestr(name, bytes([k]) * 3)
+        data = buf.getvalue()
+        pic = _same_every_way(data, monkeypatch, repr(names))
+        # the same archive with an EOCD count that hides the last entry from miniz
+        eocd = data.rfind(b"PK\x05\x06")
+        fewer = bytearray(data)
+        struct.pack_into("<HH", fewer, eocd + 8, len(names) - 1, len(names) - 1)
+        _same_every_way(bytes(fewer), monkeypatch, repr(names))
+        assert any(a[0] == "zip.duplicate_name" for a in pic[1]) == (
+            len({n.encode().lower() for n in names}) < len(names) or
+            len({n.split("\0")[0] for n in names}) < len(names))
+
