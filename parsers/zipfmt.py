@@ -292,8 +292,9 @@ class ZipArchive:
         if not self._distinct and len({m.raw_name.lower() for m in visible}) != len(visible):
             self._exact = {}
         else:
-            self._exact = {m.name: m for m in visible
-                           if m.raw_name.isascii() and b"\0" not in m.raw_name}
+            table = _SCAN.exact(self.members, len(visible)) if _SCAN and _SHORTCUTS else None
+            self._exact = table if table is not None else {
+                m.name: m for m in visible if m.raw_name.isascii() and b"\0" not in m.raw_name}
         return self._exact
 
     def _miniz_lookup_table(self) -> dict[bytes, list[int]]:

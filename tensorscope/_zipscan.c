@@ -464,7 +464,42 @@ static PyObject *distinct(PyObject *self, PyObject *args) {
     return Py_NewRef(answer);
 }
 
+/* exact(members, visible) -> dict, or None (not all are bound ZipMembers): `_exact_table`'s
+ * {name: member} over the first `visible` members whose raw name is ASCII without NUL. */
+static PyObject *exact(PyObject *self, PyObject *args) {
+    PyObject *members;
+    Py_ssize_t visible;
+    if (!PyArg_ParseTuple(args, "O!n", &PyList_Type, &members, &visible))
+        return NULL;
+    if (member_type == NULL)
+        Py_RETURN_NONE;
+    Py_ssize_t n = PyList_GET_SIZE(members);
+    visible = visible < 0 ? 0 : visible > n ? n : visible;
+    for (Py_ssize_t i = 0; i < visible; i++) {
+        PyObject *m = PyList_GET_ITEM(members, i);
+        if (Py_TYPE(m) != member_type || FIELD(m, F_NAME) == NULL || FIELD(m, F_RAW_NAME) == NULL
+            || !PyBytes_CheckExact(FIELD(m, F_RAW_NAME)))
+            Py_RETURN_NONE;
+    }
+    PyObject *table = PyDict_New();
+    if (table == NULL)
+        return NULL;
+    for (Py_ssize_t i = 0; i < visible; i++) {
+        PyObject *m = PyList_GET_ITEM(members, i), *raw = FIELD(m, F_RAW_NAME);
+        const unsigned char *b = (const unsigned char *)PyBytes_AS_STRING(raw);
+        Py_ssize_t len = PyBytes_GET_SIZE(raw), k = 0;
+        while (k < len && b[k] && b[k] < 0x80)
+            k++;
+        if (k == len && PyDict_SetItem(table, FIELD(m, F_NAME), m) < 0) {
+            Py_DECREF(table);
+            return NULL;
+        }
+    }
+    return table;
+}
+
 static PyMethodDef methods[] = {
+    {"exact", exact, METH_VARARGS, "exact(members, visible): _exact_table's dict."},
     {"distinct", distinct, METH_VARARGS,
      "distinct(members, visible, names): nothing for check_duplicates to report (see the comment)."},
     {"bind", bind, METH_O, "bind(ZipMember): the class scan makes members of."},

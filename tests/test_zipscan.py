@@ -41,8 +41,12 @@ def _picture(data: bytes, mode: str, monkeypatch, **kw):
         members = [(type(x), x.name, x.raw_name, x.index, x.header_offset, x.data_offset,
                     x.compressed_size, x.size, x.crc32, x.method, x.flags, x.local_name, x.error)
                    for x in arc.members]
+        # what `get` answers (its plain dict, and miniz's search) for every name, as bytes and str
+        lookups = [(k, v.index) for k, v in arc._exact_table().items()]
+        picks = [getattr(arc.get(key), "index", None) for x in arc.members
+                 for key in (x.raw_name, x.name, x.name.upper())]
         return (members, [(a.kind, a.message, a.member, a.offset) for a in arc.anomalies],
-                arc.miniz_error, arc.eocd_count, arc.cd_offset, arc.prepended)
+                arc.miniz_error, arc.eocd_count, arc.cd_offset, arc.prepended, lookups, picks)
 
 
 def _same_every_way(data: bytes, monkeypatch, label="", **kw):
@@ -254,9 +258,24 @@ def test_distinct_is_the_python_test(raws, visible, utf8):
 
 
 @needs_scan
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.lists(st.sampled_from(_ALPHABET), max_size=12).map(b"".join), max_size=10),
+       st.integers(-1, 11))
+def test_exact_is_the_python_table(raws, visible):
+    members = [zipfmt.ZipMember(raw.decode("cp437"), raw, i, 0, 30, 0, 0, 0, 0, 0)
+               for i, raw in enumerate(raws)]
+    got = zipfmt._SCAN.exact(members, visible)
+    want = {m.name: m for m in members[:max(0, visible)]
+            if m.raw_name.isascii() and b"\0" not in m.raw_name}
+    assert list(got.items()) == list(want.items())
+    assert all(got[k] is want[k] for k in want)
+
+
+@needs_scan
 def test_distinct_leaves_other_objects_to_python():
     m = zipfmt.ZipMember("a", b"a", 0, 0, 30, 0, 0, 0, 0, 0)
     assert zipfmt._SCAN.distinct([m, object()], 2, True) is None
+    assert zipfmt._SCAN.exact([m, object()], 2) is None
     assert zipfmt._SCAN.distinct([zipfmt.ZipMember("a", "a", 0, 0, 30, 0, 0, 0, 0, 0)], 1,
                                  True) is None
 
