@@ -326,11 +326,12 @@ done:
     return result;
 }
 
-/* Open addressing over up to `n` keys: each slot holds a key's hash and its index + 1 (0: empty),
- * so that only keys of equal hash are compared. */
+/* Open addressing over up to `n` (< 2^32) keys: each slot holds the high half of a key's hash
+ * (the low bits place it) and its index + 1 (0: empty), so that keys are compared only when
+ * their hashes agree. Eight bytes a slot: the table is a transient 2 MB for 10^5 members. */
 typedef struct {
-    uint64_t hash;
-    Py_ssize_t index;
+    uint32_t tag;
+    uint32_t index;
 } Slot;
 
 typedef struct {
@@ -340,6 +341,10 @@ typedef struct {
 
 static int table_init(Table *t, Py_ssize_t n) {
     size_t cap = 8;
+    if ((uint64_t)n >= 0x7FFFFFFFu) {
+        PyErr_SetString(PyExc_OverflowError, "too many members");
+        return -1;
+    }
     while (cap < (size_t)n * 2)
         cap <<= 1;
     t->slot = PyMem_Calloc(cap, sizeof(Slot));
@@ -385,11 +390,11 @@ static inline int table_add(Table *t, uint64_t hash, Py_ssize_t index, PyObject 
     for (size_t at = (size_t)hash & t->mask;; at = (at + 1) & t->mask) {
         Slot *s = &t->slot[at];
         if (s->index == 0) {
-            s->hash = hash;
-            s->index = index + 1;
+            s->tag = (uint32_t)(hash >> 32);
+            s->index = (uint32_t)index + 1;
             return 0;
         }
-        if (s->hash == hash && same(PyList_GET_ITEM(members, s->index - 1),
+        if (s->tag == (uint32_t)(hash >> 32) && same(PyList_GET_ITEM(members, s->index - 1),
                                     PyList_GET_ITEM(members, index)))
             return 1;
     }
@@ -430,6 +435,8 @@ static PyObject *distinct(PyObject *self, PyObject *args) {
         Py_RETURN_NONE;
     Py_ssize_t n = PyList_GET_SIZE(members);
     visible = visible < 0 ? 0 : visible > n ? n : visible;
+    if (n >= 0x7FFFFFFF)
+        Py_RETURN_NONE;   /* beyond the table's indices */
     for (Py_ssize_t i = 0; i < n; i++) {
         PyObject *m = PyList_GET_ITEM(members, i);
         if (Py_TYPE(m) != member_type)
