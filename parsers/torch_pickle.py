@@ -56,7 +56,7 @@ STORAGE_DTYPES: dict[str, str | None] = {
     "UntypedStorage": None,  # bytes; the tensor's dtype comes from _rebuild_tensor_v3
 }
 # torch.FloatStorage, torch.storage.UntypedStorage, torch.cuda.FloatStorage (a CUDA checkpoint).
-_STORAGE_MODULES = {"torch", "torch.storage", "torch.cuda"}
+STORAGE_MODULES = _STORAGE_MODULES = {"torch", "torch.storage", "torch.cuda"}
 # Storage classes whose pid numel counts bytes rather than elements.
 _NUMEL_IS_BYTES = {"UntypedStorage", "QUInt4x2Storage", "QUInt2x4Storage"}
 
@@ -506,11 +506,17 @@ def named_tensors(root, *, max_items: int = 10_000_000, max_depth: int = 1000,
                 yield p, (raw + (k,) if raw else p), v
             continue
         children: list[tuple[Any, tuple, tuple, str | None]] = []
+        # Scalars and empty containers hold no tensor: no entry (and no path copies) for them,
+        # so 10^5 empty dicts in one list cost a test each, not a walk step each.
         if isinstance(obj, dict):
             for k, v in obj.items():
+                if type(v) in _INERT or (type(v) in _BUILTIN_CONTAINERS and not v):
+                    continue
                 children.append((v, path + (_key(k),), raw + (_key(k),), role))
         elif isinstance(obj, (list, tuple)):
             for i, v in enumerate(obj):
+                if type(v) in _INERT or (type(v) in _BUILTIN_CONTAINERS and not v):
+                    continue
                 children.append((v, path + (str(i),), raw + (str(i),), role))
         else:  # an inert object: its state (attributes), then what it was built from
             state = obj.state
@@ -520,20 +526,30 @@ def named_tensors(root, *, max_items: int = 10_000_000, max_depth: int = 1000,
                 children.extend(_module_children(state, path, raw))
             elif isinstance(state, dict):
                 for k, v in state.items():
+                    if type(v) in _INERT or (type(v) in _BUILTIN_CONTAINERS and not v):
+                        continue
                     children.append((v, path + (_key(k),), raw + (_key(k),), role))
             elif state is not pickle_vm.NOTSET and state is not None:
                 children.append((state, path, raw + ("__state__",), role))
             for i, v in enumerate(obj.args or ()):
+                if type(v) in _INERT or (type(v) in _BUILTIN_CONTAINERS and not v):
+                    continue
                 children.append((v, path + (str(i),), raw + ("__args__", str(i)), role))
             for i, v in enumerate(obj.items):
+                if type(v) in _INERT or (type(v) in _BUILTIN_CONTAINERS and not v):
+                    continue
                 children.append((v, path + (str(i),), raw + (str(i),), role))
             for k, v in obj.dictitems:
+                if type(v) in _INERT or (type(v) in _BUILTIN_CONTAINERS and not v):
+                    continue
                 children.append((v, path + (_key(k),), raw + (_key(k),), role))
         stack.extend(reversed(children))
 
 
 _TENSOR_ONLY = {TensorRef}
 _STR_ONLY = {str}
+_INERT = frozenset({str, int, float, bool, complex, bytes, bytearray, type(None), Global})
+_BUILTIN_CONTAINERS = frozenset({dict, list, tuple})
 
 
 def _module_children(state: dict, path: tuple, raw: tuple):

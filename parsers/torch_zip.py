@@ -75,8 +75,26 @@ def make_storage_resolver(archive: ZipArchive, prefix: str, data_dir: str = "dat
     direct = {} if records is None else records    # `_record_lookup`'s first step, inline
     parse_pid = torch_pickle.parse_storage_pid
     start = f"{prefix}/{data_dir}/"
+    storage_dtypes, storage_modules = torch_pickle.STORAGE_DTYPES, torch_pickle.STORAGE_MODULES
+    Global = pickle_vm.Global
 
     def persistent_load(pid, pos):
+        # The pid torch.save writes, a storage met for the first time, its record found by the
+        # exact name: `parse_storage_pid`'s fast path and the general steps below, inline (once
+        # per storage: 10^5-10^6 per checkpoint).
+        if type(pid) is tuple and len(pid) == 5 and pid[0] == "storage":
+            cls, key, location, numel = pid[1], pid[2], pid[3], pid[4]
+            if type(cls) is Global and type(key) is str and type(location) is str and \
+                    type(numel) is int and numel >= 0 and cls.module in storage_modules and \
+                    key not in storages:
+                dtype = storage_dtypes.get(cls.name, False)     # None: UntypedStorage
+                record = direct.get(start + key) if dtype is not False else None
+                if record is not None and not record.error and record.method == METHOD_STORED \
+                        and record.name == start + key:
+                    storage = storages[key] = StorageRef(key, dtype, numel, location, path,
+                                                         record.name, record.data_offset,
+                                                         record.size)
+                    return storage
         dtype, key, location, numel, cls = parse_pid(pid, pos, allow_unknown=True)
         storage = storages.get(key)
         if storage is not None:

@@ -59,6 +59,10 @@ def open_archive(src: ByteSource, archive: zipfmt.ZipArchive) -> ModelFile:
     kind = classify(archive)
     module_name = _MODULES.get(kind)
     if module_name is None:
+        if archive.get("config.json") is not None and archive.get("model.weights.h5") is not None:
+            raise FormatError("a Keras archive (config.json, model.weights.h5): its weights are "
+                              "HDF5, which this tool does not list; `tensorscope scan` judges "
+                              "its config", format="keras", file=src.path)
         raise FormatError(f"zip archive holds no model this tool recognises "
                           f"(no data.pkl, TorchScript code, .pt2 layout or .npy members; first "
                           f"members: {', '.join(archive.names()[:5]) or 'none'})",

@@ -115,33 +115,52 @@ def module_key(name: str, path: tuple[str, ...] = ()) -> str:
     return ".".join("#" if c.isdigit() and c.isascii() else c for c in tail)
 
 
-# The pattern of a name depends only on where its digits are: names with the same skeleton
-# (digits turned into NUL: for an ASCII name, a C call on its bytes, 10x faster than the regex)
-# have the same pattern and their indices at the same offsets, read with one itemgetter of
-# slices. Other names (non-ASCII, or holding NUL themselves) take the regex.
+# Names with the same skeleton (every ASCII digit turned into NUL: one C call on an ASCII name's
+# bytes, 10x faster than the regex) have their index components at the same offsets, read with
+# one itemgetter of slices. Their pattern is the same too, except for the digits that are not an
+# index (``layer1``, ``conv2``, ``w0``): those are part of the pattern, so a skeleton whose names
+# have such digits keeps one pattern per value of them (``literals``). Other names (non-ASCII,
+# or holding NUL themselves) take the regex.
 _DIGITS_TO_NUL = bytes.maketrans(b"0123456789", b"\0" * 10)
-_SKELETONS: dict[bytes, tuple[str, Any]] = {}
+_SKELETONS: dict[bytes, tuple[Any, Any, dict | None]] = {}
 _SKELETONS_MAX = 4096
+_LITERALS_MAX = 4096    # patterns remembered per skeleton
 
 
 def _pattern(text: str) -> tuple[str, tuple[str, ...]]:
     """(pattern, the index components as digit strings) of a name's dotted text; the skeleton's
-    reader is remembered (`_SKELETONS`)."""
+    readers are remembered (`_SKELETONS`)."""
     parts = _INDEX.split("." + text)
     digits = tuple(parts[1::2])
     pattern = ".#".join(parts[::2])[1:]
-    if _cacheable(text) and len(_SKELETONS) < _SKELETONS_MAX:
-        slices, pos = [], -1            # offsets in ``text`` (the split ran on "." + text)
-        for k, part in enumerate(parts):
-            if k % 2:
-                slices.append(slice(pos + 1, pos + 1 + len(part)))
-                pos += 1 + len(part)
-            else:
-                pos += len(part)
-        reader = (itemgetter(*slices) if len(slices) > 1 else
-                  (lambda s, one=slices[0]: (s[one],)) if slices else (lambda s: ()))
-        _SKELETONS[text.encode().translate(_DIGITS_TO_NUL)] = (pattern, reader)
+    if _cacheable(text):
+        skeleton = text.encode().translate(_DIGITS_TO_NUL)
+        entry = _SKELETONS.get(skeleton)
+        if entry is None and len(_SKELETONS) < _SKELETONS_MAX:
+            entry = _SKELETONS[skeleton] = _readers(text, parts)
+        if entry is not None and entry[2] is not None and len(entry[2]) < _LITERALS_MAX:
+            entry[2][entry[1](text)] = pattern
     return pattern, digits
+
+
+def _readers(text: str, parts: list[str]) -> tuple[Any, Any, dict | None]:
+    """(index reader, literal-digit reader or the pattern when there are none, patterns by
+    literal digits or None) for the names of ``text``'s skeleton; ``parts`` is its split."""
+    slices, pos = [], -1            # offsets in ``text`` (the split ran on "." + text)
+    in_index: set[int] = set()
+    for k, part in enumerate(parts):
+        if k % 2:
+            slices.append(slice(pos + 1, pos + 1 + len(part)))
+            in_index.update(range(pos + 1, pos + 1 + len(part)))
+            pos += 1 + len(part)
+        else:
+            pos += len(part)
+    reader = (itemgetter(*slices) if len(slices) > 1 else
+              (lambda s, one=slices[0]: (s[one],)) if slices else (lambda s: ()))
+    literal = [i for i, c in enumerate(text) if c in "0123456789" and i not in in_index]
+    if not literal:
+        return reader, ".#".join(parts[::2])[1:], None
+    return reader, itemgetter(*literal), {}
 
 
 def _cacheable(text: str) -> bool:
@@ -190,8 +209,13 @@ class GroupCollector:
             if got is None:
                 pattern, digits = _pattern(text)
             else:
-                pattern, indices = got
-                digits = indices(text)
+                indices, pattern, literals = got
+                if literals is not None:    # digits outside the indices: part of the pattern
+                    pattern = literals.get(pattern(text))
+                if pattern is None:
+                    pattern, digits = _pattern(text)
+                else:
+                    digits = indices(text)
             key = (pattern, t.dtype, t.shape)
             g = groups.get(key)
             nbytes = t.nbytes if t.has_data else 0

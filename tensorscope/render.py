@@ -13,10 +13,11 @@ import sys
 from typing import Any, Callable, Iterable, Iterator, Sequence
 
 __all__ = ["stdout_console", "stderr_console", "emit_json", "emit_json_stream", "human_bytes",
-           "human_count", "progress", "deferred_progress", "TextTable", "PROGRESS_MIN_BYTES",
-           "error_line"]
+           "human_count", "progress", "deferred_progress", "opening", "TextTable",
+           "PROGRESS_MIN_BYTES", "error_line"]
 
 PROGRESS_MIN_BYTES = 256 << 20  # below this a job is quick: no progress bar
+OPENING_NOTICE_AFTER = 0.3      # seconds an open may take before `opening` says what it reads
 
 
 def stdout_console():
@@ -113,6 +114,54 @@ def human_count(n: int) -> str:
         if abs(n) >= scale:
             return f"{n / scale:.2f}{unit}"
     return str(n)
+
+
+def _status_visible() -> bool:
+    """A status line on stderr reaches a person, and no pager or pipe shares the screen: stderr is
+    a terminal and stdout is that terminal or a file (not ``| less``, which owns the screen)."""
+    try:
+        if not sys.stderr.isatty():
+            return False
+        if sys.stdout.isatty():
+            return True
+        import stat
+        return stat.S_ISREG(os.fstat(sys.stdout.fileno()).st_mode)
+    except (OSError, ValueError, AttributeError):
+        return False
+
+
+@contextlib.contextmanager
+def opening(what: str) -> Iterator[None]:
+    """Say ``reading <what> …`` on stderr if opening takes longer than `OPENING_NOTICE_AFTER`
+    (a checkpoint of 10^5 tensors, a remote file), and wipe the line once it is open, so the
+    first output is the listing itself. A one-shot timer thread: nothing runs while the parse is
+    quick, and nothing is written when no terminal would show it. ``what`` must be safe text."""
+    if not _status_visible():
+        yield
+        return
+    import threading
+    lock = threading.Lock()
+    state = {"shown": False, "done": False}
+
+    def show() -> None:
+        with lock:
+            if not state["done"]:
+                sys.stderr.write(f"reading {what} …")
+                sys.stderr.flush()
+                state["shown"] = True
+
+    timer = threading.Timer(OPENING_NOTICE_AFTER, show)
+    timer.daemon = True
+    timer.start()
+    try:
+        yield
+    finally:
+        timer.cancel()
+        with lock:
+            state["done"] = True
+            if state["shown"]:
+                sys.stderr.write("\r\x1b[2K")   # back to the line's start, erase it
+                sys.stderr.flush()
 
 
 @contextlib.contextmanager

@@ -82,6 +82,27 @@ def test_million_deep_list_pickle_lists_in_linear_time(tmp_path):
     assert time.monotonic() - t0 < 30  # ~3 s here; quadratic was > 120 s
 
 
+def test_wide_pickle_of_empty_containers_names_at_the_cost_of_the_vm():
+    """fuzz "slow-legacy" (the nest mutator on a numpy pickle): 300,000 empty dicts held by one
+    object made the naming walk six times the VM's cost (a stack entry and two path tuples per
+    empty dict); scalars and empty containers hold no tensor and get no entry now. Measured as a
+    ratio to the VM's own run of the same bytes, in one process."""
+    from tensorscope.parsers import pickle_vm, torch_pickle
+    n = 300_000
+    for body in (b"]" + b"}" * n + b"e",                    # a list of empty dicts (APPENDS)
+                 b"}" + b"".join(b"K\x00}s" for _ in range(n // 4)),   # a dict of them
+                 b"c__main__\nX\n)\x81(" + b"}" * n + b"e"):   # a Call's APPENDS items
+        data = b"\x80\x02" + body[:1] + b"(" + body[1:] + b"." if body[:1] == b"]" else \
+            b"\x80\x02" + body + b"."
+        t0 = time.perf_counter()
+        result = pickle_vm.run(data, hooks=torch_pickle.rebuild_hooks())
+        vm = time.perf_counter() - t0
+        assert result.error is None, result.error
+        t0 = time.perf_counter()
+        assert list(torch_pickle.named_tensors(result.value)) == []
+        assert time.perf_counter() - t0 < 2 * vm + 0.05
+
+
 def test_module_state_with_a_key_that_is_not_a_string(tmp_path):
     # run_long, torch_zip target ("field" on fixtures/torch/module.pt) and legacy target
     # ("duplicate" on legacy_module.pt): an nn.Module-like state dict (it has _parameters and

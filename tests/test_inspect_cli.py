@@ -10,6 +10,8 @@ import re
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 import torch
 from torch import nn
 
@@ -382,3 +384,79 @@ def test_group_collector_agrees_with_the_one_name_functions():
                            got["model.layers.#.mlp.experts.#.up_proj.weight"]["ranges"]) == \
         "layers 0–9 (3 seen), experts 2–17 (2 seen)"
     assert describe_ranges("#.#", got["#.#"]["ranges"]) == "#1 0, #2 1"
+
+
+# -- the notice while a slow open runs ----------------------------------------------------------------
+
+def test_slow_open_says_what_it_reads_then_wipes_the_line(tmp_path, capsys, monkeypatch):
+    """On a terminal an open that takes longer than the notice delay shows ``reading <file> …`` on
+    stderr, erased before the table, and the file's name in it is escaped like any other text."""
+    import time
+    from tensorscope import render
+    path, _ = _moe(tmp_path, layers=1, experts=2)
+    evil = tmp_path / f"{EVIL}.pt"
+    path.rename(evil)
+    monkeypatch.setattr(render, "_status_visible", lambda: True)
+    monkeypatch.setattr(render, "OPENING_NOTICE_AFTER", 0.0)
+    real_open = inspect_cmd.open_model
+
+    def slow_open(p):
+        time.sleep(0.2)     # longer than the (zero) delay: the timer fires during the open
+        return real_open(p)
+
+    monkeypatch.setattr(inspect_cmd, "open_model", slow_open)
+    code = main(["inspect", str(evil)])
+    out = capsys.readouterr()
+    assert code == 0
+    assert out.err == f"reading {shown(str(evil))} …\r\x1b[2K"
+    assert "\x1b]" not in out.err and "model.layers.0.mlp.experts.1.up_proj.weight" in out.out
+
+
+def test_no_notice_when_no_terminal_shows_it(tmp_path, capsys, monkeypatch):
+    from tensorscope import render
+    path, _ = _moe(tmp_path, layers=1, experts=2)
+    monkeypatch.setattr(render, "OPENING_NOTICE_AFTER", 0.0)
+    assert not render._status_visible()     # captured stderr is no terminal
+    assert main(["inspect", str(path)]) == 0
+    assert capsys.readouterr().err == ""
+
+
+_COMPONENTS = ["layer1", "layer2", "conv1", "conv2", "w0", "w1", "0", "1", "12", "07", "a", "b2c",
+               "1a", "", "x.9"]
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.lists(st.sampled_from(_COMPONENTS), min_size=1, max_size=5), min_size=1,
+                max_size=40))
+def test_grouping_keeps_digits_that_are_not_indices(parts_lists):
+    """Digits inside a component (``layer1.0.conv2``: ResNet; ``experts.w0``) belong to the
+    pattern: names differing only there are different groups, however the collector's caches
+    were filled before (by these names or earlier ones)."""
+    from tensorscope.grouping import GroupCollector, group_indices, group_key, index_ranges
+    from tensorscope.model import TensorInfo
+    names = [".".join(p) for p in parts_lists]
+    c = GroupCollector()
+    c.add_tensors([TensorInfo(n, "float32", (2,)) for n in names])
+    expect: dict[str, list] = {}
+    for n in names:
+        expect.setdefault(group_key(n), []).append(group_indices(n))
+    got = {g["pattern"]: g for g in c.groups()}
+    assert set(got) == set(expect)
+    for pattern, indices in expect.items():
+        assert got[pattern]["count"] == len(indices)
+        assert got[pattern]["ranges"] == index_ranges(indices)
+
+
+def test_resnet_names_keep_their_layer_and_conv_numbers(tmp_path, capsys):
+    """torchvision-style names: layer1..layer4 and conv1..conv3 are names, the block index is an
+    index (a real torch.save of ResNet-shaped keys)."""
+    sd = {f"layer{l}.{b}.conv{c}.weight": torch.zeros(2, 2) for l in (1, 2) for b in range(3)
+          for c in (1, 2)}
+    path = tmp_path / "resnet.pth"
+    torch.save(sd, path)
+    code, out, _ = _run(capsys, path, "--group")
+    assert code == 0
+    rows = [line.split()[0] for line in out.splitlines()[1:5]]
+    assert rows == ["layer1.#.conv1.weight", "layer1.#.conv2.weight", "layer2.#.conv1.weight",
+                    "layer2.#.conv2.weight"]
+    assert "×3" in out and "4 groups" in out

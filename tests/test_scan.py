@@ -45,6 +45,12 @@ EXPECTED_ABOVE_INFO = {
     # the TUI's deliberately hostile fixtures
     "tui/malicious.pt": ("pickle.dangerous-global", Severity.CRITICAL),
     "tui/garbage.bin": ("file.unparseable", Severity.HIGH),
+    # Keras: Lambda bytecode written by Keras itself, and the published config attacks
+    "keras/lambda.*": ("keras.lambda-bytecode", Severity.CRITICAL),
+    "keras/keras2_lambda.h5": ("keras.lambda-bytecode", Severity.CRITICAL),
+    "keras/module_os.keras": ("keras.dangerous-function", Severity.CRITICAL),
+    "keras/get_file.keras": ("keras.dangerous-function", Severity.CRITICAL),
+    "keras/unsafe_deser.keras": ("keras.dangerous-function", Severity.CRITICAL),
 }
 
 

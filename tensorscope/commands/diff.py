@@ -2,12 +2,13 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import gc
 from typing import TYPE_CHECKING
 
 from .. import open as open_model
 from ..remote import with_cost
-from ..render import emit_json, progress, stdout_console
+from ..render import emit_json, opening, progress, stdout_console
 from ..safetext import markup
 from ..safetext import shown as shown_text
 
@@ -112,7 +113,11 @@ def run(args) -> int:
 def _run(args) -> int:
     from ..parsers.zip_dispatch import listing_only
     # the records only: no object trees, no per-call evidence (~1 KB less per torch tensor)
-    with listing_only(), open_model(args.a) as ma, open_model(args.b) as mb:
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(listing_only())
+        with opening(f"{shown_text(args.a)} and {shown_text(args.b)}"):
+            ma = stack.enter_context(open_model(args.a))
+            mb = stack.enter_context(open_model(args.b))
         total = 0 if args.no_values else ma.total_bytes + mb.total_bytes
         with progress(total, "diff") as advance:
             from ..diffing import diff_models  # numpy loads only when a diff runs

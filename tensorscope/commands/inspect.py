@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import fnmatch
 import math
 import os
@@ -14,7 +15,7 @@ from ..errors import TensorscopeError
 from ..model import TensorInfo, json_texts
 from ..grouping import GroupCollector, describe_ranges, range_labels
 from ..remote import with_cost
-from ..render import (TextTable, emit_json_stream, human_bytes, human_count, progress,
+from ..render import (TextTable, emit_json_stream, human_bytes, human_count, opening, progress,
                       stdout_console)
 from ..safetext import markup, shown
 
@@ -83,7 +84,10 @@ def _compute_stats(model, tensors):
 
 def run(args) -> int:
     from ..parsers.zip_dispatch import listing_only
-    with listing_only(), open_model(args.path) as model:    # no object tree, no call evidence
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(listing_only())     # no object tree, no call evidence
+        with opening(shown(args.path)):
+            model = stack.enter_context(open_model(args.path))
         tensors = _selected(model, args.filter)
         group = args.group if args.group is not None else len(tensors) > GROUP_ABOVE
         stats = _compute_stats(model, tensors) if args.stats else {}

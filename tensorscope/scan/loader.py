@@ -20,7 +20,7 @@ from .. import policy
 from ..errors import FormatError, LimitExceeded, TensorscopeError, UnknownFormat
 from ..remote import is_url, open_source
 from ..source import ByteSource
-from . import chat_template, pickles, torchscript
+from . import chat_template, keras, pickles, torchscript
 from .report import FileReport, Finding, Severity
 from .rules import anomaly_rule, severity_of
 
@@ -55,6 +55,7 @@ _EXT_KIND = {
     ".data": "pickle", ".p": "pickle", ".distcp": "zip", ".metadata": "pickle",
     # TorchScript archives as real projects name them (torch.jit.save writes any name)
     ".jit": "torch", ".torchscript": "torch", ".ptc": "torch",
+    ".keras": "zip", ".h5": "hdf5", ".hdf5": "hdf5",
 }
 # Extensions that only say "compressed" (joblib dumps are named model.pkl.gzip, model.joblib.z).
 _COMPRESSION_EXTS = ("", ".gz", ".gzip", ".bz2", ".xz", ".lzma", ".z", ".zlib")
@@ -106,6 +107,7 @@ class _Ctx:
         self.blob_mode = False                 # a DCP .distcp: several zips back to back
         self.known_data = False                # raw data a model file points at (ONNX external data)
         self.data_files: set[str] = set()      # files this model's tensors live in
+        self.keras = False                     # a Keras archive: its loader is Keras, not ours
 
     def add(self, rule: str, message: str, member: str | None = None, offset: int | None = None,
             trigger: str | None = None, base: str = "file", variant: str | None = None) -> None:
@@ -253,6 +255,8 @@ def _scan_file(ctx: _Ctx, src: ByteSource, explicit: bool, model=None) -> bool:
         understood = True  # reported under its own rule
     elif kind == "tar":
         understood = _scan_tar(ctx, whole(), None, 0, 0, True)
+    elif kind == "hdf5":
+        understood = _scan_hdf5(ctx, src)
     elif parser_format in ("safetensors", "gguf", "onnx") or _sniffs_as_safe_format(head, src.size):
         kind = model.format if model is not None else (parser_format or "safe-format")
         understood = model is not None
@@ -406,6 +410,8 @@ def _parser_error_finding(ctx: _Ctx, err: BaseException, understood: bool, kind:
         return
     if isinstance(err, UnknownFormat):
         return  # no parser claims it: the byte-level view decides (unknown content fails there)
+    if ctx.keras:
+        return  # a Keras archive: Keras loads it, not a loader tensorscope models
     what = "parser" if isinstance(err, TensorscopeError) else type(err).__name__
     if understood and kind in ("zip", "empty-zip", "pickle", "tar", "npy"):
         # every pickle was read at byte level; the loader still refuses the file
@@ -430,6 +436,8 @@ def _content_kind(head: bytes) -> str:
         return "rar"
     if head[:4] == MAGIC_ZSTD:
         return "zstd"
+    if keras.is_hdf5(head):
+        return "hdf5"
     packed = compression(head)
     if packed is not None and packed != "lz4":
         return packed   # gzip, bz2, xz, lzma, zlib, zf
@@ -597,6 +605,8 @@ def _scan_zip(ctx: _Ctx, src: ByteSource, prefix: str | None, absolute: bool, de
             continue
         if not len(data):
             continue
+        if m.name == "config.json" and _scan_keras_config(ctx, data, name):
+            continue
         if m.name.endswith(".py") and "/code/" in f"/{m.name}":
             try:
                 text = bytes(data).decode("utf-8")
@@ -614,6 +624,38 @@ def _scan_zip(ctx: _Ctx, src: ByteSource, prefix: str | None, absolute: bool, de
 
 
 _LOCAL = struct.Struct("<4sHHHHHIIIHH")   # a zip local file header (30 bytes)
+
+
+# =================================================================================================
+# Keras: .keras archives (config.json) and legacy .h5 models (a JSON attribute)
+
+def _scan_keras_config(ctx: _Ctx, data, member: str | None) -> bool:
+    """Judge a zip's top-level config.json when it is a Keras model config; False otherwise."""
+    doc = keras.parse(bytes(data)) if len(data) <= keras.MAX_CONFIG_BYTES else None
+    if not keras.looks_like_config(doc):
+        return False
+    ctx.keras = True
+    for rule, variant, message, trigger in keras.findings(doc):
+        ctx.add(rule, message, member, None, trigger, variant=variant or None)
+    return True
+
+
+def _scan_hdf5(ctx: _Ctx, src: ByteSource) -> bool:
+    """An HDF5 file: the Keras configs its attributes hold, judged; the rest is not parsed."""
+    raw = src.raw
+    if not hasattr(raw, "find"):        # an in-memory or remote source: its bytes
+        raw = bytes(src.view(0, src.size, "file"))
+    configs, complete = keras.hdf5_configs(raw, src.size)
+    for offset, doc in configs:
+        ctx.keras = True
+        for rule, variant, message, trigger in keras.findings(doc):
+            ctx.add(rule, message, None, offset, trigger, variant=variant or None)
+    if not configs:
+        ctx.add("hdf5.not-parsed", "HDF5 file without a Keras model config: its datasets and "
+                "attributes are not parsed (PyTables and pandas unpickle object data on read)")
+    elif not complete:
+        ctx.fail("too many JSON candidates in the HDF5 file: not every attribute was read")
+    return complete
 
 
 def _scan_hidden_local_entries(ctx: _Ctx, src: ByteSource, end: int, prefix: str | None,

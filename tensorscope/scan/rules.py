@@ -182,6 +182,30 @@ _rule("gguf.chat-template-code", C, "A GGUF chat template reaches the interprete
       "llama-cpp-python) and is what sandbox escapes are made of. Real templates do none of it.",
       "https://github.com/abetlen/llama-cpp-python/security/advisories/GHSA-56xg-wfcc-g829")
 
+# --- Keras ------------------------------------------------------------------------------------------
+_KERAS_1550 = "https://github.com/keras-team/keras/security/advisories/GHSA-48g7-3x6r-xfhp"
+_rule("keras.lambda-bytecode", C, "A Keras Lambda layer holds marshalled Python bytecode",
+      "keras.saving.load_model unmarshals a Lambda layer's base64 bytecode and calls it: arbitrary "
+      "code at load (CVE-2024-3660). Keras 3 refuses it in safe_mode for .keras archives only; "
+      "for .h5 files safe_mode is ignored (CVE-2025-9905), and safe_mode=False runs it anywhere.",
+      "https://nvd.nist.gov/vuln/detail/CVE-2024-3660",
+      "https://github.com/io-no/CVE-Reports/issues/7")
+_rule("keras.dangerous-function", C, "A Keras config makes the loader call a dangerous function",
+      "An object of the model config (a Lambda layer's function, any object's module and class) "
+      "names os.system, eval and the like, or a Keras gadget: get_file downloads and writes "
+      "anywhere (CVE-2025-8747), enable_unsafe_deserialization and a nested load_model switch "
+      "safe_mode off (CVE-2025-9906), tf.io writes files.", _KERAS_1550,
+      "https://github.com/io-no/CVE-Reports/issues/5")
+_rule("keras.foreign-module", H, "A Keras config names a module outside Keras",
+      "Keras up to 3.8 imports the module any config object names, and calls function "
+      "references, even with safe_mode (CVE-2025-1550); later versions only when the object is "
+      "registered. HIGH for a function reference (called), MEDIUM for a class (imported, built).",
+      _KERAS_1550, function=H, **{"class": M})
+_rule("hdf5.not-parsed", M, "An HDF5 file whose content is not parsed",
+      "No Keras model config was found in it (a Keras .h5 carries one), and its datasets and "
+      "attributes are not read: PyTables and pandas unpickle object columns and Python "
+      "attributes when they read an HDF5 file.")
+
 # --- parser anomalies: kind -> (severity, rationale) ---------------------------------------------------
 # Zip sources: picklescan advisories GHSA-w8jq-xcqf-f792 (flag bits), GHSA-7q5r-7gvp-wc82
 # (local/central name), CVE-2025-10156 (bad CRC), zipfile/miniz differences documented in zipfmt.
