@@ -277,6 +277,29 @@ class ZipArchive:
         names from a plain dict)."""
         return bool(self._exact if self._exact is not None else self._exact_table())
 
+    def records_under(self, start: str, record) -> dict | None:
+        """``{key: record(name, error, method, data_offset, size)}`` for each of the first
+        `eocd_count` members whose name starts with the ASCII ``start``, as it is or once
+        lowercased (str.lower), keyed by its lowercased name; None when such a name is not
+        ASCII or holds a NUL. ``record``: a tuple subclass without instance dicts (a NamedTuple).
+        What torch_zip's `data_records` needs for its per-tensor lookups, in one compiled loop
+        where `_zipscan` is built (10^5 members: ~1.3 µs each in Python)."""
+        if _SCAN is not None and _SHORTCUTS:
+            got = _SCAN.records(self.members, self.eocd_count, start, record)
+            if got is not NotImplemented:
+                return got
+        low_start, cut = start.lower(), len(start)
+        out = {}
+        for m in self.members[:self.eocd_count]:
+            name = m.name
+            if name.startswith(start) or name[:cut].lower() == low_start:
+                if not name.isascii() or "\0" in name:
+                    return None
+                low = name.lower()
+                out[name if low == name else low] = record(name, m.error, m.method,
+                                                           m.data_offset, m.size)
+        return out
+
     def release(self) -> None:
         """Let go of the members, for a one-pass reader that has taken what it needs from them
         (`torch_zip` under `zip_dispatch.listing_only`: 10^5 members are ~30 MB). Any later use

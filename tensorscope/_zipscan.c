@@ -505,7 +505,125 @@ static PyObject *exact(PyObject *self, PyObject *args) {
     return table;
 }
 
+/* Does `name` (a str) match `data_records`' test: it starts with `start`, or its first `cut`
+ * characters, lowercased (str.lower: Unicode rules), equal `low_start`? -1 on an error. */
+static int under(PyObject *name, PyObject *start, PyObject *low_start, Py_ssize_t cut) {
+    Py_ssize_t len = PyUnicode_GET_LENGTH(name);
+    if (PyUnicode_IS_ASCII(name)) {   /* start and low_start are ASCII (the caller checks) */
+        if (len < cut)
+            return 0;
+        const unsigned char *p = PyUnicode_1BYTE_DATA(name);
+        const unsigned char *a = PyUnicode_1BYTE_DATA(start), *b = PyUnicode_1BYTE_DATA(low_start);
+        if (memcmp(p, a, cut) == 0)
+            return 1;
+        for (Py_ssize_t k = 0; k < cut; k++)
+            if (ascii_lower(p[k]) != b[k])
+                return 0;
+        return 1;
+    }
+    Py_ssize_t hit = PyUnicode_Tailmatch(name, start, 0, PY_SSIZE_T_MAX, -1);
+    if (hit != 0)
+        return (int)hit;
+    PyObject *head = PyUnicode_Substring(name, 0, cut < len ? cut : len);
+    PyObject *low = head ? PyObject_CallMethod(head, "lower", NULL) : NULL;
+    Py_XDECREF(head);
+    if (low == NULL)
+        return -1;
+    int same = PyUnicode_Compare(low, low_start) == 0;
+    Py_DECREF(low);
+    return same;
+}
+
+/* records(members, visible, start, record) -> dict, None, or NotImplemented
+ *
+ * `ZipArchive.records_under`'s loop (torch_zip's `data_records`): over the first `visible`
+ * members, those whose name starts with the ASCII `start`, or does once lowercased, become
+ * record(name, error, method, data_offset, size) (a tuple subclass, made without calling it)
+ * keyed by the lowercased name. None when such a name is not ASCII or holds a NUL;
+ * NotImplemented when the arguments are not what this expects (the caller's loop decides). */
+static PyObject *records(PyObject *self, PyObject *args) {
+    PyObject *members, *start, *record;
+    Py_ssize_t visible;
+    if (!PyArg_ParseTuple(args, "O!nUO!", &PyList_Type, &members, &visible, &start,
+                          &PyType_Type, &record))
+        return NULL;
+    PyTypeObject *rtype = (PyTypeObject *)record;
+    Py_ssize_t n = PyList_GET_SIZE(members);
+    visible = visible < 0 ? 0 : visible > n ? n : visible;
+    if (member_type == NULL || !PyType_IsSubtype(rtype, &PyTuple_Type) ||
+        rtype->tp_basicsize != PyTuple_Type.tp_basicsize || rtype->tp_dictoffset ||
+        !PyUnicode_IS_ASCII(start))
+        Py_RETURN_NOTIMPLEMENTED;
+    for (Py_ssize_t i = 0; i < visible; i++) {
+        PyObject *m = PyList_GET_ITEM(members, i);
+        if (Py_TYPE(m) != member_type || FIELD(m, F_NAME) == NULL ||
+            !PyUnicode_CheckExact(FIELD(m, F_NAME)) || FIELD(m, F_ERROR) == NULL ||
+            FIELD(m, F_METHOD) == NULL || FIELD(m, F_DATA) == NULL || FIELD(m, F_SIZE) == NULL)
+            Py_RETURN_NOTIMPLEMENTED;
+    }
+    Py_ssize_t cut = PyUnicode_GET_LENGTH(start);
+    PyObject *low_start = PyObject_CallMethod(start, "lower", NULL);
+    PyObject *out = low_start ? PyDict_New() : NULL;
+    if (out == NULL) {
+        Py_XDECREF(low_start);
+        return NULL;
+    }
+    for (Py_ssize_t i = 0; i < visible; i++) {
+        PyObject *m = PyList_GET_ITEM(members, i), *name = FIELD(m, F_NAME);
+        int hit = under(name, start, low_start, cut);
+        if (hit < 0)
+            goto fail;
+        if (!hit)
+            continue;
+        Py_ssize_t len = PyUnicode_GET_LENGTH(name);
+        const unsigned char *p = PyUnicode_1BYTE_DATA(name);
+        if (!PyUnicode_IS_ASCII(name) || memchr(p, 0, len) != NULL) {
+            Py_DECREF(low_start);
+            Py_DECREF(out);
+            Py_RETURN_NONE;
+        }
+        Py_ssize_t k = 0;
+        while (k < len && !(p[k] >= 'A' && p[k] <= 'Z'))
+            k++;
+        PyObject *key;
+        if (k == len) {
+            key = Py_NewRef(name);
+        } else {
+            key = PyUnicode_New(len, 127);
+            if (key == NULL)
+                goto fail;
+            unsigned char *q = PyUnicode_1BYTE_DATA(key);
+            for (Py_ssize_t j = 0; j < len; j++)
+                q[j] = ascii_lower(p[j]);
+        }
+        PyObject *r = rtype->tp_alloc(rtype, 5);
+        if (r == NULL) {
+            Py_DECREF(key);
+            goto fail;
+        }
+        if (PyObject_GC_IsTracked(r))   /* strings, ints and None: as CPython untracks tuples */
+            PyObject_GC_UnTrack(r);
+        PyObject *items[5] = {name, FIELD(m, F_ERROR), FIELD(m, F_METHOD), FIELD(m, F_DATA),
+                              FIELD(m, F_SIZE)};
+        for (int j = 0; j < 5; j++)
+            PyTuple_SET_ITEM(r, j, Py_NewRef(items[j]));
+        int bad = PyDict_SetItem(out, key, r);
+        Py_DECREF(key);
+        Py_DECREF(r);
+        if (bad < 0)
+            goto fail;
+    }
+    Py_DECREF(low_start);
+    return out;
+fail:
+    Py_DECREF(low_start);
+    Py_DECREF(out);
+    return NULL;
+}
+
 static PyMethodDef methods[] = {
+    {"records", records, METH_VARARGS,
+     "records(members, visible, start, record): ZipArchive.records_under's dict."},
     {"exact", exact, METH_VARARGS, "exact(members, visible): _exact_table's dict."},
     {"distinct", distinct, METH_VARARGS,
      "distinct(members, visible, names): nothing for check_duplicates to report (see the comment)."},

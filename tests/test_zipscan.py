@@ -304,3 +304,69 @@ def test_names_alike_read_the_same(monkeypatch):
             len({n.encode().lower() for n in names}) < len(names) or
             len({n.split("\0")[0] for n in names}) < len(names))
 
+
+
+_NAME_PARTS = ["a/", "A/", "data/", "DATA/", "Data/", "0", "1", "x", "\u212a", "k", "K", "\u0130",
+               "\0", "\u00e9", "/"]
+
+
+def _python_records(members, visible, start, record):
+    low_start, cut = start.lower(), len(start)
+    out = {}
+    for m in members[:visible]:
+        name = m.name
+        if name.startswith(start) or name[:cut].lower() == low_start:
+            if not name.isascii() or "\0" in name:
+                return None
+            low = name.lower()
+            out[name if low == name else low] = record(name, m.error, m.method, m.data_offset,
+                                                       m.size)
+    return out
+
+
+@needs_scan
+@settings(max_examples=400, deadline=None)
+@given(st.lists(st.lists(st.sampled_from(_NAME_PARTS), max_size=5).map("".join), max_size=10),
+       st.integers(-1, 11), st.sampled_from(["a/data/", "A/Data/", "k/", "a/", ""]))
+def test_records_is_the_python_loop(names, visible, start):
+    """`records` against the loop it replaces, on names that match by case only, through
+    Unicode lowercasing (KELVIN SIGN lowers to 'k'), or hold a NUL or non-ASCII letters."""
+    from tensorscope.parsers.torch_zip import _Record
+    members = [zipfmt.ZipMember(name, name.encode("utf-8", "surrogatepass"), i, 0, 30 + i,
+                                i, i, 0, 0, 0, error=None if i % 3 else f"bad {i}")
+               for i, name in enumerate(names)]
+    got = zipfmt._SCAN.records(members, visible, start, _Record)
+    want = _python_records(members, max(0, visible), start, _Record)
+    assert got == want
+    if want is not None:
+        assert list(got.items()) == list(want.items())
+        assert all(type(r) is _Record for r in got.values())
+        assert all(got[k][0] is want[k][0] for k in want)   # the member's name, not a copy
+
+
+@needs_scan
+def test_records_leaves_other_arguments_to_python():
+    from tensorscope.parsers.torch_zip import _Record
+    m = zipfmt.ZipMember("a/data/0", b"a/data/0", 0, 0, 30, 1, 1, 0, 0, 0)
+    assert zipfmt._SCAN.records([m, object()], 2, "a/", _Record) is NotImplemented
+    assert zipfmt._SCAN.records([m], 1, "\u00e9/", _Record) is NotImplemented
+    assert zipfmt._SCAN.records([m], 1, "a/", dict) is NotImplemented
+
+
+@needs_scan
+@pytest.mark.parametrize("path", ZIPS, ids=[str(p.relative_to(FIXTURES)) for p in ZIPS])
+def test_records_under_is_data_records_loop(path, monkeypatch):
+    """On every zip fixture: the compiled records and the Python loop, for the archive's own
+    data folder."""
+    from tensorscope.parsers.torch_zip import _Record
+    try:
+        arc = zipfmt.read_zip(ByteSource.from_bytes(path.read_bytes()))
+    except Exception:
+        return
+    prefix = arc.torch_prefix() or "archive"
+    for start in (f"{prefix}/data/", f"{prefix.upper()}/DATA/", "data/"):
+        got = arc.records_under(start, _Record)
+        with monkeypatch.context() as m:
+            m.setattr(zipfmt, "_SCAN", None)
+            want = arc.records_under(start, _Record)
+        assert got == want and (want is None or list(got) == list(want))
