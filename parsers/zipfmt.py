@@ -234,6 +234,7 @@ class ZipArchive:
     _miniz_sorted: list[int] | None = field(default=None, repr=False)
     _crc_checked: set[int] = field(default_factory=set, repr=False)
     _distinct: bool = field(default=False, repr=False)   # see `_exact_table`
+    _folded: dict[str, ZipMember] | None = field(default=None, repr=False)   # see `get`
 
     # -- lookup ----------------------------------------------------------------------------------
     def names(self) -> list[str]:
@@ -255,6 +256,20 @@ class ZipArchive:
             exact = self._exact_table()
         if type(name) is str and name in exact:     # the common case, see _exact_table
             return exact[name]
+        if exact and _SHORTCUTS and type(name) is str and name.isascii() and "\0" not in name:
+            # A name missing as it is (torch_zip asks for optional records). miniz matches an
+            # ASCII key only to an ASCII raw name without NUL: one of `exact`'s, of which no two
+            # are alike ignoring case. So the lowered name finds it, among the names that are
+            # lowercase already or among those folded, without miniz's table of every member.
+            low = name.lower()
+            found = exact.get(low)
+            if found is None:
+                folded = self._folded
+                if folded is None:
+                    folded = self._folded = {lk: m for k, m in exact.items()
+                                             if (lk := k.lower()) != k}
+                found = folded.get(low)
+            return found
         raw = name.encode("utf-8", "surrogateescape") if isinstance(name, str) else bytes(name)
         if b"\0" in raw:
             raw = raw.split(b"\0", 1)[0]  # miniz takes a C string
@@ -305,7 +320,7 @@ class ZipArchive:
         (`torch_zip` under `zip_dispatch.listing_only`: 10^5 members are ~30 MB). Any later use
         of the member list raises `ReleasedArchive`."""
         self.members = _Released()
-        self._exact = self._miniz_index = self._miniz_sorted = None
+        self._exact = self._miniz_index = self._miniz_sorted = self._folded = None
 
     def _exact_table(self) -> dict[str, ZipMember]:
         """ASCII names without NUL -> member, when no two visible names are alike ignoring
