@@ -1,7 +1,9 @@
-"""The compiled plain-member step (tensorscope/_zipscan.c) against the Python reader: on every
-zip fixture, every zip of the attack corpus and hypothesis-damaged torch archives, the members
-(every field) and the anomalies must be those of the Python loop, with its shortcuts (the
-plain-member step in Python, the one-span layout check) and without them."""
+"""The compiled steps (tensorscope/_zipscan.c) against the Python reader: on every zip fixture,
+every zip of the attack corpus and hypothesis-damaged torch archives, the members (every field),
+the anomalies and what `get` answers must be those of the Python loop, with its shortcuts (the
+plain-member step in Python, the one-span layout check) and without them. `distinct`, `exact`
+and `records` are held to the Python expressions they replace, and `get`'s folded lookup of a
+missing name to miniz's table."""
 from __future__ import annotations
 
 import io
