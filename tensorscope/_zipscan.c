@@ -28,6 +28,12 @@
 #include <string.h>
 
 #define ABI 1
+
+#if PY_VERSION_HEX < 0x030C0000
+#define STR_NOT_READY(s) (PyUnicode_READY(s) < 0)
+#else
+#define STR_NOT_READY(s) 0   /* every str is "ready" from 3.12 on */
+#endif
 #define CENTRAL_SIZE 46
 #define LOCAL_SIZE 30
 #define U32_MAX 0xFFFFFFFFu
@@ -443,7 +449,7 @@ static PyObject *distinct(PyObject *self, PyObject *args) {
             Py_RETURN_NONE;
         PyObject *name = FIELD(m, F_NAME), *raw = FIELD(m, F_RAW_NAME);
         if (name == NULL || raw == NULL || !PyUnicode_CheckExact(name) ||
-            PyUnicode_READY(name) < 0 || !PyBytes_CheckExact(raw))
+            STR_NOT_READY(name) || !PyBytes_CheckExact(raw))
             Py_RETURN_NONE;
     }
     Table t;
@@ -552,12 +558,13 @@ static PyObject *records(PyObject *self, PyObject *args) {
     visible = visible < 0 ? 0 : visible > n ? n : visible;
     if (member_type == NULL || !PyType_IsSubtype(rtype, &PyTuple_Type) ||
         rtype->tp_basicsize != PyTuple_Type.tp_basicsize || rtype->tp_dictoffset ||
-        !PyUnicode_IS_ASCII(start))
+        STR_NOT_READY(start) || !PyUnicode_IS_ASCII(start))
         Py_RETURN_NOTIMPLEMENTED;
     for (Py_ssize_t i = 0; i < visible; i++) {
         PyObject *m = PyList_GET_ITEM(members, i);
         if (Py_TYPE(m) != member_type || FIELD(m, F_NAME) == NULL ||
-            !PyUnicode_CheckExact(FIELD(m, F_NAME)) || FIELD(m, F_ERROR) == NULL ||
+            !PyUnicode_CheckExact(FIELD(m, F_NAME)) || STR_NOT_READY(FIELD(m, F_NAME)) ||
+            FIELD(m, F_ERROR) == NULL ||
             FIELD(m, F_METHOD) == NULL || FIELD(m, F_DATA) == NULL || FIELD(m, F_SIZE) == NULL)
             Py_RETURN_NOTIMPLEMENTED;
     }
