@@ -159,8 +159,11 @@ static PyObject *bind(PyObject *self, PyObject *cls) {
         }
         offsets[k] = m->offset;
     }
-    if (type->tp_itemsize != 0) {
-        PyErr_SetString(PyExc_TypeError, "a variable-size class");
+    /* exactly these slots: a field added to ZipMember and not here would be left unset */
+    if (type->tp_itemsize != 0 ||
+        type->tp_basicsize != (Py_ssize_t)(sizeof(PyObject) + N_FIELDS * sizeof(PyObject *))) {
+        PyErr_Format(PyExc_TypeError, "%s has other fields than the %d this file sets",
+                     type->tp_name, N_FIELDS);
         return NULL;
     }
     memcpy(field_offset, offsets, sizeof offsets);

@@ -224,6 +224,11 @@ def test_bind_refuses_a_class_without_the_slots(monkeypatch):
         zipfmt._SCAN.bind(NotAMember)
     with pytest.raises(TypeError):
         zipfmt._SCAN.bind(struct)
+
+    from dataclasses import make_dataclass
+    fields = [f.name for f in __import__("dataclasses").fields(zipfmt.ZipMember)]
+    with pytest.raises(TypeError):      # one field more than the file sets
+        zipfmt._SCAN.bind(make_dataclass("Wider", fields + ["extra"], slots=True))
     _same_every_way(TORCH, monkeypatch)   # ZipMember stays bound, its slots as they were
 
 
