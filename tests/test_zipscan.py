@@ -11,6 +11,7 @@ import shutil
 import struct
 import sys
 import warnings
+import zipfile
 import zlib
 from pathlib import Path
 
@@ -136,7 +137,7 @@ def test_member_data_with_a_bad_crc_is_reported_the_same(monkeypatch):
     """The compiled CRC-32 against zlib's: data of every length 0..40 (not multiples of the
     8-byte step only), some of it changed after the CRC was taken."""
     buf = io.BytesIO()
-    with __import__("zipfile").ZipFile(buf, "w") as z:
+    with zipfile.ZipFile(buf, "w") as z:
         for n in range(41):
             z.writestr(f"m/{n}", bytes(range(n)))
     data = bytearray(buf.getvalue())
@@ -168,7 +169,6 @@ def test_the_compiled_step_is_taken(monkeypatch):
     monkeypatch.setattr(zipfmt._Reader, "check_layout", spy)
     arc = zipfmt.read_zip(ByteSource.from_bytes(TORCH))
     assert calls == [] and seen["made"] == [] and seen["span"] == (0, arc.cd_offset)
-    import zipfile
     assert arc.names() == zipfile.ZipFile(io.BytesIO(TORCH)).namelist()
 
 
@@ -225,10 +225,10 @@ def test_bind_refuses_a_class_without_the_slots(monkeypatch):
     with pytest.raises(TypeError):
         zipfmt._SCAN.bind(struct)
 
-    from dataclasses import make_dataclass
-    fields = [f.name for f in __import__("dataclasses").fields(zipfmt.ZipMember)]
+    import dataclasses
+    fields = [f.name for f in dataclasses.fields(zipfmt.ZipMember)]
     with pytest.raises(TypeError):      # one field more than the file sets
-        zipfmt._SCAN.bind(make_dataclass("Wider", fields + ["extra"], slots=True))
+        zipfmt._SCAN.bind(dataclasses.make_dataclass("Wider", fields + ["extra"], slots=True))
     _same_every_way(TORCH, monkeypatch)   # ZipMember stays bound, its slots as they were
 
 
@@ -292,7 +292,6 @@ def test_distinct_leaves_other_objects_to_python():
 def test_names_alike_read_the_same(monkeypatch):
     """Duplicates for miniz (letter case) and for zipfile (exact), seen and beyond the EOCD's
     count, through the whole reader."""
-    import zipfile
     for names in (["m/A", "m/a"], ["m/x", "m/x"], ["m/x\0y", "m/x"], ["m/\u00e9", "m/\u00c9"],
                   ["m/" + "Q" * 20, "m/" + "q" * 20], ["m/1", "m/2", "M/1"]):
         buf = io.BytesIO()
@@ -397,7 +396,6 @@ def _via_miniz(arc, name):
 def test_a_missing_name_is_found_as_miniz_finds_it(names, queries):
     """Names asked for in another letter case (or absent): `get`'s folded lookup against
     miniz's table, on archives whose names differ ignoring case."""
-    import zipfile
     buf = io.BytesIO()
     with zipfile.ZipFile(buf, "w") as z:
         for k, name in enumerate(names):
