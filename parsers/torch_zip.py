@@ -140,18 +140,7 @@ def data_records(archive: ZipArchive, prefix: str, data_dir: str = "data") -> di
     start = f"{prefix}/{data_dir}/"
     if "\0" in start or not start.isascii() or not archive.exact_lookups():
         return None
-    low_start, cut = start.lower(), len(start)
-    visible = archive.members[:archive.eocd_count]
-    records = {}
-    for m in visible:
-        name = m.name
-        if name.startswith(start) or name[:cut].lower() == low_start:
-            if not name.isascii() or "\0" in name:
-                return None
-            low = name.lower()
-            records[name if low == name else low] = _Record(name, m.error, m.method,
-                                                            m.data_offset, m.size)
-    return records
+    return archive.records_under(start, _Record)
 
 
 def _record_lookup(records: dict):

@@ -125,6 +125,17 @@ _IRREGULAR_FLAGS = FLAG_ENCRYPTED | FLAG_STRONG_ENCRYPTION | FLAG_MASKED_LOCAL
 # Names make_member reports something about (NUL, absolute, drive letter, parent): a superset.
 _IRREGULAR_NAME = re.compile(rb"[\x00:\\]|\.\.|\A/")
 
+# The compiled plain-member step (tensorscope/_zipscan.c, built by `pip install` when a C compiler
+# is there): `regular_member`'s checks, the data descriptor and the small CRC for whole runs of
+# entries. Without it every entry is read by the Python loop, with the same results.
+ZIPSCAN_ABI = 1   # what `_zipscan.c` must say it is (a stale build is ignored, not called)
+try:
+    from tensorscope import _zipscan as _SCAN
+except ImportError:
+    _SCAN = None
+if getattr(_SCAN, "ABI", None) != ZIPSCAN_ABI:
+    _SCAN = None
+
 
 def sniff(head: bytes, size: int) -> bool:
     """True iff the file starts like a zip: a local header (torch.load's ``_is_zipfile`` test) or
@@ -135,7 +146,9 @@ def sniff(head: bytes, size: int) -> bool:
 @dataclass(slots=True)
 class ZipMember:
     """One central-directory entry, located in the file. Treat it as read-only (not frozen only
-    because a frozen dataclass costs ~1 µs more per member: 100,000-member archives).
+    because a frozen dataclass costs ~1 µs more per member: 100,000-member archives). Those made
+    by the compiled step (`tensorscope/_zipscan.c`) are not tracked by the cyclic garbage
+    collector: their fields are strings, bytes, ints and None, so store nothing else in them.
 
     Attributes:
         name: decoded name (UTF-8 if flag bit 11 else cp437, as zipfile does; undecodable UTF-8
@@ -181,6 +194,13 @@ class ZipMember:
         return self.data_offset + self.compressed_size
 
 
+if _SCAN is not None:
+    try:
+        _SCAN.bind(ZipMember)
+    except TypeError:   # fields it does not know: a stale build (the tests fail on this)
+        _SCAN = None
+
+
 @dataclass(slots=True)
 class ZipArchive:
     """A parsed archive: members in central-directory order, anomalies, and the layout.
@@ -216,6 +236,8 @@ class ZipArchive:
     _miniz_index: dict[bytes, list[int]] | None = field(default=None, repr=False)
     _miniz_sorted: list[int] | None = field(default=None, repr=False)
     _crc_checked: set[int] = field(default_factory=set, repr=False)
+    _distinct: bool = field(default=False, repr=False)   # see `_exact_table`
+    _folded: dict[str, ZipMember] | None = field(default=None, repr=False)   # see `get`
 
     # -- lookup ----------------------------------------------------------------------------------
     def names(self) -> list[str]:
@@ -237,6 +259,20 @@ class ZipArchive:
             exact = self._exact_table()
         if type(name) is str and name in exact:     # the common case, see _exact_table
             return exact[name]
+        if exact and _SHORTCUTS and type(name) is str and name.isascii() and "\0" not in name:
+            # A name missing as it is (torch_zip asks for optional records). miniz matches an
+            # ASCII key only to an ASCII raw name without NUL: one of `exact`'s, of which no two
+            # are alike ignoring case. So the lowered name finds it, among the names that are
+            # lowercase already or among those folded, without miniz's table of every member.
+            low = name.lower()
+            found = exact.get(low)
+            if found is None:
+                folded = self._folded
+                if folded is None:
+                    folded = self._folded = {lk: m for k, m in exact.items()
+                                             if (lk := k.lower()) != k}
+                found = folded.get(low)
+            return found
         raw = name.encode("utf-8", "surrogateescape") if isinstance(name, str) else bytes(name)
         if b"\0" in raw:
             raw = raw.split(b"\0", 1)[0]  # miniz takes a C string
@@ -259,12 +295,35 @@ class ZipArchive:
         names from a plain dict)."""
         return bool(self._exact if self._exact is not None else self._exact_table())
 
+    def records_under(self, start: str, record) -> dict | None:
+        """``{key: record(name, error, method, data_offset, size)}`` for each of the first
+        `eocd_count` members whose name starts with the ASCII ``start``, as it is or once
+        lowercased (str.lower), keyed by its lowercased name; None when such a name is not
+        ASCII or holds a NUL. ``record``: a tuple subclass without instance dicts (a NamedTuple).
+        What torch_zip's `data_records` needs for its per-tensor lookups, in one compiled loop
+        where `_zipscan` is built (10^5 members: ~1.3 µs each in Python)."""
+        if _SCAN is not None and _SHORTCUTS:
+            got = _SCAN.records(self.members, self.eocd_count, start, record)
+            if got is not NotImplemented:
+                return got
+        low_start, cut = start.lower(), len(start)
+        out = {}
+        for m in self.members[:self.eocd_count]:
+            name = m.name
+            if name.startswith(start) or name[:cut].lower() == low_start:
+                if not name.isascii() or "\0" in name:
+                    return None
+                low = name.lower()
+                out[name if low == name else low] = record(name, m.error, m.method,
+                                                           m.data_offset, m.size)
+        return out
+
     def release(self) -> None:
         """Let go of the members, for a one-pass reader that has taken what it needs from them
         (`torch_zip` under `zip_dispatch.listing_only`: 10^5 members are ~30 MB). Any later use
         of the member list raises `ReleasedArchive`."""
         self.members = _Released()
-        self._exact = self._miniz_index = self._miniz_sorted = None
+        self._exact = self._miniz_index = self._miniz_sorted = self._folded = None
 
     def _exact_table(self) -> dict[str, ZipMember]:
         """ASCII names without NUL -> member, when no two visible names are alike ignoring
@@ -272,12 +331,13 @@ class ZipArchive:
         `get` answers from a plain dict (a torch archive has one member per tensor: 10^5
         lookups). Empty when names collide: every lookup then takes miniz's path."""
         visible = self.members[:self._visible()]
-        lowered = {m.raw_name.lower() for m in visible}
-        if len(lowered) != len(visible):
+        # (`read_zip` found no two visible names alike ignoring case when _distinct is set)
+        if not self._distinct and len({m.raw_name.lower() for m in visible}) != len(visible):
             self._exact = {}
         else:
-            self._exact = {m.name: m for m in visible
-                           if m.raw_name.isascii() and b"\0" not in m.raw_name}
+            table = _SCAN.exact(self.members, len(visible)) if _SCAN and _SHORTCUTS else None
+            self._exact = table if table is not None else {
+                m.name: m for m in visible if m.raw_name.isascii() and b"\0" not in m.raw_name}
         return self._exact
 
     def _miniz_lookup_table(self) -> dict[bytes, list[int]]:
@@ -605,6 +665,13 @@ class _Reader:
         self.anomalies: list[Anomaly] = []
         self.miniz_error: str | None = None
         self.sparse = False     # set once the member count is known (see `peek`)
+        # What the compiled step (`_SCAN`) did, when `read_cd` used it: the indices of members
+        # it found with a wrong small CRC, of those the Python loop made, and the span of the
+        # members when it made them all and they lie end to end.
+        self.scanned = False
+        self.crc_bad: list[int] = []
+        self.made: list[int] = []
+        self.span: tuple[int, int] | None = None
         # The whole file as one view when it is a local map or a buffer (not a remote source,
         # which fetches ranges): the regular-member path reads headers through it directly.
         self.buf = src.buffer if type(src) is ByteSource else None
@@ -747,7 +814,10 @@ class _Reader:
             crc32, buf, size = zlib.crc32, self.buf, self.size
             view = self.src.view if buf is None else (lambda at, n, fmt: buf[at:at + n])
             encrypted = FLAG_ENCRYPTED | FLAG_STRONG_ENCRYPTION
-            for m in members:
+            # The compiled step checked its members' CRCs: only its mismatches are read again.
+            todo = [members[i] for i in sorted(self.made + self.crc_bad)] if self.scanned \
+                else members
+            for m in todo:
                 if (m.error is None and m.method == METHOD_STORED and not m.flags & encrypted
                         and m.compressed_size <= SMALL_CRC_LIMIT):
                     start, n = m.data_offset, m.compressed_size
@@ -798,14 +868,27 @@ class _Reader:
                 prepended: int) -> list[ZipMember]:
         cd = self.src.view(start, cd_size, "central directory", fmt=FORMAT)
         _prefetch_local_headers(self.src, cd, prepended)
-        if self.buf is not None:
+        fast = self.buf is not None and not self.sparse and _SHORTCUTS
+        scan = _SCAN.scan if fast and _SCAN is not None else None
+        if self.buf is not None and scan is None:
             cd = bytes(cd)  # a transient copy (~70 bytes a member): bytes slice and compare faster
         members: list[ZipMember] = []
         pos = 0
         cd_end = start + cd_size
-        regular = self.regular_member if self.buf is not None and not self.sparse and \
-            _SHORTCUTS else None
+        regular = self.regular_member if fast else None
+        crc_limit = SMALL_CRC_LIMIT if self.check_small_crc else -1
+        span = None
         while pos < cd_size:
+            if scan is not None:
+                # The compiled step reads entries until one it does not accept; this loop reads
+                # that one (and reports what is odd about it), then hands back.
+                first_call = not members and not self.made
+                pos, first, end = scan(self.buf, self.size, cd, start, pos, members, prepended,
+                                       self.max_members, crc_limit, self.crc_bad)
+                if first_call and end >= 0:
+                    span = (first, end)
+                if pos >= cd_size:
+                    break
             i = len(members)
             at = start + pos
             if cd_size - pos < CENTRAL.size or cd[pos:pos + 4] != MAGIC_CENTRAL:
@@ -839,7 +922,12 @@ class _Reader:
                 member = self.make_member(i, at, fields, raw_name, extra, prepended,
                                           (start, cd_end))
             members.append(member)
+            if scan is not None:
+                self.made.append(i)
             pos += CENTRAL.size + var_len
+        self.scanned = scan is not None
+        # Every member made by one call of the compiled step, laid end to end: their span.
+        self.span = span if scan is not None and not self.made else None
         return members
 
     def regular_member(self, i: int, f: tuple, raw_name: bytes, prepended: int, cd_start: int,
@@ -848,7 +936,9 @@ class _Reader:
         encrypted, no central extra, an ASCII or valid UTF-8 name with nothing odd in it, a
         local header agreeing with the central one), in far fewer steps; None for anything
         else, which `make_member` then reads and reports in full. Every check whose failure
-        `make_member` would report is made here too, so no entry that passes has an anomaly."""
+        `make_member` would report is made here too, so no entry that passes has an anomaly.
+        `tensorscope/_zipscan.c` makes the same checks over runs of entries where it is built;
+        this step reads entries when it is not."""
         (_, _, _, _, _, flags, method, _, _, crc, csize, usize, _, _, _, disk, _, _,
          offset) = f
         if (method != METHOD_STORED or flags & _IRREGULAR_FLAGS or disk or csize != usize
@@ -1073,10 +1163,20 @@ class _Reader:
     # -- cross-member checks --------------------------------------------------------------------
     def check_duplicates(self, archive: ZipArchive) -> None:
         visible = archive.members[:archive._visible()]
-        names = [m.name for m in archive.members]
-        if (len(set(names)) == len(names) and "\0" not in "".join(names)
-                and len({m.raw_name.lower() for m in visible}) == len(visible)):
-            return  # no two names alike for either reader (the usual case, checked in C loops)
+        plain = None
+        if _SCAN is not None and _SHORTCUTS:
+            # Names made by the compiled step differ when their raw names do (strict decoding)
+            known = self.scanned and not self.made and len(visible) == len(archive.members)
+            plain = _SCAN.distinct(archive.members, len(visible), not known)
+        if plain is None:
+            names = [m.name for m in archive.members]
+            plain = (len(set(names)) == len(names) and "\0" not in "".join(names)
+                     and len({m.raw_name.lower() for m in visible}) == len(visible))
+        if plain:
+            # No two names alike for either reader (the usual case): `get` may then answer
+            # from a plain dict without comparing lowercased names again.
+            archive._distinct = True
+            return
         groups: dict[bytes, list[int]] = {}
         for m in visible:
             groups.setdefault(m.raw_name.lower(), []).append(m.index)
@@ -1155,27 +1255,6 @@ class _Reader:
         # reported: its bytes count as accounted for, its overlaps would repeat the report) or
         # "struct" (directory and trailer records). A member's description (``what``) is None
         # here and made by `_what` only for a message: 10^5 members, a handful of messages.
-        spans: list[tuple[int, int, str | None, str, ZipMember | None]] = []
-        buf, size, descriptor_length = self.buf, self.size, self.descriptor_length
-        short = _DESCRIPTORS[1].unpack_from if _SHORTCUTS and buf is not None and not self.sparse \
-            else None
-        for m in members:
-            if m.error is None:
-                end = m.data_offset + m.compressed_size
-                if not m.flags & FLAG_DESCRIPTOR:
-                    d = 0
-                elif (short is not None and m.size and end + 16 <= size
-                      and short(buf, end) == (MAGIC_DESCRIPTOR, m.crc32, m.compressed_size,
-                                              m.size)):
-                    # The 16-byte form torch writes, tried first: where it matches a member
-                    # that is not empty, the 24-byte form `descriptor_length` tries first
-                    # cannot (its size field would be compressed_size + size << 32).
-                    d = 16
-                else:
-                    d = descriptor_length(m)
-                spans.append((m.header_offset, end + d, None, "member", m))
-            elif m.local_name is not None:
-                spans.append((m.header_offset, min(m.data_end, self.size), None, "bad", m))
         structs = [(cd_start, cd_start + cd_size, "central directory", "struct", None)]
         if z64_pos is not None:
             structs.append((z64_pos, z64_end, "zip64 end-of-central-directory record", "struct",
@@ -1183,13 +1262,13 @@ class _Reader:
         if loc_pos >= 0:
             structs.append((loc_pos, eocd_pos, "zip64 locator", "struct", None))
         structs.append((eocd_pos, eocd_end, "end-of-central-directory record", "struct", None))
-        if (_SHORTCUTS and len(spans) == len(members) > 1 and not any(m.error for m in members)
-                and min(s[0] for s in structs) >= spans[-1][1]
-                and all(a[1] == b[0] for a, b in zip(spans, spans[1:]))):
-            # Readable members laid end to end, in order, before every structure (as torch and
-            # most writers lay them out): they neither overlap nor leave gaps among themselves,
-            # so one span for the run finds exactly what the member spans would.
-            spans = [(spans[0][0], spans[-1][1], None, "member", spans[0][4])]
+        if self.span is not None and (len(members) == 1
+                                      or min(s[0] for s in structs) >= self.span[1]):
+            # The compiled step found every member end to end, each with its descriptor: the
+            # one span the loop below would come to.
+            spans = [(self.span[0], self.span[1], None, "member", members[0])]
+        else:
+            spans = self.member_spans(members, structs)
         spans += structs
         spans.sort(key=_span_key)
 
@@ -1228,6 +1307,38 @@ class _Reader:
         if eocd_end < self.size:
             self.add("zip.trailing_bytes", f"{self.size - eocd_end} bytes after the end-of-central-"
                      f"directory record and its comment", offset=eocd_end)
+
+    def member_spans(self, members: list[ZipMember], structs: list[tuple]) -> list[tuple]:
+        """`check_layout`'s spans of the members: (start, end, None, role, member)."""
+        spans: list[tuple[int, int, str | None, str, ZipMember | None]] = []
+        buf, size, descriptor_length = self.buf, self.size, self.descriptor_length
+        short = _DESCRIPTORS[1].unpack_from if _SHORTCUTS and buf is not None and not self.sparse \
+            else None
+        for m in members:
+            if m.error is None:
+                end = m.data_offset + m.compressed_size
+                if not m.flags & FLAG_DESCRIPTOR:
+                    d = 0
+                elif (short is not None and m.size and end + 16 <= size
+                      and short(buf, end) == (MAGIC_DESCRIPTOR, m.crc32, m.compressed_size,
+                                              m.size)):
+                    # The 16-byte form torch writes, tried first: where it matches a member
+                    # that is not empty, the 24-byte form `descriptor_length` tries first
+                    # cannot (its size field would be compressed_size + size << 32).
+                    d = 16
+                else:
+                    d = descriptor_length(m)
+                spans.append((m.header_offset, end + d, None, "member", m))
+            elif m.local_name is not None:
+                spans.append((m.header_offset, min(m.data_end, self.size), None, "bad", m))
+        if (_SHORTCUTS and len(spans) == len(members) > 1 and not any(m.error for m in members)
+                and min(s[0] for s in structs) >= spans[-1][1]
+                and all(a[1] == b[0] for a, b in zip(spans, spans[1:]))):
+            # Readable members laid end to end, in order, before every structure (as torch and
+            # most writers lay them out): they neither overlap nor leave gaps among themselves,
+            # so one span for the run finds exactly what the member spans would.
+            spans = [(spans[0][0], spans[-1][1], None, "member", spans[0][4])]
+        return spans
 
     def report_gap(self, start: int, end: int, before: str) -> None:
         head = self.bytes_at(start, min(end - start, 4))
