@@ -68,7 +68,10 @@ static inline double bf16_bits_to_double(uint16_t h) {
 }
 
 /* Widen n (<= BLOCK) elements; returns non-zero when one of them is Inf or NaN. Code 't': bytes
- * that index a 256-entry float64 table (float8 and other one-byte floats). */
+ * that index a 256-entry float64 table (the other one-byte floats). float8_e5m2 ('E') is
+ * float16's upper byte; float8_e4m3fn ('F') shifted into float16's places is its value times
+ * 2^-8, subnormals included (both have 3 exponent bits below the binary point's reach: exact),
+ * and its one NaN pattern (S.1111.111) comes out finite, so it is flagged from the bits. */
 VECTOR_CLONES
 static int widen(const char *p, char code, const double *table, Py_ssize_t n, double *out) {
     int special = 0;
@@ -77,6 +80,19 @@ static int widen(const char *p, char code, const double *table, Py_ssize_t n, do
         for (Py_ssize_t i = 0; i < n; i++) {
             out[i] = table[v[i]];
             special |= !(fabs(out[i]) <= 1.7976931348623157e308);
+        }
+    } else if (code == 'E') {   /* float8_e5m2: float16's upper byte */
+        const uint8_t *v = (const uint8_t *)p;
+        for (Py_ssize_t i = 0; i < n; i++) {
+            out[i] = half_bits_to_double((uint16_t)(v[i] << 8));
+            special |= (v[i] & 0x7c) == 0x7c;
+        }
+    } else if (code == 'F') {   /* float8_e4m3fn: its bits in float16's places, times 2^8 */
+        const uint8_t *v = (const uint8_t *)p;
+        for (Py_ssize_t i = 0; i < n; i++) {
+            out[i] = half_bits_to_double((uint16_t)(((v[i] & 0x80) << 8) | ((v[i] & 0x7f) << 7)))
+                     * 256.0;
+            special |= (v[i] & 0x7f) == 0x7f;
         }
     } else if (code == 'e') {
         const uint16_t *h = (const uint16_t *)p;
@@ -248,6 +264,21 @@ V4 static inline void v4_load(const char *p, char code, const double *table, Py_
         *lo = _mm512_maskz_loadu_pd((__mmask8)m16, p);
         *hi = _mm512_maskz_loadu_pd((__mmask8)(m16 >> 8), p + 64);
         return;
+    case 'E':   /* float8_e5m2: float16's upper byte (Inf and NaN stay Inf and NaN) */
+        f = _mm512_cvtph_ps(_mm256_slli_epi16(_mm256_cvtepu8_epi16(
+            _mm_maskz_loadu_epi8(m16, p)), 8));
+        break;
+    case 'F': { /* float8_e4m3fn: in float16's places times 2^8; its NaN made a NaN again */
+        __m128i b8 = _mm_maskz_loadu_epi8(m16, p);
+        __m256i h = _mm256_cvtepu8_epi16(b8);
+        h = _mm256_or_si256(_mm256_slli_epi16(_mm256_and_si256(h, _mm256_set1_epi16(0x80)), 8),
+                            _mm256_slli_epi16(_mm256_and_si256(h, _mm256_set1_epi16(0x7f)), 7));
+        f = _mm512_mul_ps(_mm512_cvtph_ps(h), _mm512_set1_ps(256.0f));
+        __mmask16 nan = _mm_cmpeq_epi8_mask(_mm_and_si128(b8, _mm_set1_epi8(0x7f)),
+                                            _mm_set1_epi8(0x7f));
+        f = _mm512_mask_mov_ps(f, nan, _mm512_set1_ps(NAN));
+        break;
+    }
     case 't':   /* one-byte floats: their bytes index the 256-entry table */
         w = _mm512_cvtepu8_epi32(_mm_maskz_loadu_epi8(m16, p));
         *lo = _mm512_mask_i32gather_pd(_mm512_setzero_pd(), (__mmask8)m16,
@@ -348,7 +379,7 @@ static int use_v4 = 0;
 
 static Py_ssize_t itemsize(char code) {
     switch (code) {
-    case 'c': case 'B': case 't': return 1;
+    case 'c': case 'B': case 't': case 'E': case 'F': return 1;
     case 'e': case 'b': case 'h': return 2;
     case 'f': case 'i': return 4;
     case 'd': return 8;
@@ -400,7 +431,8 @@ static int check_codes(char ca, char cb, const Py_buffer *ta, const Py_buffer *t
  * max_abs, max_rel, zero_ref, mismatched) or None when a value is not finite. a and b:
  * C-contiguous buffers of n elements each, codes 'e' float16, 'b' bfloat16 (both as their uint16
  * bits), 'f' float32, 'd' float64, 'c' int8, 'B' uint8, 'h' int16, 'i' int32 (all exact in
- * float64), 't' bytes indexing the 256-entry float64 table passed after rtol (table_a, then
+ * float64), 'E' float8_e5m2, 'F' float8_e4m3fn (both as their bytes), 't' bytes of another
+ * one-byte float indexing the 256-entry float64 table passed after rtol (table_a, then
  * table_b). max_rel is -inf when every element of b is 0. */
 static PyObject *stats(PyObject *self, PyObject *args) {
     Py_buffer ba, bb, ta = {0}, tb = {0};
@@ -481,7 +513,7 @@ static struct PyModuleDef module = {
 
 /* Bumped whenever stats() changes its arguments or results: `diffing` uses a build only when it
  * carries the ABI it was written for (a stale build of an editable install is ignored). */
-#define KERNEL_ABI 5
+#define KERNEL_ABI 6
 
 PyMODINIT_FUNC PyInit__diffkernel(void) {
 #ifdef HAVE_V4

@@ -942,7 +942,7 @@ _F16 = np.dtype(np.float16)
 # The optional compiled pass (tensorscope/_diffkernel.c, built by `pip install` when a C compiler
 # is there; numpy computes the same figures without it). Codes are the kernel's; bfloat16 goes in
 # as its uint16 bits (numpy cannot export ml_dtypes' types through the buffer protocol).
-KERNEL_ABI = 5   # what `_diffkernel.c` must say it is (a stale build is ignored, not called)
+KERNEL_ABI = 6   # what `_diffkernel.c` must say it is (a stale build is ignored, not called)
 try:
     from . import _diffkernel as _KERNEL
 except ImportError:
@@ -951,14 +951,16 @@ if getattr(_KERNEL, "ABI", None) != KERNEL_ABI:
     _KERNEL = None
 _KERNEL_CODES = {_F16: "e", _BF16: "b", np.dtype(np.float32): "f", np.dtype(np.float64): "d",
                  np.dtype(np.int8): "c", np.dtype(np.uint8): "B", np.dtype(np.int16): "h",
-                 np.dtype(np.int32): "i"}
+                 np.dtype(np.int32): "i", np.dtype(ml_dtypes.float8_e5m2): "E",
+                 np.dtype(ml_dtypes.float8_e4m3fn): "F"}
 _KERNEL_VIEW = {"e": np.uint16, "b": np.uint16, "f": np.float32, "d": np.float64, "c": np.int8,
-                "B": np.uint8, "h": np.int16, "i": np.int32, "t": np.uint8}
+                "B": np.uint8, "h": np.int16, "i": np.int32, "t": np.uint8, "E": np.uint8,
+                "F": np.uint8}
 
 
 def _kernel_code(dt: np.dtype) -> str | None:
-    """The kernel's code for a dtype: one-byte floats (float8 ...) go through `_table` as in
-    `_to_float`."""
+    """The kernel's code for a dtype: float8_e5m2 and float8_e4m3fn by their bits, the other
+    one-byte floats through `_table` as in `_to_float`."""
     code = _KERNEL_CODES.get(dt)
     if code is None and dt.itemsize == 1 and dt.kind not in "iub":
         return "t"

@@ -587,3 +587,21 @@ def test_a_forked_child_diffs_with_pools_of_its_own(tmp_path):
     os.kill(pid, 9)
     os.waitpid(pid, 0)
     pytest.fail("the forked child's diff hung")
+
+
+@pytest.mark.parametrize("dt", [ml_dtypes.float8_e4m3fn, ml_dtypes.float8_e5m2])
+def test_compiled_float8_by_their_bits_on_every_pattern(dt, kernel_path):
+    """float8_e5m2 and float8_e4m3fn are widened from their bits, not a table: every finite byte
+    pattern (subnormals, signed zeros, the largest) against every other one gives the numpy
+    passes' figures, and every Inf or NaN pattern sends the piece back (None)."""
+    every = np.arange(256, dtype=np.uint8).view(dt)
+    finite = every[np.isfinite(every.astype(np.float64))]
+    for shift in (1, 7, 100):
+        _same_figures(*_both(finite, np.roll(finite, shift)), (np.dtype(dt).name, shift))
+    code = diffing._kernel_code(np.dtype(dt))
+    assert code in ("E", "F")   # by the bits, not through the table
+    zero = np.zeros(1, np.uint8)
+    for pattern in np.flatnonzero(~np.isfinite(every.astype(np.float64))):
+        one = np.array([pattern], np.uint8)
+        assert diffing._KERNEL.stats(one, code, zero, code, 1e-8, 1e-5, b"", b"") is None
+        assert diffing._KERNEL.stats(zero, code, one, code, 1e-8, 1e-5, b"", b"") is None
