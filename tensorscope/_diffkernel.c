@@ -24,7 +24,8 @@
  * ulps, so that a product's rounding can never hide a larger ratio), and the rare block where
  * that holds (a new maximum, or a zero of b where a differs) is run again through the exact,
  * dividing loop; once a block had such zeros, the loop counts them itself (pruned tensors,
- * integers). The maxima and counts are those of the exact loop. Integers and one-byte floats
+ * integers), and after four flagged blocks in a row (values from a small set, whose largest ratio
+ * recurs) it divides in the loop instead. The maxima and counts are those of the exact loop. Integers and one-byte floats
  * (through their table, gathered) are read directly too; a pair of two different dtypes is
  * widened into float64 blocks first. float16, one core,
  * measured on Zen 4: 0.45 ns per pair in cache (0.97 for the portable loop) and 0.62 streaming
@@ -204,9 +205,9 @@ static double exact_block(const double *restrict xs, const double *restrict ys, 
  * are counted here and raise no flag: for inputs with many zeros (integers, pruned tensors),
  * where they would flag every block. */
 #define V4_DECL(k) __m512d sq##k = zero, xx##k = zero, yy##k = zero, xy##k = zero, \
-    sa##k = zero, mx##k = zero, my##k = zero; __m512i mm##k = _mm512_setzero_si512(), \
-    zr##k = _mm512_setzero_si512();
-#define V4_STEP(k, X, Y, ZC) do { \
+    sa##k = zero, mx##k = zero, my##k = zero, mr##k = zero; \
+    __m512i mm##k = _mm512_setzero_si512(), zr##k = _mm512_setzero_si512();
+#define V4_STEP(k, X, Y, ZC, DIV) do { \
     __m512d x_ = (X), y_ = (Y), d_ = _mm512_sub_pd(x_, y_); \
     __m512d ad_ = _mm512_andnot_pd(sign, d_), ay_ = _mm512_andnot_pd(sign, y_); \
     sq##k = _mm512_fmadd_pd(d_, d_, sq##k); xx##k = _mm512_fmadd_pd(x_, x_, xx##k); \
@@ -216,7 +217,12 @@ static double exact_block(const double *restrict xs, const double *restrict ys, 
     __m512d tol_ = _mm512_add_pd(vatol, _mm512_mul_pd(ay_, vrtol)); \
     mm##k = _mm512_mask_sub_epi64(mm##k, _mm512_cmp_pd_mask(ad_, tol_, _CMP_GT_OQ), mm##k, \
                                   minus1); \
-    if (ZC) { \
+    if (DIV) { \
+        __mmask8 kz_ = _mm512_cmp_pd_mask(ay_, zero, _CMP_EQ_OQ); \
+        zr##k = _mm512_mask_sub_epi64(zr##k, _mm512_mask_cmp_pd_mask(kz_, ad_, zero, \
+                                      _CMP_NEQ_OQ), zr##k, minus1); \
+        mr##k = _mm512_max_pd(mr##k, _mm512_maskz_div_pd((__mmask8)~kz_, ad_, ay_)); \
+    } else if (ZC) { \
         __mmask8 kz_ = _mm512_cmp_pd_mask(ay_, zero, _CMP_EQ_OQ); \
         zr##k = _mm512_mask_sub_epi64(zr##k, _mm512_mask_cmp_pd_mask(kz_, ad_, zero, \
                                       _CMP_NEQ_OQ), zr##k, minus1); \
@@ -232,6 +238,7 @@ static double exact_block(const double *restrict xs, const double *restrict ys, 
     s->sa += _mm512_reduce_add_pd(sa##k); s->mm += (double)_mm512_reduce_add_epi64(mm##k); \
     s->zr += (double)_mm512_reduce_add_epi64(zr##k); \
     double m_ = _mm512_reduce_max_pd(mx##k); s->mx = m_ > s->mx ? m_ : s->mx; \
+    m_ = _mm512_reduce_max_pd(mr##k); s->mr = m_ > s->mr ? m_ : s->mr; \
     m_ = _mm512_reduce_max_pd(my##k); my_all = m_ > my_all ? m_ : my_all; \
 } while (0)
 
@@ -318,6 +325,7 @@ V4 static int run_v4(const char *pa, char ca, const double *ta, const char *pb, 
     /* count zeros of b in the vector loop: from the start for integers (they hold many), once
      * seen for the rest */
     int zc = !direct || ca == 'c' || ca == 'B' || ca == 'h' || ca == 'i';
+    int div = 0, flagged_run = 0;
     for (Py_ssize_t at = 0; at < n; at += BLOCK) {
         Py_ssize_t m = n - at < BLOCK ? n - at : BLOCK;
         const char *qa, *qb;
@@ -334,24 +342,21 @@ V4 static int run_v4(const char *pa, char ca, const double *ta, const char *pb, 
         double t = s->mr > 0 ? s->mr * (1.0 - 4.0 * 2.220446049250313e-16) : 0.0;
         __m512d vt = _mm512_set1_pd(t);
         __mmask8 flag = 0;
-        if (zc) {
-            for (Py_ssize_t i = 0; i < m; i += 16) {
-                __m512d x0, x1, y0, y1;
-                PREFETCH(i);
-                v4_load(qa + i * w, code, tx, m - i, &x0, &x1);
-                v4_load(qb + i * w, code, ty, m - i, &y0, &y1);
-                V4_STEP(0, x0, y0, 1);
-                V4_STEP(1, x1, y1, 1);
-            }
+#define V4_LOOP(ZC, DIV) for (Py_ssize_t i = 0; i < m; i += 16) { \
+            __m512d x0, x1, y0, y1; \
+            PREFETCH(i); \
+            v4_load(qa + i * w, code, tx, m - i, &x0, &x1); \
+            v4_load(qb + i * w, code, ty, m - i, &y0, &y1); \
+            V4_STEP(0, x0, y0, ZC, DIV); \
+            V4_STEP(1, x1, y1, ZC, DIV); \
+        }
+        if (div) {
+            V4_LOOP(1, 1)
+            continue;
+        } else if (zc) {
+            V4_LOOP(1, 0)
         } else {
-            for (Py_ssize_t i = 0; i < m; i += 16) {
-                __m512d x0, x1, y0, y1;
-                PREFETCH(i);
-                v4_load(qa + i * w, code, tx, m - i, &x0, &x1);
-                v4_load(qb + i * w, code, ty, m - i, &y0, &y1);
-                V4_STEP(0, x0, y0, 0);
-                V4_STEP(1, x1, y1, 0);
-            }
+            V4_LOOP(0, 0)
         }
         /* t = inf (a float64 ratio that overflowed) would make inf·0 a NaN and hide zeros of b */
         if (flag || !(t <= 1.7976931348623157e308)) {
@@ -361,6 +366,12 @@ V4 static int run_v4(const char *pa, char ca, const double *ta, const char *pb, 
             }
             if (exact_block(xs, ys, m, !zc, s) > 0)
                 zc = 1;   /* zeros of b where a differs: count them in the loop from now on */
+            /* Block after block flagged (values from a small set, float8 or integers, whose
+             * largest ratio recurs): divide in the loop from now on instead. */
+            if (++flagged_run >= 4)
+                div = 1;
+        } else {
+            flagged_run = 0;
         }
     }
     V4_FOLD(0);

@@ -249,14 +249,15 @@ def _same_figures(k, ref, where) -> None:
 
 @pytest.mark.parametrize("dt", [np.float16, ml_dtypes.bfloat16, np.float32, np.float64])
 @pytest.mark.parametrize("case", ["rising", "ulp", "zeros_late", "zeros_first", "b_all_zero",
-                                  "equal"])
+                                  "equal", "recurring"])
 def test_compiled_ratio_without_division_is_exact(dt, case, kernel_path):
     """The AVX-512 pass divides only in blocks where |d| > t·|b| for the largest ratio t so far:
     max_rel must still be the exact maximum and zero_ref the exact count when each block holds
     a new maximum ("rising"), when a later ratio exceeds the earlier one by one ulp ("ulp": the
     shaved threshold), when zeros of B first appear after many blocks ("zeros_late": counted by
     the exact re-run, then in the loop) or from the start, when B is all zero (no ratio: None),
-    and when nothing differs."""
+    and when nothing differs; and when the largest ratio recurs block after block ("recurring":
+    the loop then divides in place, zeros of B and a later maximum included)."""
     n = 20 * 512 + 7     # many blocks of 512, and a tail
     b = np.full(n, 1.0)
     a = b.copy()
@@ -273,6 +274,10 @@ def test_compiled_ratio_without_division_is_exact(dt, case, kernel_path):
         b[::3] = 0.0
     elif case == "b_all_zero":
         b[:] = 0.0
+    elif case == "recurring":   # the largest ratio in every block: the loop turns to dividing
+        a[::300] = 2.0
+        b[12 * 512 + 5::211] = 0.0                        # then zeros of B ...
+        a[18 * 512 + 9] = 4.0                             # ... and a larger ratio, late
     xa, xb = a.astype(dt), b.astype(dt)
     if case == "ulp":   # ... and, 10 blocks on, the next value above 1.5: a ratio just above
         bits = xa.view(f"u{xa.itemsize}")
