@@ -24,8 +24,8 @@
  * ulps, so that a product's rounding can never hide a larger ratio), and the rare block where
  * that holds (a new maximum, or a zero of b where a differs) is run again through the exact,
  * dividing loop; once a block had such zeros, the loop counts them itself (pruned tensors,
- * integers), and after four flagged blocks in a row (values from a small set, whose largest ratio
- * recurs) it divides in the loop instead. The maxima and counts are those of the exact loop. Integers and one-byte floats
+ * integers), and when a quarter of the blocks are flagged (values from a small set, whose
+ * largest ratio recurs) it divides in the loop instead. The maxima and counts are those of the exact loop. Integers and one-byte floats
  * (through their table, gathered) are read directly too; a pair of two different dtypes is
  * widened into float64 blocks first. float16, one core,
  * measured on Zen 4: 0.45 ns per pair in cache (0.97 for the portable loop) and 0.62 streaming
@@ -250,9 +250,11 @@ static double exact_block(const double *restrict xs, const double *restrict ys, 
     _mm_prefetch(qb + (i) * w + PREFETCH_AHEAD, _MM_HINT_T0); } } while (0)
 
 /* 16 elements (fewer at the end: masked, the rest read as 0, which adds nothing to any figure
- * and raises no flag) of one side as two vectors of float64; `table` for code 't'. */
-V4 static inline void v4_load(const char *p, char code, const double *table, Py_ssize_t left,
-                              __m512d *lo, __m512d *hi) {
+ * and raises no flag) of one side as two vectors of float64; `table` for code 't'. Always
+ * inlined: called out of line per 16 elements, float16 took 0.85 ns per pair instead of 0.56. */
+V4 static inline __attribute__((always_inline)) void v4_load(
+        const char *p, char code, const double *table, Py_ssize_t left, __m512d *lo,
+        __m512d *hi) {
     __mmask16 m16 = left >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << left) - 1);
     __m512 f;
     __m512i w;
@@ -325,7 +327,8 @@ V4 static int run_v4(const char *pa, char ca, const double *ta, const char *pb, 
     /* count zeros of b in the vector loop: from the start for integers (they hold many), once
      * seen for the rest */
     int zc = !direct || ca == 'c' || ca == 'B' || ca == 'h' || ca == 'i';
-    int div = 0, flagged_run = 0;
+    int div = 0;
+    Py_ssize_t blocks = 0, flagged = 0;
     for (Py_ssize_t at = 0; at < n; at += BLOCK) {
         Py_ssize_t m = n - at < BLOCK ? n - at : BLOCK;
         const char *qa, *qb;
@@ -350,6 +353,7 @@ V4 static int run_v4(const char *pa, char ca, const double *ta, const char *pb, 
             V4_STEP(0, x0, y0, ZC, DIV); \
             V4_STEP(1, x1, y1, ZC, DIV); \
         }
+        blocks++;
         if (div) {
             V4_LOOP(1, 1)
             continue;
@@ -366,12 +370,11 @@ V4 static int run_v4(const char *pa, char ca, const double *ta, const char *pb, 
             }
             if (exact_block(xs, ys, m, !zc, s) > 0)
                 zc = 1;   /* zeros of b where a differs: count them in the loop from now on */
-            /* Block after block flagged (values from a small set, float8 or integers, whose
-             * largest ratio recurs): divide in the loop from now on instead. */
-            if (++flagged_run >= 4)
+            /* A quarter of the blocks flagged after the first 64 (values from a small set,
+             * float8 or integers, whose largest ratio recurs; new maxima alone flag ~ln(blocks)
+             * of them): divide in the loop from now on instead. */
+            if (++flagged * 4 >= blocks && blocks >= 64)
                 div = 1;
-        } else {
-            flagged_run = 0;
         }
     }
     V4_FOLD(0);

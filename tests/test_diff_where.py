@@ -275,9 +275,11 @@ def test_compiled_ratio_without_division_is_exact(dt, case, kernel_path):
     elif case == "b_all_zero":
         b[:] = 0.0
     elif case == "recurring":   # the largest ratio in every block: the loop turns to dividing
+        b = np.full(100 * 512 + 7, 1.0)                   # (after 64 blocks)
+        a = b.copy()
         a[::300] = 2.0
-        b[12 * 512 + 5::211] = 0.0                        # then zeros of B ...
-        a[18 * 512 + 9] = 4.0                             # ... and a larger ratio, late
+        b[72 * 512 + 5::211] = 0.0                        # then zeros of B ...
+        a[85 * 512 + 9] = 4.0                             # ... and a larger ratio, late
     xa, xb = a.astype(dt), b.astype(dt)
     if case == "ulp":   # ... and, 10 blocks on, the next value above 1.5: a ratio just above
         bits = xa.view(f"u{xa.itemsize}")
