@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 
 from . import __version__
@@ -60,6 +61,7 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_ERROR
     from .remote import reset_totals
     reset_totals()  # what this command fetched, whatever ran before in this process
+    blas_pinned = _pin_blas_threads()
     try:
         return int(args._run(args))
     except KeyboardInterrupt:
@@ -72,7 +74,23 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as e:  # noqa: BLE001 — the boundary where every error becomes one line
         return error_line(args.command, describe_error(e))
     finally:
+        if blas_pinned:
+            os.environ.pop("OPENBLAS_NUM_THREADS", None)
         _say_cost(args)
+
+
+def _pin_blas_threads() -> bool:
+    """OpenBLAS single-threaded for numpy loaded during this command, unless numpy is loaded
+    already or the user chose OPENBLAS_NUM_THREADS; True when the variable was set here (and is
+    to be removed after the command). OpenBLAS starts a server thread per core at load, and each
+    spins ~0.1 s before it sleeps, on the cores the command runs on; no command wants them (the
+    diff's compiled pass calls no BLAS, its numpy passes pin each pool thread's BLAS to one
+    thread; statistics and conversion are reductions and copies). The variable is read at
+    numpy's load only; only the CLI sets it, never the library."""
+    if "numpy" in sys.modules or "OPENBLAS_NUM_THREADS" in os.environ:
+        return False
+    os.environ["OPENBLAS_NUM_THREADS"] = "1"
+    return True
 
 
 def _say_cost(args) -> None:

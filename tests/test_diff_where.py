@@ -545,29 +545,35 @@ def test_a_failing_lane_stops_the_diff_and_no_lane_outlives_it(tmp_path, monkeyp
 
 
 @pytest.mark.skipif(not os.path.isdir("/proc/self/task"), reason="counts threads in /proc")
-@pytest.mark.parametrize("how", ["diff", "plain", "user"])
-def test_diff_loads_numpy_without_blas_threads_unless_told(how):
-    """`diff` loads numpy with OpenBLAS single-threaded (no server thread to spin on the diff's
-    cores: the process has one thread after the load, where a plain import starts one per core),
-    leaves the environment as it found it, and keeps a user's own OPENBLAS_NUM_THREADS."""
+@pytest.mark.parametrize("how", ["cli", "plain", "user"])
+def test_commands_load_numpy_without_blas_threads_unless_told(how, tmp_path):
+    """A command that loads numpy (diff, --stats, convert, the TUI) loads it with OpenBLAS
+    single-threaded (no server thread to spin on the command's cores: one thread after the
+    command, where a plain import starts one per core), leaves the environment as it found it,
+    and keeps a user's own OPENBLAS_NUM_THREADS."""
     import subprocess
     import sys
+    path = tmp_path / "w.npy"
+    np.save(path, np.arange(6.0))
+    run = ("from tensorscope.cli import main\n"   # --stats loads numpy, starts no thread itself
+           f"assert main(['inspect', '--stats', {str(path)!r}]) == 0\n" if how != "plain" else
+           "import numpy\n")
     code = ("import os, sys\n"
-            "from tensorscope.commands import diff\n"
             "assert 'numpy' not in sys.modules\n"
-            f"{'import numpy' if how == 'plain' else 'diff._load_numpy_without_blas_threads()'}\n"
-            "import numpy\n"
+            f"{run}"
+            "assert 'numpy' in sys.modules\n"
             "print(os.environ.get('OPENBLAS_NUM_THREADS'), len(os.listdir('/proc/self/task')))\n")
     env = {k: v for k, v in os.environ.items() if k != "OPENBLAS_NUM_THREADS"}
     if how == "user":
         env["OPENBLAS_NUM_THREADS"] = "2"
-    var, threads = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
-                                  text=True, check=True).stdout.split()
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                         check=True).stdout.split()
+    var, threads = out[-2:]
     assert var == ("2" if how == "user" else "None")
-    if how == "diff":
+    if how == "cli":
         assert threads == "1"
     elif how == "plain" and diffing._openblas() is not None and diffing._workers() > 1:
-        assert int(threads) > 1   # what the diff avoids
+        assert int(threads) > 1   # what the commands avoid
 
 
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="fork")

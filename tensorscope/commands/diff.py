@@ -110,26 +110,7 @@ def run(args) -> int:
             gc.enable()
 
 
-def _load_numpy_without_blas_threads() -> None:
-    """Load numpy with OpenBLAS single-threaded, unless numpy is loaded already or the user chose
-    OPENBLAS_NUM_THREADS. OpenBLAS starts a server thread per core at load, and each spins for
-    ~0.1 s before it sleeps: ~0.15 s of CPU taken from the diff's own threads (measured: 0.93 s
-    of user time against 1.08 for the fine-tune pair). The diff never wants them: the compiled
-    pass calls no BLAS, and the numpy passes pin each pool thread's BLAS to one thread. The
-    variable is read at load only, so the environment is restored (children keep the user's)."""
-    import os
-    import sys
-    if "numpy" in sys.modules or "OPENBLAS_NUM_THREADS" in os.environ:
-        return
-    os.environ["OPENBLAS_NUM_THREADS"] = "1"
-    try:
-        import numpy  # noqa: F401
-    finally:
-        del os.environ["OPENBLAS_NUM_THREADS"]
-
-
 def _run(args) -> int:
-    _load_numpy_without_blas_threads()
     from ..parsers.zip_dispatch import listing_only
     # the records only: no object trees, no per-call evidence (~1 KB less per torch tensor)
     with contextlib.ExitStack() as stack:
