@@ -56,7 +56,7 @@ STORAGE_DTYPES: dict[str, str | None] = {
     "UntypedStorage": None,  # bytes; the tensor's dtype comes from _rebuild_tensor_v3
 }
 # torch.FloatStorage, torch.storage.UntypedStorage, torch.cuda.FloatStorage (a CUDA checkpoint).
-STORAGE_MODULES = _STORAGE_MODULES = {"torch", "torch.storage", "torch.cuda"}
+STORAGE_MODULES = {"torch", "torch.storage", "torch.cuda"}
 # Storage classes whose pid numel counts bytes rather than elements.
 _NUMEL_IS_BYTES = {"UntypedStorage", "QUInt4x2Storage", "QUInt2x4Storage"}
 
@@ -192,19 +192,19 @@ def parse_storage_pid(pid, pos: int, *, allow_unknown: bool = False
             and type(pid[3]) is str and type(pid[4]) is int and pid[4] >= 0 and pid[0] == "storage":
         # Fast path: the form torch.save writes (checked field by field as below).
         cls = pid[1]
-        if cls.module in _STORAGE_MODULES and cls.name in STORAGE_DTYPES:
+        if cls.module in STORAGE_MODULES and cls.name in STORAGE_DTYPES:
             return STORAGE_DTYPES[cls.name], pid[2], pid[3], pid[4], cls.name
     if not isinstance(pid, tuple) or len(pid) not in (5, 6) or pid[0] != "storage":
         raise _err(f"unsupported persistent id {brief(pid, 80)}", pos)
     cls, key, location, numel = pid[1], pid[2], pid[3], pid[4]
-    if allow_unknown and isinstance(cls, Global) and cls.module in _STORAGE_MODULES \
+    if allow_unknown and isinstance(cls, Global) and cls.module in STORAGE_MODULES \
             and cls.name not in STORAGE_DTYPES and cls.name.isidentifier() \
             and cls.name.endswith("Storage"):
         from tensorscope.dtypes import register_unknown
         if not isinstance(key, str) or not isinstance(location, str):
             raise _err(f"storage key and location must be strings in persistent id {brief(pid, 80)}", pos)
         return register_unknown(cls.name), key, location, _int(numel, "storage size", pos), cls.name
-    if not isinstance(cls, Global) or cls.module not in _STORAGE_MODULES or cls.name not in STORAGE_DTYPES:
+    if not isinstance(cls, Global) or cls.module not in STORAGE_MODULES or cls.name not in STORAGE_DTYPES:
         raise _err(f"unknown storage class {_describe(cls)} in persistent id", pos)
     if not isinstance(key, str) or not isinstance(location, str):
         raise _err(f"storage key and location must be strings in persistent id {brief(pid, 80)}", pos)
@@ -506,16 +506,14 @@ def named_tensors(root, *, max_items: int = 10_000_000, max_depth: int = 1000,
                 yield p, (raw + (k,) if raw else p), v
             continue
         children: list[tuple[Any, tuple, tuple, str | None]] = []
-        # Scalars and empty containers hold no tensor: no entry (and no path copies) for them,
-        # so 10^5 empty dicts in one list cost a test each, not a walk step each.
         if isinstance(obj, dict):
             for k, v in obj.items():
-                if type(v) in _INERT or (type(v) in _BUILTIN_CONTAINERS and not v):
+                if not _may_hold(v):
                     continue
                 children.append((v, path + (_key(k),), raw + (_key(k),), role))
         elif isinstance(obj, (list, tuple)):
             for i, v in enumerate(obj):
-                if type(v) in _INERT or (type(v) in _BUILTIN_CONTAINERS and not v):
+                if not _may_hold(v):
                     continue
                 children.append((v, path + (str(i),), raw + (str(i),), role))
         else:  # an inert object: its state (attributes), then what it was built from
@@ -526,21 +524,21 @@ def named_tensors(root, *, max_items: int = 10_000_000, max_depth: int = 1000,
                 children.extend(_module_children(state, path, raw))
             elif isinstance(state, dict):
                 for k, v in state.items():
-                    if type(v) in _INERT or (type(v) in _BUILTIN_CONTAINERS and not v):
+                    if not _may_hold(v):
                         continue
                     children.append((v, path + (_key(k),), raw + (_key(k),), role))
             elif state is not pickle_vm.NOTSET and state is not None:
                 children.append((state, path, raw + ("__state__",), role))
             for i, v in enumerate(obj.args or ()):
-                if type(v) in _INERT or (type(v) in _BUILTIN_CONTAINERS and not v):
+                if not _may_hold(v):
                     continue
                 children.append((v, path + (str(i),), raw + ("__args__", str(i)), role))
             for i, v in enumerate(obj.items):
-                if type(v) in _INERT or (type(v) in _BUILTIN_CONTAINERS and not v):
+                if not _may_hold(v):
                     continue
                 children.append((v, path + (str(i),), raw + (str(i),), role))
             for k, v in obj.dictitems:
-                if type(v) in _INERT or (type(v) in _BUILTIN_CONTAINERS and not v):
+                if not _may_hold(v):
                     continue
                 children.append((v, path + (_key(k),), raw + (_key(k),), role))
         stack.extend(reversed(children))
@@ -550,6 +548,14 @@ _TENSOR_ONLY = {TensorRef}
 _STR_ONLY = {str}
 _INERT = frozenset({str, int, float, bool, complex, bytes, bytearray, type(None), Global})
 _BUILTIN_CONTAINERS = frozenset({dict, list, tuple})
+
+
+def _may_hold(value) -> bool:
+    """False for what holds no tensor (a scalar, an empty container): the walk gives it no entry
+    and no path copies, so 10^5 empty dicts in one list cost a test each (fuzz: they cost the
+    walk six times the VM's own run)."""
+    t = type(value)
+    return t not in _INERT and (t not in _BUILTIN_CONTAINERS or bool(value))
 
 
 def _module_children(state: dict, path: tuple, raw: tuple):

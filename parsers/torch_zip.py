@@ -88,9 +88,10 @@ def make_storage_resolver(archive: ZipArchive, prefix: str, data_dir: str = "dat
                     type(numel) is int and numel >= 0 and cls.module in storage_modules and \
                     key not in storages:
                 dtype = storage_dtypes.get(cls.name, False)     # None: UntypedStorage
-                record = direct.get(start + key) if dtype is not False else None
+                name = start + key
+                record = direct.get(name) if dtype is not False else None
                 if record is not None and not record.error and record.method == METHOD_STORED \
-                        and record.name == start + key:
+                        and record.name == name:
                     storage = storages[key] = StorageRef(key, dtype, numel, location, path,
                                                          record.name, record.data_offset,
                                                          record.size)
