@@ -10,6 +10,8 @@ import zipfile
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from tensorscope.cli import main
 from tensorscope.scan import Severity, scan_paths
@@ -145,3 +147,37 @@ def test_inspect_names_a_keras_archive(capsys):
     assert main(["inspect", str(KERAS / "benign.keras")]) == 2
     err = capsys.readouterr().err
     assert "Keras archive" in err and "benign.keras" in err
+
+
+_json = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) |
+    st.sampled_from(["Lambda", "__lambda__", "function", "os", "keras.utils", "builtins",
+                     "get_file", "system", "raw", "lambda", "code", "module", "class_name"]) |
+    st.text(max_size=8),
+    lambda children: st.lists(children, max_size=4) |
+    st.dictionaries(st.sampled_from(["module", "class_name", "config", "function",
+                                     "function_type", "code", "registered_name", "layers"]) |
+                    st.text(max_size=4), children, max_size=5),
+    max_leaves=40)
+
+
+@settings(max_examples=300, deadline=None)
+@given(doc=_json)
+def test_any_json_walks_without_error(doc):
+    """Whatever shape a config has, the walk yields well-formed findings and never raises."""
+    for rule, variant, message, trigger in keras_scan.findings(doc):
+        assert rule in ("keras.lambda-bytecode", "keras.dangerous-function", "keras.foreign-module")
+        assert isinstance(message, str) and isinstance(trigger, str)
+        assert variant in ("", "function", "class")
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(cut=st.integers(0, 20_000), junk=st.binary(max_size=64), at=st.integers(0, 14_000))
+def test_damaged_hdf5_scans_without_error(tmp_path, cut, junk, at):
+    """A Keras .h5 cut short or overwritten anywhere: scan reports, never raises."""
+    raw = (KERAS / "lambda.h5").read_bytes()
+    raw = (raw[:at] + junk + raw[at + len(junk):])[:max(8, cut)]
+    path = tmp_path / "d.h5"
+    path.write_bytes(raw)
+    report = scan_paths(path)
+    assert report.exit_code() in (0, 1)
