@@ -551,6 +551,7 @@ def _scan_zip(ctx: _Ctx, src: ByteSource, prefix: str | None, absolute: bool, de
                 "Python's zipfile opens it: readers disagree", prefix)
     ok = True
     referenced: set[str] = set()
+    sources: list[tuple[str, str]] = []     # Python modules the archive's loader imports
     tp = archive.torch_prefix()
     members = [m for m in archive.members if not m.is_dir]
     first = min((m.header_offset for m in archive.members), default=0)
@@ -607,12 +608,15 @@ def _scan_zip(ctx: _Ctx, src: ByteSource, prefix: str | None, absolute: bool, de
             continue
         if m.name == "config.json" and _scan_keras_config(ctx, data, name):
             continue
-        if m.name.endswith(".py") and "/code/" in f"/{m.name}":
+        if m.name.endswith(".py"):
             try:
                 text = bytes(data).decode("utf-8")
             except UnicodeDecodeError:
                 text = bytes(data).decode("latin-1")
-            torchscript.check_code(ctx, name, text)
+            if "/code/" in f"/{m.name}":
+                torchscript.check_code(ctx, name, text)
+            else:   # a TorchServe handler, a torch.package module: judged together below
+                sources.append((name, text))
             continue
         lenient = not record and m.name.lower().endswith(_PICKLE_MEMBER_SUFFIXES)
         pids = scan_blob(ctx, data, name, base, abs_member, depth, strict=not lenient)
@@ -620,6 +624,7 @@ def _scan_zip(ctx: _Ctx, src: ByteSource, prefix: str | None, absolute: bool, de
             ok = False
         elif isinstance(pids, set):
             referenced |= pids
+    torchscript.check_sources(ctx, sources)
     return ok
 
 

@@ -161,6 +161,16 @@ _rule("torchscript.custom-op", M, "TorchScript code calls a custom operator name
 _rule("torchscript.code-unparseable", H, "A TorchScript code/ file does not tokenize",
       "Not read, so not known to be safe.")
 
+_rule("archive.python-source", M, "An archive carries Python source that its loader imports",
+      "TorchServe imports a .mar's handler module to serve the model, torch.package's "
+      "PackageImporter imports the packaged modules a pickle names: their code runs as loaded, "
+      "by design. CRITICAL when a source imports or calls what runs commands, evaluates code or "
+      "reaches files and the network (os, subprocess, eval, exec, __import__, socket ...); the "
+      "source is tokenized, never compiled.",
+      "https://pytorch.org/docs/stable/package.html",
+      "https://github.com/pytorch/serve/blob/master/model-archiver/README.md",
+      dangerous=C)
+
 # --- ONNX ---------------------------------------------------------------------------------------------
 _rule("onnx.external-data-escape", H, "ONNX external data points outside the model's folder",
       "An absolute path, '..' or a symlink lets a model read any file when loaded.",

@@ -1,5 +1,7 @@
 """TorchScript code rules: calls in a ``code/`` file must stay within torch, ops and the
-TorchScript builtins. The code is tokenized (pure Python), never compiled."""
+TorchScript builtins; and Python sources other archives carry for their loaders to import
+(TorchServe handlers, torch.package modules). The code is tokenized (pure Python), never
+compiled."""
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
@@ -126,3 +128,41 @@ def check_code(ctx: "loader._Ctx", member: str, text: str) -> None:
                     f"TorchScript code calls {dotted} (line {line}): outside torch, ops and the "
                     "TorchScript builtins", member, None, dotted, "member")
 
+
+
+# =================================================================================================
+# Python sources in archives (TorchServe .mar handlers, torch.package modules)
+
+def check_sources(ctx: "loader._Ctx", sources: list[tuple[str, str]]) -> None:
+    """One finding for the archive's Python sources (imported by its loader: their code runs by
+    design), and a critical one per source that imports or calls what runs commands, evaluates
+    code or reaches files and the network (by dotted name, through the pickle policy)."""
+    import tokenize
+    from .. import policy
+    if not sources:
+        return
+    names = ", ".join(member for member, _ in sources[:5]) + (" ..." if len(sources) > 5 else "")
+    ctx.add("archive.python-source",
+            f"{len(sources)} Python source file(s) ({names}): the archive's loader (TorchServe, "
+            "torch.package) imports them and runs their code", sources[0][0])
+    for member, text in sources:
+        try:
+            calls, bound, imports = _code_calls_and_bindings(_code_tokens(text))
+        except (tokenize.TokenError, SyntaxError, ValueError, MemoryError, RecursionError) as e:
+            ctx.add("archive.python-source", f"Python source does not tokenize ({e}): not read",
+                    member, variant="dangerous")
+            continue
+        hits: dict[str, str] = {}
+        for module, line in imports:
+            if module.split(".")[0] in _TS_DANGER_ROOTS:
+                hits.setdefault(module, f"imports {module} (line {line})")
+        for dotted, line in calls:
+            root, _, rest = dotted.partition(".")
+            if root in bound:
+                continue
+            if root in _TS_DANGER_ROOTS or (rest and policy.classify(
+                    dotted.rsplit(".", 1)[0], dotted.rsplit(".", 1)[1]).category == policy.DENIED):
+                hits.setdefault(dotted, f"calls {dotted} (line {line})")
+        for trigger, what in list(hits.items())[:8]:
+            ctx.add("archive.python-source", f"Python source {what}: it runs when the loader "
+                    "imports the module", member, None, trigger, "member", variant="dangerous")

