@@ -70,6 +70,7 @@ from dataclasses import dataclass, field
 
 from tensorscope.errors import FormatError, LimitExceeded
 from tensorscope.model import Anomaly
+from tensorscope.native import optional_extension
 from tensorscope.source import ByteSource
 
 __all__ = ["ZipMember", "ZipArchive", "read_zip", "sniff", "FORMAT",
@@ -129,12 +130,7 @@ _IRREGULAR_NAME = re.compile(rb"[\x00:\\]|\.\.|\A/")
 # is there): `regular_member`'s checks, the data descriptor and the small CRC for whole runs of
 # entries. Without it every entry is read by the Python loop, with the same results.
 ZIPSCAN_ABI = 1   # what `_zipscan.c` must say it is (a stale build is ignored, not called)
-try:
-    from tensorscope import _zipscan as _SCAN
-except ImportError:
-    _SCAN = None
-if getattr(_SCAN, "ABI", None) != ZIPSCAN_ABI:
-    _SCAN = None
+_SCAN = optional_extension("_zipscan", ZIPSCAN_ABI)
 
 
 def sniff(head: bytes, size: int) -> bool:

@@ -170,6 +170,7 @@ import numpy as np
 from . import dtypes
 from .errors import TensorscopeError
 from .model import ModelFile, TensorInfo, contiguous_stride
+from .native import optional_extension
 from .reader import PageReleaser, iter_flat_chunks
 
 __all__ = ["ValueDiff", "TensorDiff", "DiffResult", "GroupChange", "diff_models", "compare_values",
@@ -943,12 +944,7 @@ _F16 = np.dtype(np.float16)
 # is there; numpy computes the same figures without it). Codes are the kernel's; bfloat16 goes in
 # as its uint16 bits (numpy cannot export ml_dtypes' types through the buffer protocol).
 KERNEL_ABI = 6   # what `_diffkernel.c` must say it is (a stale build is ignored, not called)
-try:
-    from . import _diffkernel as _KERNEL
-except ImportError:
-    _KERNEL = None
-if getattr(_KERNEL, "ABI", None) != KERNEL_ABI:
-    _KERNEL = None
+_KERNEL = optional_extension("_diffkernel", KERNEL_ABI)
 _KERNEL_CODES = {_F16: "e", _BF16: "b", np.dtype(np.float32): "f", np.dtype(np.float64): "d",
                  np.dtype(np.int8): "c", np.dtype(np.uint8): "B", np.dtype(np.int16): "h",
                  np.dtype(np.int32): "i", np.dtype(ml_dtypes.float8_e5m2): "E",
