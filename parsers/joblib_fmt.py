@@ -48,7 +48,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from tensorscope.errors import FormatError, LimitExceeded
+from tensorscope.errors import FormatError, LimitExceeded, UnknownFormat
 from tensorscope.model import ModelFile, PickleRecord
 from tensorscope.source import ByteSource
 
@@ -106,7 +106,14 @@ def open_source(src: ByteSource) -> ModelFile:
     inner_src = ByteSource.from_bytes(payload, name=src.path)
     # A compressed model file (``model.pt.gz``: torch.load(gzip.open(f)) reads it) is that
     # format inside: a legacy stream read as one pickle would list nothing after the magic.
-    inner_parser = _inner_parser(bytes(payload[:4096]), len(payload)) or plain_pickle
+    inner_head = bytes(payload[:4096])
+    inner_parser = _inner_parser(inner_head, len(payload))
+    if inner_parser is None and inner_head[257:262] == b"ustar":
+        # a tarball (a NeMo .nemo, a .tar.gz of a model folder): no loader here reads it whole;
+        # `tensorscope scan` walks its members
+        raise UnknownFormat(f"{src.path}: a {kind}-compressed tar archive, not a model file "
+                            "this tool lists (`tensorscope scan` reads its members)")
+    inner_parser = inner_parser or plain_pickle
     try:
         inner = inner_parser.open_source(inner_src)
     except FormatError as e:

@@ -20,7 +20,7 @@ from .. import policy
 from ..errors import FormatError, LimitExceeded, TensorscopeError, UnknownFormat
 from ..remote import is_url, open_source
 from ..source import ByteSource
-from . import chat_template, keras, pickles, torchscript
+from . import chat_template, configs, keras, pickles, torchscript
 from .report import FileReport, Finding, Severity
 from .rules import anomaly_rule, severity_of
 
@@ -56,6 +56,7 @@ _EXT_KIND = {
     # TorchScript archives as real projects name them (torch.jit.save writes any name)
     ".jit": "torch", ".torchscript": "torch", ".ptc": "torch",
     ".keras": "zip", ".h5": "hdf5", ".hdf5": "hdf5",
+    ".nemo": "tar",     # NVIDIA NeMo: a tar (gzipped by older versions) of config and checkpoint
 }
 # Extensions that only say "compressed" (joblib dumps are named model.pkl.gzip, model.joblib.z).
 _COMPRESSION_EXTS = ("", ".gz", ".gzip", ".bz2", ".xz", ".lzma", ".z", ".zlib")
@@ -278,6 +279,12 @@ def _scan_file(ctx: _Ctx, src: ByteSource, explicit: bool, model=None) -> bool:
     elif parser_error is not None:
         _parser_error_finding(ctx, parser_error, understood, kind)
 
+    if kind == "unknown" and model is None and ext in configs.CONFIG_SUFFIXES and _is_text(head):
+        before = len(ctx.findings)
+        configs.check_text(ctx, bytes(src.view(0, min(src.size, configs.MAX_TEXT), "file"))
+                           .decode("utf-8", "replace"), None)
+        if len(ctx.findings) > before:
+            return True     # a config that loaders turn into calls (its findings say which)
     if kind == "unknown" and model is None:
         if ctx.known_data or _referenced_by_onnx(ctx.path):
             return True  # raw tensor bytes another model file points at
@@ -463,6 +470,7 @@ def _check_extension(ctx: _Ctx, ext: str, kind: str, model) -> None:
         return
     if expected == actual or (expected == "torch" and actual in ("zip", "pickle", "tar")) or \
             (expected == "pickle" and actual in ("compressed", "zip")) or \
+            (expected == "tar" and actual == "compressed") or \
             (expected == "zip" and actual == "zip"):
         return
     if expected in _SAFE_KINDS and actual in _PICKLE_BEARING:
@@ -776,6 +784,8 @@ def scan_blob(ctx: _Ctx, data: memoryview, member: str | None, base: int, absolu
         return True
     if kind == "tar":
         return _scan_tar(ctx, data, member, depth, base, absolute)
+    if member and member.lower().endswith(configs.CONFIG_SUFFIXES) and _is_text(head):
+        configs.check_text(ctx, bytes(data[:configs.MAX_TEXT]).decode("utf-8", "replace"), member)
     if strict and len(data) <= 4096 and _cannot_import(bytes(data)):
         # a record that may or may not be a pickle but holds no opcode that imports anything
         # (GLOBAL 'c', INST 'i', STACK_GLOBAL, EXT1/2/4): it cannot make a loader run code
@@ -933,6 +943,21 @@ def _scan_legacy_records(ctx: _Ctx, data, member: str, base: int, absolute: bool
 # =================================================================================================
 # Polyglots
 
+def _zip_is_a_tar_member(src: ByteSource, archive) -> bool:
+    """True when the zip zipfile finds at the end of a tar lies inside one member's data: a tar
+    of a torch checkpoint (a NeMo .nemo), whose EOCD is within zipfile's 64 KiB search of the
+    end; not a second view of the file."""
+    from ..parsers.torch_legacy import tar_entries
+    start = archive.prepended
+    end = archive.eocd_offset + 22 + len(archive.comment)
+    try:
+        entries = tar_entries(src)
+        return any(kind in "07" and at <= start and end <= at + size
+                   for _, kind, at, size, _ in entries)
+    except FormatError:
+        return False
+
+
 def _scan_polyglot_zip(ctx: _Ctx, src: ByteSource, kind: str) -> None:
     """A zip that Python's zipfile (and scanners built on it) would find behind another head."""
     tail = src.read(max(0, src.size - 65557), min(src.size, 65557))
@@ -945,6 +970,8 @@ def _scan_polyglot_zip(ctx: _Ctx, src: ByteSource, kind: str) -> None:
         return
     if not archive.members:
         return
+    if kind == "tar" and _zip_is_a_tar_member(src, archive):
+        return  # a nested archive (a .nemo's checkpoint), scanned as its tar member already
     ctx.add("file.polyglot",
             f"the file reads as {kind} from its head (what torch.load/np.load see) but Python's "
             f"zipfile also finds a zip archive of {len(archive.members)} members in it: scanned too")

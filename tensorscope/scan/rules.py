@@ -171,6 +171,19 @@ _rule("archive.python-source", M, "An archive carries Python source that its loa
       "https://github.com/pytorch/serve/blob/master/model-archiver/README.md",
       dangerous=C)
 
+# --- configs that loaders turn into calls -----------------------------------------------------------
+_rule("config.hydra-target", C, "A config's Hydra _target_ names a callable that runs code",
+      "NeMo (.nemo model_config.yaml), Lightning and Hydra-based trainers restore a model with "
+      "hydra.utils.instantiate, which imports and calls the dotted name of every _target_ key "
+      "(CVE-2025-23304): os.system, eval, subprocess ... run when the model loads. Targets the "
+      "pickle policy does not deny (the model's own classes) are not reported.",
+      "https://nvd.nist.gov/vuln/detail/CVE-2025-23304")
+_rule("config.yaml-python-tag", H, "A YAML config carries a python object tag",
+      "!!python/object/apply, /new, /name and /module tags build objects under PyYAML's unsafe "
+      "loaders (Lightning's hparams.yaml, CVE-2021-4118); no model config needs one. CRITICAL "
+      "when the named callable is denied.",
+      "https://nvd.nist.gov/vuln/detail/CVE-2021-4118", denied=C)
+
 # --- ONNX ---------------------------------------------------------------------------------------------
 _rule("onnx.external-data-escape", H, "ONNX external data points outside the model's folder",
       "An absolute path, '..' or a symlink lets a model read any file when loaded.",
