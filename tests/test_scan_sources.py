@@ -90,6 +90,35 @@ def test_torchserve_handler_is_judged(tmp_path):
     assert report.severity == Severity.CRITICAL
 
 
+def test_an_ordinary_handler_is_medium_not_critical(tmp_path):
+    """What TorchServe's own handlers do (paths, files, torch.load of the model, JSON labels) is
+    their job: the archive is never clean (medium), but not critical."""
+    path = tmp_path / "plain.mar"
+    with zipfile.ZipFile(path, "w") as z:
+        z.writestr("handler.py", "import os\nimport json\nimport torch\n"
+                                 "from ts.torch_handler.base_handler import BaseHandler\n"
+                                 "class H(BaseHandler):\n"
+                                 "    def initialize(self, ctx):\n"
+                                 "        d = ctx.system_properties.get('model_dir')\n"
+                                 "        self.model = torch.load(os.path.join(d, 'w.pt'))\n"
+                                 "        with open(os.path.join(d, 'index.json')) as f:\n"
+                                 "            self.labels = json.load(f)\n")
+    found, report = _found(path)
+    assert [(r, s) for r, s, _ in found] == [("archive.python-source", Severity.MEDIUM)]
+    assert report.severity == Severity.MEDIUM
+
+
+@pytest.mark.parametrize("line,trigger", [("from os import system as s\ns('id')\n", "os.system"),
+                                          ("import ctypes\n", "ctypes"),
+                                          ("exec(open('x').read())\n", "exec")])
+def test_handler_payloads(tmp_path, line, trigger):
+    path = tmp_path / "evil.mar"
+    with zipfile.ZipFile(path, "w") as z:
+        z.writestr("handler.py", line)
+    found, _ = _found(path)
+    assert ("archive.python-source", Severity.CRITICAL, trigger) in found
+
+
 def test_source_that_does_not_tokenize_is_not_clean(tmp_path):
     path = tmp_path / "bad.mar"
     with zipfile.ZipFile(path, "w") as z:

@@ -164,8 +164,9 @@ _rule("torchscript.code-unparseable", H, "A TorchScript code/ file does not toke
 _rule("archive.python-source", M, "An archive carries Python source that its loader imports",
       "TorchServe imports a .mar's handler module to serve the model, torch.package's "
       "PackageImporter imports the packaged modules a pickle names: their code runs as loaded, "
-      "by design. CRITICAL when a source imports or calls what runs commands, evaluates code or "
-      "reaches files and the network (os, subprocess, eval, exec, __import__, socket ...); the "
+      "by design. CRITICAL when a source runs commands, evaluates or loads code, opens sockets or "
+      "calls native code (os.system, subprocess, eval, exec, __import__, ctypes, socket, "
+      "pickle.loads, shutil.rmtree ...); paths, files and torch.load are a handler's job. The "
       "source is tokenized, never compiled.",
       "https://pytorch.org/docs/stable/package.html",
       "https://github.com/pytorch/serve/blob/master/model-archiver/README.md",

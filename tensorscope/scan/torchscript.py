@@ -4,6 +4,7 @@ TorchScript builtins; and Python sources other archives carry for their loaders 
 compiled."""
 from __future__ import annotations
 
+import re
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -133,12 +134,29 @@ def check_code(ctx: "loader._Ctx", member: str, text: str) -> None:
 # =================================================================================================
 # Python sources in archives (TorchServe .mar handlers, torch.package modules)
 
+# What ordinary handler and module code never does: run commands, evaluate or load code, open
+# sockets, call native code, delete trees (a handler's os.path, open and torch.load are its job).
+_SOURCE_DANGER_CALLS = ("os.system", "os.popen", "os.exec", "os.spawn", "os.posix_spawn",
+                        "os.fork", "subprocess.", "pty.spawn", "eval", "exec", "compile",
+                        "__import__", "ctypes.", "socket.", "marshal.load", "pickle.load",
+                        "shutil.rmtree", "builtins.eval", "builtins.exec", "importlib.import_module",
+                        "runpy.", "code.interact", "webbrowser.open", "urllib.request.urlopen")
+_SOURCE_DANGER_IMPORTS = {"subprocess", "ctypes", "socket", "pty", "marshal", "runpy"}
+_FROM_OS_IMPORT = re.compile(r"^\s*from\s+os\s+import\s+[^\n]*\b(system|popen|exec\w*|spawn\w*)\b",
+                             re.M)
+
+
+def _dangerous_call(dotted: str) -> bool:
+    return any(dotted == d or (d.endswith(".") and dotted.startswith(d)) or
+               (d in ("os.exec", "os.spawn", "os.posix_spawn", "marshal.load", "pickle.load")
+                and dotted.startswith(d)) for d in _SOURCE_DANGER_CALLS)
+
+
 def check_sources(ctx: "loader._Ctx", sources: list[tuple[str, str]]) -> None:
     """One finding for the archive's Python sources (imported by its loader: their code runs by
-    design), and a critical one per source that imports or calls what runs commands, evaluates
-    code or reaches files and the network (by dotted name, through the pickle policy)."""
+    design), and a critical one per source that runs commands, evaluates or loads code, opens
+    sockets or calls native code (`_SOURCE_DANGER_CALLS`, `_SOURCE_DANGER_IMPORTS`)."""
     import tokenize
-    from .. import policy
     if not sources:
         return
     names = ", ".join(member for member, _ in sources[:5]) + (" ..." if len(sources) > 5 else "")
@@ -154,14 +172,12 @@ def check_sources(ctx: "loader._Ctx", sources: list[tuple[str, str]]) -> None:
             continue
         hits: dict[str, str] = {}
         for module, line in imports:
-            if module.split(".")[0] in _TS_DANGER_ROOTS:
+            if module.split(".")[0] in _SOURCE_DANGER_IMPORTS:
                 hits.setdefault(module, f"imports {module} (line {line})")
+        for m in _FROM_OS_IMPORT.finditer(text):
+            hits.setdefault(f"os.{m.group(1)}", f"imports os.{m.group(1)}")
         for dotted, line in calls:
-            root, _, rest = dotted.partition(".")
-            if root in bound:
-                continue
-            if root in _TS_DANGER_ROOTS or (rest and policy.classify(
-                    dotted.rsplit(".", 1)[0], dotted.rsplit(".", 1)[1]).category == policy.DENIED):
+            if dotted.split(".")[0] not in bound and _dangerous_call(dotted):
                 hits.setdefault(dotted, f"calls {dotted} (line {line})")
         for trigger, what in list(hits.items())[:8]:
             ctx.add("archive.python-source", f"Python source {what}: it runs when the loader "
