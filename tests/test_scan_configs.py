@@ -62,6 +62,13 @@ def test_json_config_targets_and_standalone_files(tmp_path):
     assert [f.rule for f in scan_paths(folder).findings] == ["config.hydra-target"]
 
 
+def test_an_interpolated_method_is_judged_like_a_target(tmp_path):
+    path = tmp_path / "config.yaml"
+    path.write_text("run:\n  _target_: functools.partial\n  _args_: ['${get_method:os.system}', 'id']\n")
+    assert [(f.rule, f.trigger) for f in scan_paths(path).findings] == [
+        ("config.hydra-target", "os.system")]
+
+
 @pytest.mark.parametrize("text,severity", [
     ("lr: 0.1\nmodel: !!python/object/apply:os.system ['id']\n", Severity.CRITICAL),
     ("opt: !!python/name:torch.optim.Adam\n", Severity.HIGH),
@@ -77,6 +84,9 @@ def test_yaml_python_tags(tmp_path, text, severity):
 def test_ordinary_configs_stay_quiet(tmp_path):
     path = tmp_path / "hparams.yaml"
     path.write_text("lr: 0.1\nencoder:\n  _target_: mypkg.layers.Encoder\n"
+                    "opt:\n  _target_: functools.partial\n  _args_: ['${get_method:torch.optim.AdamW}']\n"
+                    "net:\n  _target_: torch.compile\n"
+                    "sched:\n  _target_: torch.optim.lr_scheduler.CosineAnnealingLR\n"
                     "note: 'the word _target_ in prose, and python/name: in a string'\n")
     assert [f for f in scan_paths(path).findings if f.severity > Severity.INFO] == []
 

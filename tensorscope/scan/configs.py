@@ -21,9 +21,17 @@ CONFIG_SUFFIXES = (".yaml", ".yml", ".json")
 MAX_TEXT = 16 << 20     # configs are KBs; a larger text is read up to this
 
 # ``_target_: os.system`` (YAML, quoted or not) and ``"_target_": "os.system"`` (JSON).
-_TARGET = re.compile(r"""['"]?_target_['"]?\s*:\s*['"]?([A-Za-z_][\w.]*)""")
+# ``${get_method:os.system}`` (and get_class, get_object): an interpolation resolving to a callable
+# that a partial or a target then calls.
+_TARGET = re.compile(r"""['"]?_target_['"]?\s*:\s*['"]?([A-Za-z_][\w.]*)|"""
+                     r"""\$\{\s*(?:hydra\.utils\.)?get_(?:method|class|object)\s*:\s*([A-Za-z_][\w.]*)""")
 # ``!!python/object/apply:os.system``, ``!python/name:...`` (the local tag form too).
 _PY_TAG = re.compile(r"!!?python/(object/apply|object/new|object|name|module):([A-Za-z_][\w.]*)")
+
+
+# Denied in a pickle (they call or build what they are given) but ordinary as a Hydra target:
+# what they wrap is itself a `_target_` here, judged on its own.
+_ORDINARY_TARGETS = {"functools.partial", "torch.compile"}
 
 
 def _verdict(dotted: str) -> policy.Verdict:
@@ -36,12 +44,12 @@ def check_text(ctx: "loader._Ctx", text: str, member: str | None) -> None:
     text = text[:MAX_TEXT]
     seen: set[str] = set()
     for m in _TARGET.finditer(text):
-        dotted = m.group(1)
+        dotted = m.group(1) or m.group(2)
         if dotted in seen:
             continue
         seen.add(dotted)
         verdict = _verdict(dotted)
-        if verdict.category == policy.DENIED:
+        if verdict.category == policy.DENIED and dotted not in _ORDINARY_TARGETS:
             line = text.count("\n", 0, m.start()) + 1
             ctx.add("config.hydra-target", f"_target_ {dotted} (line {line}): Hydra's "
                     f"instantiate imports and calls it when the model is restored: "
