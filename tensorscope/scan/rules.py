@@ -176,8 +176,10 @@ _rule("archive.python-source", M, "An archive carries Python source that its loa
 _rule("config.hydra-target", C, "A config's Hydra _target_ names a callable that runs code",
       "NeMo (.nemo model_config.yaml), Lightning and Hydra-based trainers restore a model with "
       "hydra.utils.instantiate, which imports and calls the dotted name of every _target_ key "
-      "(CVE-2025-23304): os.system, eval, subprocess ... run when the model loads. Targets the "
-      "pickle policy does not deny (the model's own classes) are not reported.",
+      "(CVE-2025-23304), and of every ${get_method:...} interpolation: os.system, eval, "
+      "subprocess ... run when the model loads. Targets the pickle policy does not deny (the "
+      "model's own classes) are not reported, nor functools.partial and torch.compile (what they "
+      "wrap is judged on its own).",
       "https://nvd.nist.gov/vuln/detail/CVE-2025-23304")
 _rule("config.yaml-python-tag", H, "A YAML config carries a python object tag",
       "!!python/object/apply, /new, /name and /module tags build objects under PyYAML's unsafe "
