@@ -84,6 +84,7 @@ from types import MappingProxyType
 from typing import Any
 
 from tensorscope.errors import FormatError, LimitExceeded
+from tensorscope.native import optional_extension
 
 __all__ = [
     "run", "Limits", "DEFAULT_LIMITS", "PickleResult", "GlobalSeen", "CallSeen", "Global", "Call",
@@ -799,6 +800,10 @@ _TORCH_TENSOR = re.compile(
     + _INT + rb"t" + _PUT + rb"Q" + _INT + _SMALL_TUPLE + _PUT + _SMALL_TUPLE + _PUT
     + rb"([\x88\x89])" + _GET + rb"\)R" + _PUT + rb"t" + _PUT + rb"R", re.DOTALL)
 _FAST_TORCH = True      # tests turn it off to compare with the opcode-by-opcode run
+# The same step compiled (tensorscope/_torchstep.c), bound at the end of this module; None when
+# it is not built (or is a stale build): `torch_tensor` then runs. Tests set it to None too.
+TORCHSTEP_ABI = 1
+_STEP = optional_extension("_torchstep", TORCHSTEP_ABI)
 _MEMOIZE6 = b"\x94" * 6
 _BINPUT6 = struct.Struct("<" + "BB" * 6)
 _LONG_BINPUT6 = struct.Struct("<" + "BI" * 6)
@@ -895,6 +900,9 @@ class _VM:
         self.hash_guard = _HashGuard(limits.max_depth)
         self.result = PickleResult()
         self.recording = True   # False: calls and persistent ids are NotRecorded (see `run`)
+        # What the compiled torch step may do in place of persistent_load (see
+        # `torch_zip.make_storage_resolver`): None unless the loader declares it.
+        self.torch_fast = getattr(persistent_load, "torch_fast", None)
 
     # -- errors --------------------------------------------------------------------------------
 
@@ -964,6 +972,8 @@ class _VM:
         nops = 0        # opcodes dispatched by the loop
         extra = 0       # ... and run inside torch_tensor steps, beyond the one dispatched
         torch_seq = _TORCH_TENSOR.match if _FAST_TORCH else None
+        step = _STEP.tensor if _FAST_TORCH and _STEP is not None else None
+        torch_fast = self.torch_fast
         built = 0       # containers built inline (op_* methods count into self.objects)
         op = -1
         value = None
@@ -1016,11 +1026,19 @@ class _VM:
                                 pos += 1
                             elif op == MARK:
                                 if torch_seq is not None and pos + 1 < n and \
-                                        data[pos + 1] == MARK and \
-                                        (match := torch_seq(data, pos, n)) is not None:
+                                        data[pos + 1] == MARK:
                                     try:   # within the opcode limit, counted exactly
-                                        done = self.torch_tensor(
-                                            match, max_opcodes - batch_end - extra + 1)
+                                        if step is not None:
+                                            done = step(data, pos, n, stack, memo,
+                                                        max_depth - len(metastack),
+                                                        max_opcodes - batch_end - extra + 1,
+                                                        self, torch_fast, self.recording,
+                                                        persistent_ids)
+                                        elif (match := torch_seq(data, pos, n)) is not None:
+                                            done = self.torch_tensor(
+                                                match, max_opcodes - batch_end - extra + 1)
+                                        else:
+                                            done = None
                                     except BaseException:
                                         pos, ran = self.fast_at
                                         extra += ran - 1
@@ -1332,16 +1350,7 @@ class _VM:
         self.fast_at = (at, 11)
         if self.recording:
             self.result.persistent_ids.append((pid, at))
-        load = self.persistent_load
-        if load is None:
-            storage = PersistentRef(pid, at)
-        else:
-            try:
-                storage = load(pid, at)
-            except FormatError:
-                raise
-            except Exception as exc:
-                raise _CallerFault("persistent_load") from exc
+        storage = self.load_storage(pid, at)
         memo.append(shape)
         memo.append(strides)
         at = m.end(16) + 1                              # REDUCE of the OrderedDict
@@ -1356,6 +1365,19 @@ class _VM:
         stack[-1] = self.reduce_global(stack[-1], args, at)
         # objects built: the pid and argument tuples, the two calls, non-empty size and stride
         return m.end(), ops, 4 + (size[0] != 0x29) + (stride[0] != 0x29)
+
+    def load_storage(self, pid: Any, pos: int) -> Any:
+        """BINPERSID of `torch_tensor` (and of the compiled step, when its own case does not
+        apply): persistent_load's value, or a `PersistentRef` without one."""
+        load = self.persistent_load
+        if load is None:
+            return PersistentRef(pid, pos)
+        try:
+            return load(pid, pos)
+        except FormatError:
+            raise
+        except Exception as exc:
+            raise _CallerFault("persistent_load") from exc
 
     def reduce_global(self, func: Global, args: tuple, pos: int) -> Any:
         """REDUCE of a `Global` with an argument tuple, as `execute` runs it inline."""
@@ -2025,6 +2047,12 @@ def _build_slow_table() -> list:
 
 
 _SLOW_TABLE = _build_slow_table()
+
+if _STEP is not None:
+    try:
+        _STEP.bind_vm(Global, _SMALL_TUPLES, _small_tuple, _ordered_dict)
+    except TypeError:   # Global's slots are not what it reads: a stale build (tests fail on it)
+        _STEP = None
 
 
 def run(data: bytes | memoryview, *, start: int = 0, persistent_load=None,

@@ -428,6 +428,18 @@ def _rebuild_from_type_v2(args, pos):
     return t
 
 
+# The compiled torch step (`pickle_vm._STEP`) makes a StorageRef and `_dense`'s plain TensorRef
+# by filling their slots, as their dataclass `__init__` would: only while that is all it does.
+if pickle_vm._STEP is not None:
+    try:
+        if hasattr(StorageRef, "__post_init__") or hasattr(TensorRef, "__post_init__"):
+            raise TypeError("a __post_init__ the compiled step would skip")
+        pickle_vm._STEP.bind_torch(StorageRef, TensorRef, _rebuild_tensor_v2, _NO_EXTRAS,
+                                   TensorInfo, FrozenDict)
+    except TypeError:   # other fields than it knows: a stale build (the tests fail on this)
+        pickle_vm._STEP = None
+
+
 def rebuild_hooks() -> dict[tuple[str, str], Callable]:
     """VM hooks: torch's rebuild functions become TensorRefs; containers become data."""
     hooks = dict(pickle_vm.CONTAINER_HOOKS)
@@ -546,6 +558,23 @@ def named_tensors(root, *, max_items: int = 10_000_000, max_depth: int = 1000,
 
 _TENSOR_ONLY = {TensorRef}
 _STR_ONLY = {str}
+
+
+def is_flat_state_dict(obj, max_items: int = 10_000_000) -> bool:
+    """True for what `named_tensors` walks as a flat state dict (at its root): a dict of str
+    keys and TensorRef values, at most ``max_items``, names ``(key,)`` in saved order."""
+    return type(obj) is dict and {*map(type, obj.values())} == _TENSOR_ONLY and \
+        {*map(type, obj)} == _STR_ONLY and len(obj) <= max_items
+
+
+def whole_byte_itemsizes() -> dict[str, int]:
+    """``{dtype: bytes per element}`` for the known dtypes of whole bytes per element (not
+    packed, not blocks): their byte counts are element counts times that (`_nbytes`,
+    `_cached_bits`)."""
+    from tensorscope.dtypes import DTYPES
+    return {name: s.bits // 8 for name, s in DTYPES.items()
+            if s.kind not in ("block", "unknown") and s.bits > 0 and s.bits % 8 == 0
+            and not name.startswith("unknown:")}
 _INERT = frozenset({str, int, float, bool, complex, bytes, bytearray, type(None), Global})
 _BUILTIN_CONTAINERS = frozenset({dict, list, tuple})
 

@@ -121,6 +121,11 @@ def make_storage_resolver(archive: ZipArchive, prefix: str, data_dir: str = "dat
         storages[key] = storage
         return storage
 
+    if records is not None and METHOD_STORED == 0:
+        # What the compiled torch step (tensorscope/_torchstep.c) needs to take the inline
+        # branch above itself: the same dicts and tables, so it decides exactly as it does.
+        persistent_load.torch_fast = (storages, records, start, path, storage_dtypes,
+                                      storage_modules, _Record)
     return persistent_load, storages
 
 
@@ -225,11 +230,31 @@ def open_zip(src: ByteSource, archive: ZipArchive) -> ModelFile:
 def build_tensor_list(root, fmt: str, file: str, model: ModelFile, consume: bool = False) -> list:
     """Name every tensor in ``root`` and check each against its storage record (``consume``:
     see `torch_pickle.named_tensors`)."""
-    tensors = []
+    tensors: list = []
+    unknown: dict[str, bool] = {}     # dtype -> is_unknown (a checkpoint has a handful)
+    if consume and pickle_vm._STEP is not None and torch_pickle.is_flat_state_dict(root):
+        # The compiled step makes the records of the plain tensors (what `to_tensor_info`'s first
+        # branch makes, when the tensor fits its storage and its dtype has whole bytes per
+        # element) and hands back each other item, which is made here as below, in its place.
+        infos, itemsizes, at = pickle_vm._STEP.infos, torch_pickle.whole_byte_itemsizes(), 0
+        while (left := infos(root, at, tensors, fmt, file, itemsizes, True)) is not None:
+            at, key, ref = left
+            root[key] = None
+            path = (key,)
+            _add_records(tensors, model, ((path, path, ref),), fmt, file, unknown)
+        return tensors
+    _add_records(tensors, model, torch_pickle.named_tensors(root, consume=consume), fmt, file,
+                 unknown)
+    return tensors
+
+
+def _add_records(tensors: list, model: ModelFile, named, fmt: str, file: str,
+                 unknown: dict[str, bool]) -> None:
+    """Append the record of each ``(path, raw_path, TensorRef)``, with the anomalies its storage
+    shows."""
     append = tensors.append
     to_tensor_info, tensor_fits = torch_pickle.to_tensor_info, torch_pickle.tensor_fits
-    unknown: dict[str, bool] = {}     # dtype -> is_unknown (a checkpoint has a handful)
-    for path, raw, ref in torch_pickle.named_tensors(root, consume=consume):
+    for path, raw, ref in named:
         info = to_tensor_info(path, raw, ref, fmt=fmt, file=file)
         s = ref.storage
         if s is not None and s.error:
@@ -247,7 +272,6 @@ def build_tensor_list(root, fmt: str, file: str, model: ModelFile, consume: bool
         if u:
             torch_pickle.note_unknown_dtype(model, info)
         append(info)
-    return tensors
 
 
 def _install_byteswap_readers(model: ModelFile) -> None:

@@ -1,4 +1,5 @@
-"""The optional compiled modules (`tensorscope/_diffkernel.c`, `tensorscope/_zipscan.c`), built by
+"""The optional compiled modules (`tensorscope/_diffkernel.c`, `tensorscope/_zipscan.c`,
+`tensorscope/_torchstep.c`), built by
 `pip install` where a C compiler is; each has a pure-Python twin that gives the same results."""
 from __future__ import annotations
 

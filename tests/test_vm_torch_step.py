@@ -125,6 +125,7 @@ def test_the_step_is_taken_on_torch_pickles(monkeypatch):
     """Not a test that cannot fail: the step must really run on what torch.save writes."""
     calls = []
     original = pickle_vm._VM.torch_tensor
+    monkeypatch.setattr(pickle_vm, "_STEP", None)    # the Python step (test_torchstep: compiled)
 
     def spy(self, m, budget):
         out = original(self, m, budget)
