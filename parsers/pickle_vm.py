@@ -974,6 +974,8 @@ class _VM:
         torch_seq = _TORCH_TENSOR.match if _FAST_TORCH else None
         step = _STEP.tensor if _FAST_TORCH and _STEP is not None else None
         torch_fast = self.torch_fast
+        recording = self.recording
+        resume = False
         built = 0       # containers built inline (op_* methods count into self.objects)
         op = -1
         value = None
@@ -997,8 +999,11 @@ class _VM:
                     while True:
                         # Opcodes run in batches that end where the limits are checked next;
                         # the `for` counts them, so the hot path pays no counter and no
-                        # comparison for that.
-                        batch_end = min(nops + _CHECK_EVERY, max_opcodes - extra)
+                        # comparison for that. (`resume`: the compiled step ran several of the
+                        # batch's dispatches; the batch goes on to the same end.)
+                        if not resume:
+                            batch_end = min(nops + _CHECK_EVERY, max_opcodes - extra)
+                        resume = False
                         for nops in range(nops + 1, batch_end + 1):
                             op = data[pos]
                             # Every branch leaves `pos` at the opcode until nothing can fail any
@@ -1032,8 +1037,8 @@ class _VM:
                                             done = step(data, pos, n, stack, memo,
                                                         max_depth - len(metastack),
                                                         max_opcodes - batch_end - extra + 1,
-                                                        self, torch_fast, self.recording,
-                                                        persistent_ids)
+                                                        batch_end - nops + 1, max_string, self,
+                                                        torch_fast, recording, persistent_ids)
                                         elif (match := torch_seq(data, pos, n)) is not None:
                                             done = self.torch_tensor(
                                                 match, max_opcodes - batch_end - extra + 1)
@@ -1045,9 +1050,18 @@ class _VM:
                                         raise
                                     if done is not None:
                                         pos = done[0]
-                                        extra += done[1] - 1
                                         built += done[2]
-                                        continue
+                                        if len(done) == 3:      # the Python step: one tensor
+                                            extra += done[1] - 1
+                                            continue
+                                        # the compiled step: done[3] of the loop's dispatches
+                                        # (tensors and the opcodes between them)
+                                        extra += done[1] - done[3]
+                                        if done[3] == 1:
+                                            continue
+                                        nops += done[3] - 1
+                                        resume = True
+                                        break
                                 if len(metastack) >= max_depth:
                                     raise self.limit("MARK nesting depth", max_depth,
                                                      len(metastack) + 1, pos)
@@ -1233,12 +1247,15 @@ class _VM:
                                     data = self.data
                                     n = self.n
                         else:
-                            if nops + extra >= max_opcodes:
-                                raise self.limit("opcode count", max_opcodes,
-                                                 nops + extra + 1, pos)
-                            self.checkpoint(built, pos)
+                            resume = False
+                        if result.stopped:
+                            break   # STOP
+                        if resume and nops < batch_end:
                             continue
-                        break   # STOP
+                        resume = False      # the batch ended: check the limits
+                        if nops + extra >= max_opcodes:
+                            raise self.limit("opcode count", max_opcodes, nops + extra + 1, pos)
+                        self.checkpoint(built, pos)
                 except (FormatError, IndexError, struct.error, KeyError, UnicodeDecodeError):
                     # Inside a FRAME the data ends at the frame's end: an opcode that failed may
                     # only have run past it (frame_retry decides); it is then run again on the

@@ -461,41 +461,32 @@ static int list_append(PyObject *list, PyObject *item) {
 
 /* -- the step ---------------------------------------------------------------------------------- */
 
-static PyObject *tensor(PyObject *self, PyObject *const *argv, Py_ssize_t argc) {
-    /* tensor(data, pos, n, stack, memo, depth_room, budget, vm, fast, recording, pids) */
-    if (argc != 11) {
-        PyErr_SetString(PyExc_TypeError, "tensor() takes 11 arguments");
-        return NULL;
-    }
-    if (global_type == NULL) {
-        PyErr_SetString(PyExc_RuntimeError, "bind_vm() first");
-        return NULL;
-    }
-    PyObject *stack = argv[3], *memo = argv[4], *vm = argv[7], *fast = argv[8], *pids = argv[10];
-    Py_ssize_t start = PyLong_AsSsize_t(argv[1]), n = PyLong_AsSsize_t(argv[2]);
-    Py_ssize_t depth_room = PyLong_AsSsize_t(argv[5]), budget = PyLong_AsSsize_t(argv[6]);
-    int recording = PyObject_IsTrue(argv[9]);
-    if (PyErr_Occurred() || recording < 0)
-        return NULL;
-    if (!PyList_CheckExact(memo) || !PyList_CheckExact(stack) || PyList_GET_SIZE(stack) == 0 ||
-        !Py_IS_TYPE(PyList_GET_ITEM(stack, PyList_GET_SIZE(stack) - 1), global_type) ||
-        depth_room < 3)
-        Py_RETURN_NONE;
-    if (fast != Py_None && (storage_type == NULL || !PyTuple_CheckExact(fast) || PyTuple_GET_SIZE(fast) != 7 ||
-                            !PyType_Check(PyTuple_GET_ITEM(fast, 6))))
-        fast = Py_None;
-    Py_buffer view;
-    if (PyObject_GetBuffer(argv[0], &view, PyBUF_SIMPLE) < 0)
-        return NULL;
-    PyObject *out = NULL;
-    Py_ssize_t at = start, ran = 0;     /* where a failure is placed, opcodes run up to it */
+typedef struct {
+    const unsigned char *d;
+    Py_ssize_t n;               /* where the data (or the open FRAME) ends */
+    PyObject *stack, *memo, *vm, *fast, *pids;
+    int recording;
+} Run;
+
+enum { DECLINED, DONE, FAILED };
+
+/* One tensor sequence at `start` (`torch_tensor`): DONE with its end, opcodes and objects built;
+ * DECLINED having changed nothing; FAILED with the error set and `*at`, `*ran` where it failed
+ * and the opcodes run up to it. */
+static int one_tensor(Run *run, Py_ssize_t start, Py_ssize_t budget, Py_ssize_t *end,
+                      Py_ssize_t *ops_out, Py_ssize_t *built, Py_ssize_t *at, Py_ssize_t *ran) {
+    PyObject *stack = run->stack, *memo = run->memo, *vm = run->vm;
+    int recording = run->recording, status = FAILED;
     PyObject *pid = NULL, *storage = NULL, *size_pair = NULL, *stride_pair = NULL;
     PyObject *empty = NULL, *args = NULL, *value = NULL;
-    if (n > view.len || start < 0 || start > n)
-        goto decline;
+    *at = start;
+    *ran = 0;
+    if (PyList_GET_SIZE(stack) == 0 ||
+        !Py_IS_TYPE(PyList_GET_ITEM(stack, PyList_GET_SIZE(stack) - 1), global_type))
+        return DECLINED;
 
     /* The pattern, read without effects. */
-    Reader r = {view.buf, start, n};
+    Reader r = {run->d, start, run->n};
     Py_ssize_t memo_n = PyList_GET_SIZE(memo);
     Puts puts = {0, memo_n};
     long numel, offset;
@@ -558,26 +549,26 @@ static PyObject *tensor(PyObject *self, PyObject *const *argv, Py_ssize_t argc) 
         goto decline;
     size_pair = small_tuple(0, r.d + size_at, size_end - size_at);
     if (size_pair == NULL)
-        goto fail;
+        goto done;
     stride_pair = small_tuple(1, r.d + stride_at, stride_end - stride_at);
     if (stride_pair == NULL)
-        goto fail;
+        goto done;
     PyObject *shape = PyTuple_GET_ITEM(size_pair, 0), *strides = PyTuple_GET_ITEM(stride_pair, 0);
     Py_ssize_t ops = 22 + PyLong_AsSsize_t(PyTuple_GET_ITEM(size_pair, 1)) +
                      PyLong_AsSsize_t(PyTuple_GET_ITEM(stride_pair, 1));
     if (PyErr_Occurred())
-        goto fail;
+        goto done;
     if (shape == Py_None || strides == Py_None || ops > budget)
         goto decline;
 
     /* From here on, the opcodes' effects in their order (as `torch_tensor`). */
     PyObject *key = PyUnicode_FromStringAndSize((const char *)r.d + key_at, key_len);
     if (key == NULL)
-        goto fail;
+        goto done;
     pid = PyTuple_New(5);
     if (pid == NULL) {
         Py_DECREF(key);
-        goto fail;
+        goto done;
     }
     PyTuple_SET_ITEM(pid, 0, Py_NewRef(PyList_GET_ITEM(memo, ia)));
     PyTuple_SET_ITEM(pid, 1, Py_NewRef(PyList_GET_ITEM(memo, ib)));
@@ -585,89 +576,70 @@ static PyObject *tensor(PyObject *self, PyObject *const *argv, Py_ssize_t argc) 
     PyTuple_SET_ITEM(pid, 3, Py_NewRef(PyList_GET_ITEM(memo, ic)));
     PyObject *numel_obj = PyLong_FromLong(numel);
     if (numel_obj == NULL)
-        goto fail;
+        goto done;
     PyTuple_SET_ITEM(pid, 4, numel_obj);
     if (PyList_Append(memo, key) < 0 || PyList_Append(memo, pid) < 0)
-        goto fail;
-    at = persid_at;
-    ran = 11;
+        goto done;
+    *at = persid_at;
+    *ran = 11;
     if (recording) {
-        PyObject *entry = Py_BuildValue("(On)", pid, at);
-        if (entry == NULL || list_append(pids, entry) < 0)
-            goto fail;
+        PyObject *entry = Py_BuildValue("(On)", pid, *at);
+        if (entry == NULL || list_append(run->pids, entry) < 0)
+            goto done;
     }
-    if (fast != Py_None) {
-        storage = fast_storage(fast, pid);
+    if (run->fast != Py_None) {
+        storage = fast_storage(run->fast, pid);
         if (storage == NULL && PyErr_Occurred())
-            goto fail;
+            goto done;
     }
     if (storage == NULL) {
-        PyObject *pos = PyLong_FromSsize_t(at);
+        PyObject *pos = PyLong_FromSsize_t(*at);
         if (pos == NULL)
-            goto fail;
+            goto done;
         storage = PyObject_CallMethodObjArgs(vm, str_load_storage, pid, pos, NULL);
         Py_DECREF(pos);
         if (storage == NULL)
-            goto fail;
+            goto done;
     }
     if (PyList_Append(memo, shape) < 0 || PyList_Append(memo, strides) < 0)
-        goto fail;
-    at = od_at;
-    ran = ops - 4;
-    PyObject *no_args = PyTuple_New(0);
-    if (no_args == NULL)
-        goto fail;
+        goto done;
+    *at = od_at;
+    *ran = ops - 4;
     PyObject *od = Py_NewRef(PyList_GET_ITEM(memo, id));   /* held across Python calls */
-    empty = reduce(vm, od, no_args, at, recording);
+    empty = reduce(vm, od, empty_tuple, *at, recording);
     Py_DECREF(od);
-    Py_DECREF(no_args);
     if (empty == NULL || PyList_Append(memo, empty) < 0)
-        goto fail;
+        goto done;
     PyObject *offset_obj = PyLong_FromLong(offset);
     if (offset_obj == NULL)
-        goto fail;
+        goto done;
     args = PyTuple_Pack(6, storage, offset_obj, shape, strides, grad ? Py_True : Py_False,
                         empty);
     Py_DECREF(offset_obj);
     if (args == NULL || PyList_Append(memo, args) < 0)
-        goto fail;
-    at = rebuild_at;
-    ran = ops;
+        goto done;
+    *at = rebuild_at;
+    *ran = ops;
     Py_ssize_t top = PyList_GET_SIZE(stack) - 1;
     PyObject *rebuild = Py_NewRef(PyList_GET_ITEM(stack, top));
-    value = reduce(vm, rebuild, args, at, recording);
+    value = reduce(vm, rebuild, args, *at, recording);
     Py_DECREF(rebuild);
     if (value == NULL)
-        goto fail;
+        goto done;
     if (top != PyList_GET_SIZE(stack) - 1) {
         PyErr_SetString(PyExc_RuntimeError, "a hook changed the VM's stack");
-        goto fail;
+        goto done;
     }
     PyList_SetItem(stack, top, value);   /* steals it */
     value = NULL;
+    *end = r.at;
+    *ops_out = ops;
     /* objects built: the pid and argument tuples, the two calls, non-empty size and stride */
-    out = Py_BuildValue("(nnn)", r.at, ops,
-                        (Py_ssize_t)(4 + (r.d[size_at] != OP_EMPTY_TUPLE) +
-                                     (r.d[stride_at] != OP_EMPTY_TUPLE)));
+    *built = 4 + (r.d[size_at] != OP_EMPTY_TUPLE) + (r.d[stride_at] != OP_EMPTY_TUPLE);
+    status = DONE;
     goto done;
 decline:
-    out = Py_NewRef(Py_None);
-    goto done;
-fail: {
-        /* `vm.fast_at`, as `torch_tensor` leaves it (the error stays the one raised) */
-        PyObject *type, *exc, *tb;
-        PyErr_Fetch(&type, &exc, &tb);
-        PyObject *where = Py_BuildValue("(nn)", at, ran);
-        if (where == NULL || PyObject_SetAttr(vm, str_fast_at, where) < 0) {
-            Py_XDECREF(where);
-            Py_XDECREF(type);
-            Py_XDECREF(exc);
-            Py_XDECREF(tb);
-            goto done;      /* that failure is the one raised */
-        }
-        Py_DECREF(where);
-        PyErr_Restore(type, exc, tb);
-    }
+    status = DECLINED;
 done:
     Py_XDECREF(pid);
     Py_XDECREF(storage);
@@ -676,7 +648,160 @@ done:
     Py_XDECREF(empty);
     Py_XDECREF(args);
     Py_XDECREF(value);
+    return status;
+}
+
+/* The opcodes between two tensors of a dict's items, as the VM's loop runs them, each only in
+ * its plain form (anything else is left to the loop, which reports what is wrong):
+ * BINPUT / LONG_BINPUT / MEMOIZE of the next memo index (the memo is a list in order), a
+ * BINUNICODE / SHORT_BINUNICODE key, a BINGET / LONG_BINGET. Returns the next offset, or -1. */
+static Py_ssize_t simple_op(Run *run, int unit, Py_ssize_t at, Py_ssize_t max_string) {
+    const unsigned char *d = run->d;
+    Py_ssize_t n = run->n;
+    if (at >= n)
+        return -1;
+    int op = d[at];
+    Py_ssize_t memo_n = PyList_GET_SIZE(run->memo);
+    if (unit == 'P') {      /* a PUT of the stack top */
+        Py_ssize_t next;
+        if (op == OP_MEMOIZE)
+            next = at + 1;
+        else if (op == OP_BINPUT && at + 2 <= n && d[at + 1] == memo_n)
+            next = at + 2;
+        else if (op == OP_LONG_BINPUT && at + 5 <= n && (Py_ssize_t)le32(d + at + 1) == memo_n)
+            next = at + 5;
+        else
+            return -1;
+        Py_ssize_t top = PyList_GET_SIZE(run->stack);
+        if (top == 0 || PyList_Append(run->memo, PyList_GET_ITEM(run->stack, top - 1)) < 0)
+            return -1;      /* (an empty stack cannot follow a REDUCE or a push) */
+        return next;
+    }
+    if (unit == 'K') {      /* a str key */
+        Py_ssize_t size, head;
+        if (op == OP_BINUNICODE && at + 5 <= n) {
+            size = (Py_ssize_t)le32(d + at + 1);
+            head = 5;
+        } else if (op == OP_SHORT_BINUNICODE && at + 2 <= n) {
+            size = d[at + 1];
+            head = 2;
+        } else {
+            return -1;
+        }
+        if (size > n - at - head || (op == OP_BINUNICODE && size > max_string))
+            return -1;
+        PyObject *key = PyUnicode_DecodeUTF8((const char *)d + at + head, size, "surrogatepass");
+        if (key == NULL) {
+            PyErr_Clear();  /* the loop raises it, placed and worded as it words it */
+            return -1;
+        }
+        if (list_append(run->stack, key) < 0)
+            return -1;
+        return at + head + size;
+    }
+    /* 'G': a GET */
+    Py_ssize_t index, next;
+    if (op == OP_BINGET && at + 2 <= n) {
+        index = d[at + 1];
+        next = at + 2;
+    } else if (op == OP_LONG_BINGET && at + 5 <= n) {
+        index = (Py_ssize_t)le32(d + at + 1);
+        next = at + 5;
+    } else {
+        return -1;
+    }
+    if (index >= memo_n || PyList_Append(run->stack, PyList_GET_ITEM(run->memo, index)) < 0)
+        return -1;
+    return next;
+}
+
+static PyObject *tensor(PyObject *self, PyObject *const *argv, Py_ssize_t argc) {
+    /* tensor(data, pos, n, stack, memo, depth_room, budget, dispatches, max_string, vm, fast,
+     *        recording, pids) */
+    if (argc != 13) {
+        PyErr_SetString(PyExc_TypeError, "tensor() takes 13 arguments");
+        return NULL;
+    }
+    if (global_type == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "bind_vm() first");
+        return NULL;
+    }
+    Run run = {NULL, 0, argv[3], argv[4], argv[9], argv[10], argv[12], 0};
+    Py_ssize_t start = PyLong_AsSsize_t(argv[1]), n = PyLong_AsSsize_t(argv[2]);
+    Py_ssize_t depth_room = PyLong_AsSsize_t(argv[5]), budget = PyLong_AsSsize_t(argv[6]);
+    Py_ssize_t dispatches = PyLong_AsSsize_t(argv[7]), max_string = PyLong_AsSsize_t(argv[8]);
+    run.recording = PyObject_IsTrue(argv[11]);
+    if (PyErr_Occurred() || run.recording < 0)
+        return NULL;
+    if (!PyList_CheckExact(run.memo) || !PyList_CheckExact(run.stack) || depth_room < 3 ||
+        dispatches < 1)
+        Py_RETURN_NONE;
+    if (run.fast != Py_None && (storage_type == NULL || !PyTuple_CheckExact(run.fast) ||
+                                PyTuple_GET_SIZE(run.fast) != 7 ||
+                                !PyType_Check(PyTuple_GET_ITEM(run.fast, 6))))
+        run.fast = Py_None;
+    Py_buffer view;
+    if (PyObject_GetBuffer(argv[0], &view, PyBUF_SIMPLE) < 0)
+        return NULL;
+    if (n > view.len || start < 0 || start > n) {
+        PyBuffer_Release(&view);
+        Py_RETURN_NONE;
+    }
+    run.d = view.buf;
+    run.n = n;
+    /* A dict's items, as torch.save writes them: tensor, PUT, key, PUT, GET of the rebuild
+     * function, tensor ... Each unit is one dispatch of the VM's loop (the tensor too, as the
+     * Python step is): the step stops where the loop's batch would end, so that the limits are
+     * checked where the Python step has them checked. */
+    static const char units[] = "TPKPG";
+    Py_ssize_t at = start, ops = 0, built = 0, used = 0, extra = 0;
+    PyObject *out = NULL;
+    for (int u = 0; used < dispatches; u = (u + 1) % 5) {
+        if (units[u] == 'T') {
+            Py_ssize_t end, t_ops, t_built, fail_at, fail_ran;
+            int status = one_tensor(&run, at, budget - extra, &end, &t_ops, &t_built, &fail_at,
+                                    &fail_ran);
+            if (status == FAILED) {
+                /* `vm.fast_at`, as `torch_tensor` leaves it: the opcodes of this call */
+                PyObject *type, *exc, *tb;
+                PyErr_Fetch(&type, &exc, &tb);
+                PyObject *where = Py_BuildValue("(nn)", fail_at, ops + fail_ran);
+                if (where == NULL || PyObject_SetAttr(run.vm, str_fast_at, where) < 0) {
+                    Py_XDECREF(where);
+                    Py_XDECREF(type);
+                    Py_XDECREF(exc);
+                    Py_XDECREF(tb);
+                } else {
+                    Py_DECREF(where);
+                    PyErr_Restore(type, exc, tb);
+                }
+                PyBuffer_Release(&view);
+                return NULL;
+            }
+            if (status == DECLINED)
+                break;
+            at = end;
+            ops += t_ops;
+            extra += t_ops - 1;
+            built += t_built;
+        } else {
+            Py_ssize_t next = simple_op(&run, units[u], at, max_string);
+            if (next < 0) {
+                if (PyErr_Occurred()) {     /* out of memory: nothing else fails here */
+                    PyBuffer_Release(&view);
+                    return NULL;
+                }
+                break;
+            }
+            at = next;
+            ops++;
+        }
+        used++;
+    }
     PyBuffer_Release(&view);
+    if (used == 0)
+        Py_RETURN_NONE;
+    out = Py_BuildValue("(nnnn)", at, ops, built, used);
     return out;
 }
 
@@ -820,8 +945,9 @@ static PyMethodDef methods[] = {
      "bind_torch(StorageRef, TensorRef, _rebuild_tensor_v2, _NO_EXTRAS, TensorInfo, FrozenDict): "
      "the tensors' side."},
     {"tensor", (PyCFunction)(void (*)(void))tensor, METH_FASTCALL,
-     "tensor(data, pos, n, stack, memo, depth_room, budget, vm, fast, recording, pids): "
-     "_VM.torch_tensor at pos (see the file's comment)."},
+     "tensor(data, pos, n, stack, memo, depth_room, budget, dispatches, max_string, vm, fast, "
+     "recording, pids): _VM.torch_tensor at pos, then the dict items that follow (see the "
+     "file's comment): None, or (next offset, opcodes, objects built, loop dispatches)."},
     {NULL, NULL, 0, NULL}};
 
 static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_torchstep",

@@ -335,3 +335,26 @@ def test_each_limit_swept_every_way(resource, values, protocol, monkeypatch):
         errors.add(same_vm_every_way(data, pkl, monkeypatch, f"{resource}={value}",
                                      recording=False, limits=limits)["error"])
     assert len(errors) > 1      # the limit was the failure in some runs, not in others
+
+
+@needs_step
+@pytest.mark.parametrize("protocol", [2, 4])
+@pytest.mark.parametrize("resource,values", [
+    ("max_memo", (4000, 6000, 6600, 9000, 13000)), ("max_objects", (2000, 3400, 5000, 8000)),
+    ("max_opcodes", (4097, 20000, 40001, 52000))])
+def test_checkpoints_fall_where_the_python_step_has_them(protocol, resource, values, monkeypatch):
+    """Stack, memo and object limits are checked every 4096 dispatches of the loop. The compiled
+    step runs several dispatches at once (tensors and the opcodes between them) and stops where
+    the batch ends: the checks fall where the Python step has them (the opcode-by-opcode run
+    dispatches more often, so its checks fall elsewhere: it is not compared here)."""
+    sd = {f"layers.{i}.w": torch.ones(i % 3 + 1, 2) for i in range(1500)}
+    data = _saved(sd, protocol)
+    pkl, _ = _zip_pickle(data)
+    errors = set()
+    for value in values:
+        limits = pickle_vm.Limits(**{resource: value})
+        compiled, python = (vm_picture(data, pkl, mode, monkeypatch, recording=False,
+                                       limits=limits) for mode in ("compiled", "python"))
+        assert compiled == python, value
+        errors.add(compiled["error"])
+    assert len(errors) > 1
