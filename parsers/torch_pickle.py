@@ -559,6 +559,9 @@ def named_tensors(root, *, max_items: int = 10_000_000, max_depth: int = 1000,
 _TENSOR_ONLY = {TensorRef}
 _STR_ONLY = {str}
 
+_INERT = frozenset({str, int, float, bool, complex, bytes, bytearray, type(None), Global})
+_BUILTIN_CONTAINERS = frozenset({dict, list, tuple})
+
 
 def is_flat_state_dict(obj, max_items: int = 10_000_000) -> bool:
     """True for what `named_tensors` walks as a flat state dict (at its root): a dict of str
@@ -578,8 +581,6 @@ def whole_byte_itemsizes() -> dict[str, int]:
     return {name: s.bits // 8 for name, s in DTYPES.items()
             if s.kind not in ("block", "unknown") and s.bits > 0 and s.bits % 8 == 0
             and not name.startswith("unknown:")}
-_INERT = frozenset({str, int, float, bool, complex, bytes, bytearray, type(None), Global})
-_BUILTIN_CONTAINERS = frozenset({dict, list, tuple})
 
 
 def _may_hold(value) -> bool:

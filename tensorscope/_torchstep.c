@@ -434,17 +434,16 @@ static PyObject *plain_rebuild(PyObject *args, PyObject *pos) {
 /* REDUCE of `func` (a Global) with `args`: the plain case of `hook`, else `vm.reduce_global`. */
 static PyObject *reduce(PyObject *vm, PyObject *func, PyObject *args, Py_ssize_t at,
                         int recording) {
+    PyObject *hook = SLOT(func, global_slots, G_HOOK);
+    if (!recording && hook == ordered_dict_hook && PyTuple_GET_SIZE(args) == 0)
+        return PyDict_New();
     PyObject *pos = PyLong_FromSsize_t(at);
     if (pos == NULL)
         return NULL;
     PyObject *value = NULL;
-    if (!recording) {
-        PyObject *hook = SLOT(func, global_slots, G_HOOK);
-        if (hook == ordered_dict_hook && PyTuple_GET_SIZE(args) == 0)
-            value = PyDict_New();
-        else if (hook == rebuild_v2_hook && rebuild_v2_hook != NULL && tensor_type != NULL &&
-                 PyTuple_GET_SIZE(args) == 6)
-            value = plain_rebuild(args, pos);
+    if (!recording && hook == rebuild_v2_hook && rebuild_v2_hook != NULL &&
+        tensor_type != NULL && PyTuple_GET_SIZE(args) == 6) {
+        value = plain_rebuild(args, pos);
         if (value == NULL && PyErr_Occurred()) {
             Py_DECREF(pos);
             return NULL;
