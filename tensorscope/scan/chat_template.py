@@ -33,7 +33,7 @@ _GADGETS = re.compile(r"\b(?:__import__|import_module|popen|subprocess|os\.syste
 _STRINGS = re.compile(r"'(?:[^'\\]|\\.)*'|\"(?:[^\"\\]|\\.)*\"", re.S)
 
 
-def _findings(text: str) -> tuple[str, str] | None:
+def template_finding(text: str) -> tuple[str, str] | None:
     """(what, evidence) for the worst thing in one template, None when it is ordinary."""
     for tag in _TAGS.finditer(text):
         body = tag.group(0)
@@ -64,7 +64,7 @@ def check_gguf(ctx: "loader._Ctx", model) -> None:
         for text in texts[:64]:
             if not isinstance(text, str):
                 continue
-            hit = _findings(text)
+            hit = template_finding(text)
             if hit is None:
                 continue
             what, evidence = hit

@@ -60,8 +60,9 @@ def _code_calls_and_bindings(tokens):
     import tokenize
     calls, bound, imports = [], set(), []
     n = len(tokens)
+    from_import = -1    # the `import` of a `from a import b` (what follows it are not modules)
     for i, tok in enumerate(tokens):
-        if tok.type != tokenize.NAME:
+        if tok.type != tokenize.NAME or i == from_import:
             continue
         prev = tokens[i - 1].string if i else ""
         nxt = tokens[i + 1].string if i + 1 < n else ""
@@ -71,13 +72,29 @@ def _code_calls_and_bindings(tokens):
         if prev == "." or (keyword.iskeyword(tok.string) and tok.string not in ("import", "from")):
             continue  # the middle of a dotted chain (handled from its root), or `return (`
         if tok.string in ("import", "from"):
+            # `import a.b as c, d` / `from a.b import ...`: the dotted names up to `import`/`as`,
+            # on the statement's line (the tokens carry no NEWLINE: a name on the next line
+            # starts another statement)
+            line = tok.start[0]
             j, parts = i + 1, []
-            while j < n and (tokens[j].type == tokenize.NAME or tokens[j].string == "."):
-                if tokens[j].string in ("import", "as"):
+            while j < n and tokens[j].start[0] == line:
+                s = tokens[j].string
+                if s in ("import", ";") or (tok.string == "from" and s == "as"):
                     break
-                parts.append(tokens[j].string)
+                if s == "," and tok.string == "import":
+                    imports.append(("".join(parts), line))
+                    parts = []
+                elif s == "as":
+                    imports.append(("".join(parts), line))
+                    parts = []
+                    j += 1      # the alias
+                elif tokens[j].type == tokenize.NAME or s == ".":
+                    parts.append(s)
                 j += 1
-            imports.append(("".join(parts), tok.start[0]))
+            if parts:
+                imports.append(("".join(parts), line))
+            if tok.string == "from" and j < n and tokens[j].string == "import":
+                from_import = j
             continue
         if nxt in ("=", ":", ",", ")") and prev in ("(", ",", "for", "as", "") or nxt in ("=", ":"):
             bound.add(tok.string)  # assignment targets, parameters, loop and `as` names
@@ -152,10 +169,63 @@ def _dangerous_call(dotted: str) -> bool:
                 and dotted.startswith(d)) for d in _SOURCE_DANGER_CALLS)
 
 
+def source_dangers(text: str) -> list[tuple[str, str]]:
+    """(trigger, what) for each thing a Python source does that ordinary model, handler and
+    module code never does (`_SOURCE_DANGER_CALLS`, `_SOURCE_DANGER_IMPORTS`), at most 8. The
+    text is tokenized, never compiled; raises tokenize.TokenError/SyntaxError/ValueError when it
+    does not tokenize."""
+    calls, bound, imports = _code_calls_and_bindings(_code_tokens(text))
+    aliases = _import_aliases(text)
+    hits: dict[str, str] = {}
+    for module, line in imports:
+        if module.split(".")[0] in _SOURCE_DANGER_IMPORTS:
+            hits.setdefault(module, f"imports {module} (line {line})")
+    for m in _FROM_OS_IMPORT.finditer(text):
+        hits.setdefault(f"os.{m.group(1)}", f"imports os.{m.group(1)}")
+    for dotted, line in calls:
+        root, dot, rest = dotted.partition(".")
+        if root in aliases:     # `import os as o; o.system()`, `from os import popen; popen()`
+            dotted = aliases[root] + dot + rest
+        elif root in bound:
+            continue
+        if _dangerous_call(dotted):
+            hits.setdefault(dotted, f"calls {dotted} (line {line})")
+    return list(hits.items())[:8]
+
+
+_IMPORT_AS = re.compile(r"^[ \t]*import[ \t]+([\w. \t,]+?)[ \t]*(?:#.*)?$", re.M)
+_FROM_IMPORT = re.compile(r"^[ \t]*from[ \t]+([\w.]+)[ \t]+import[ \t]+\(?([\w \t,]+)\)?", re.M)
+
+
+def _import_aliases(text: str) -> dict[str, str]:
+    """Local name -> dotted name it was imported as (``import a.b as c``: c -> a.b; ``from a
+    import b as c``: c -> a.b; ``from a import b``: b -> a.b)."""
+    aliases: dict[str, str] = {}
+    for m in _IMPORT_AS.finditer(text):
+        for part in m.group(1).split(","):
+            words = part.split()
+            if len(words) == 3 and words[1] == "as":
+                aliases[words[2]] = words[0]
+    for m in _FROM_IMPORT.finditer(text):
+        module = m.group(1)
+        if module.startswith("."):
+            continue
+        for part in m.group(2).split(","):
+            words = part.split()
+            if len(words) == 1:
+                aliases[words[0]] = f"{module}.{words[0]}"
+            elif len(words) == 3 and words[1] == "as":
+                aliases[words[2]] = f"{module}.{words[0]}"
+    return aliases
+
+
+SOURCE_UNREADABLE = (SyntaxError, ValueError, MemoryError, RecursionError)   # + TokenError
+
+
 def check_sources(ctx: "loader._Ctx", sources: list[tuple[str, str]]) -> None:
     """One finding for the archive's Python sources (imported by its loader: their code runs by
     design), and a critical one per source that runs commands, evaluates or loads code, opens
-    sockets or calls native code (`_SOURCE_DANGER_CALLS`, `_SOURCE_DANGER_IMPORTS`)."""
+    sockets or calls native code (`source_dangers`)."""
     import tokenize
     if not sources:
         return
@@ -165,20 +235,11 @@ def check_sources(ctx: "loader._Ctx", sources: list[tuple[str, str]]) -> None:
             "torch.package) imports them and runs their code", sources[0][0])
     for member, text in sources:
         try:
-            calls, bound, imports = _code_calls_and_bindings(_code_tokens(text))
-        except (tokenize.TokenError, SyntaxError, ValueError, MemoryError, RecursionError) as e:
+            hits = source_dangers(text)
+        except (tokenize.TokenError, *SOURCE_UNREADABLE) as e:
             ctx.add("archive.python-source", f"Python source does not tokenize ({e}): not read",
                     member, variant="dangerous")
             continue
-        hits: dict[str, str] = {}
-        for module, line in imports:
-            if module.split(".")[0] in _SOURCE_DANGER_IMPORTS:
-                hits.setdefault(module, f"imports {module} (line {line})")
-        for m in _FROM_OS_IMPORT.finditer(text):
-            hits.setdefault(f"os.{m.group(1)}", f"imports os.{m.group(1)}")
-        for dotted, line in calls:
-            if dotted.split(".")[0] not in bound and _dangerous_call(dotted):
-                hits.setdefault(dotted, f"calls {dotted} (line {line})")
-        for trigger, what in list(hits.items())[:8]:
+        for trigger, what in hits:
             ctx.add("archive.python-source", f"Python source {what}: it runs when the loader "
                     "imports the module", member, None, trigger, "member", variant="dangerous")
