@@ -318,6 +318,13 @@ def build(out: Path) -> list[Case]:
     add("bypass/ensurepip_run_pip.pkl", payload("ensurepip", "_run_pip", 2, "global-reduce"),
         "pickle.dangerous-global", trigger="ensurepip._run_pip",
         source="picklescan GHSA-xp4f-hrf8-rxw7 (ensurepip._run_pip)")
+    add("bypass/antigravity_import.pkl", _proto(2) + _global("antigravity", "geohash") + b".",
+        "pickle.dangerous-global", trigger="antigravity.geohash",
+        source="stdlib antigravity: importing it calls webbrowser.open (an import-only payload)")
+    add("bypass/package_main_import.pkl", _proto(2) + _global("json.__main__", "main") + b".",
+        "pickle.dangerous-global", trigger="json.__main__.main",
+        source="a package's __main__ module runs the package as a script when imported "
+               "(tkinter.__main__ and turtledemo.__main__ call main() unguarded)")
     add("bypass/timeit.pkl", payload("timeit", "timeit", 2, "global-reduce"),
         "pickle.dangerous-global", trigger="timeit.timeit",
         source="picklescan GHSA-v7x6-rv5q-mhwc (timeit.timeit)")
