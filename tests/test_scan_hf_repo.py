@@ -190,3 +190,65 @@ def test_hostile_names_in_an_auto_map_stay_inside_and_print_clean(tmp_path, caps
     assert safetext.is_clean(out) and "\x1b" not in out
     main(["scan", "--json", str(sub)])
     json.loads(capsys.readouterr().out)
+
+
+def _grows_linearly(fn, unit: str, n: int = 4000) -> bool:
+    """fn on 4x the input costs under 8x (quadratic is 16x): best of three, one process."""
+    import time
+
+    def cost(k):
+        best = float("inf")
+        for _ in range(3):
+            t0 = time.perf_counter()
+            fn(unit * k)
+            best = min(best, time.perf_counter() - t0)
+        return best
+    small, large = cost(n), cost(4 * n)
+    return large < 8 * small + 0.01
+
+
+@pytest.mark.parametrize("what, unit", [
+    ("from_os_lines", "\n"),           # `^\s*` under re.M rescanned every following blank line
+    ("relative_lines", "\n"),
+    ("unclosed_tags", "{{ "),          # a lazy `.*?` rescanned to the end from every opener
+    ("tags_far_opener", "{{a}}"),      # the other opener searched again from every tag
+    ("from_from", "from "),            # an import walk ran to the end of the line from each
+])
+def test_hostile_text_is_read_in_linear_time(what, unit):
+    from tensorscope.scan import chat_template, hf_repo
+    fn = {"from_os_lines": lambda t: list(torchscript._FROM_OS_IMPORT.finditer(t)),
+          "relative_lines": hf_repo._relative_imports,
+          "unclosed_tags": chat_template.template_finding,
+          "tags_far_opener": lambda t: chat_template.template_finding(t + "{%"),
+          "from_from": torchscript.source_dangers}[what]
+    assert _grows_linearly(fn, unit)
+
+
+def test_tags_are_those_of_the_jinja_regex():
+    import random
+    import re
+
+    from tensorscope.scan import chat_template
+    lazy = re.compile(r"\{\{.*?\}\}|\{%.*?%\}", re.S)
+    rng = random.Random(7)
+    for _ in range(5000):
+        t = "".join(rng.choice(["{{", "}}", "{%", "%}", "a", "{", "}", "%", " "])
+                    for _ in range(rng.randint(0, 24)))
+        assert list(chat_template._tags(t)) == [m.group(0) for m in lazy.finditer(t)], t
+
+
+def test_large_sources_are_cut_and_text_is_not_zlib(tmp_path):
+    import zlib
+
+    from tensorscope.parsers.compression import compression
+    repo = tmp_path / "r"
+    repo.mkdir()
+    (repo / "config.json").write_text('{"auto_map": {"AutoModel": "modeling_x.X"}}')
+    # "x = ..." passes zlib's header checksum (0x7820 % 31 == 0) with FDICT set: text, not zlib
+    (repo / "modeling_x.py").write_text("x = foo(1)\n" * 120_000 + "import os\nos.system('id')\n")
+    report = scan_paths(repo)
+    assert {(f.rule, f.severity) for f in report.findings} == {
+        ("hf.remote-code", Severity.MEDIUM), ("hf.remote-code", Severity.HIGH)}
+    assert any("only the first" in f.message for f in report.findings)
+    assert compression(b"x = 1") is None and compression(zlib.compress(b"abc")) == "zlib"
+    assert compression(zlib.compress(b"abc", 9)[:2]) == "zlib"

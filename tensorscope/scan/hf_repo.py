@@ -43,13 +43,16 @@ DIFFUSERS_INDEX = "model_index.json"
 CUSTOM_GENERATE = "custom_generate/generate.py"
 SUFFIXES = (".py", ".jinja")   # beside the JSON configs of `configs.CONFIG_SUFFIXES`
 MAX_TEXT = 4 << 20      # configs and modelling code are KBs to a few hundred KBs
+MAX_SOURCE = 1 << 20    # characters of one Python source judged (the rest is reported unread)
 # Libraries a diffusers component may name that are packages, not files of the repository.
 _DIFFUSERS_LIBRARIES = {"diffusers", "transformers", "onnxruntime", "onnxruntime.training",
                         "torch", "peft", "sentence_transformers", "optimum", "tokenizers",
                         "flax", "huggingface_hub", "accelerate", "timm", "open_clip", None}
 # transformers' `get_relative_imports`: ``import .x`` and ``from .x import ...``.
-_RELATIVE_IMPORT = re.compile(r"^\s*(?:import\s+\.(\S+)\s*$|from\s+\.(\S+)\s+import)", re.M)
-_FROM_DOT_IMPORT = re.compile(r"^\s*from\s+\.\s+import\s+([\w ,()]+)", re.M)
+# (blanks as [ \t]: a leading \s* under re.M would rescan every following empty line: O(n^2))
+_RELATIVE_IMPORT = re.compile(r"^[ \t]*(?:import[ \t]+\.(\S+)[ \t]*$|from[ \t]+\.(\S+)[ \t]+import)",
+                              re.M)
+_FROM_DOT_IMPORT = re.compile(r"^[ \t]*from[ \t]+\.[ \t]+import[ \t]+([\w ,()]+)", re.M)
 _MODULE = re.compile(r"^[A-Za-z_]\w*$")
 
 
@@ -197,11 +200,16 @@ def check_python(ctx: "loader._Ctx", path: str, text: str, explicit: bool) -> bo
     if why:
         ctx.add("hf.remote-code", f"Python source imported when the model is loaded with "
                 f"trust_remote_code=True ({'; '.join(why)}): its top level runs", None)
+    if len(text) > MAX_SOURCE:
+        # real modelling files are under 250 KB; tokens cost ~150 bytes each in memory
+        ctx.add("hf.remote-code", f"Python source of {len(text):,} characters: only the first "
+                f"{MAX_SOURCE:,} are read", None, variant="unread")
+        text = text[:text.rfind("\n", 0, MAX_SOURCE) + 1]
     try:
         hits = torchscript.source_dangers(text)
     except (tokenize.TokenError, *torchscript.SOURCE_UNREADABLE) as e:
         ctx.add("hf.remote-code", f"Python source does not tokenize ({e}): not read", None,
-                variant="dangerous")
+                variant="unread")
         return True
     for trigger, what in hits:
         ctx.add("hf.remote-code", f"Python source {what}: "

@@ -181,11 +181,12 @@ _rule("hf.remote-code", M, "A model repository ships Python code that its loader
       "that names the code and for each file it names. HIGH when the code lives in another "
       "repository, which this scan did not read. CRITICAL when a named file runs commands, "
       "evaluates or loads code, opens sockets or calls native code (os.system, subprocess, eval, "
-      "exec, __import__, ctypes, socket, pickle.loads, shutil.rmtree ...), or does not "
-      "tokenize. Sources are tokenized, never compiled.",
+      "exec, __import__, ctypes, socket, pickle.loads, shutil.rmtree ...); HIGH when a named "
+      "file does not tokenize or is larger than 1 MiB (not read, so not known to be safe). "
+      "Sources are tokenized, never compiled.",
       "https://huggingface.co/docs/transformers/custom_models",
       "https://huggingface.co/docs/transformers/main/en/generation_strategies#custom-generation-methods",
-      dangerous=C, **{"other-repo": H})
+      dangerous=C, unread=H, **{"other-repo": H})
 _rule("hf.chat-template-code", H, "A repository's chat template reaches for the interpreter",
       "tokenizer_config.json's chat_template, chat_template.jinja/.json and "
       "additional_chat_templates/ are Jinja that apply_chat_template renders for every chat. "

@@ -79,8 +79,8 @@ def _code_calls_and_bindings(tokens):
             j, parts = i + 1, []
             while j < n and tokens[j].start[0] == line:
                 s = tokens[j].string
-                if s in ("import", ";") or (tok.string == "from" and s == "as"):
-                    break
+                if s in ("import", "from", ";") or (tok.string == "from" and s == "as"):
+                    break       # the next statement (each token is walked once: linear)
                 if s == "," and tok.string == "import":
                     imports.append(("".join(parts), line))
                     parts = []
@@ -159,7 +159,8 @@ _SOURCE_DANGER_CALLS = ("os.system", "os.popen", "os.exec", "os.spawn", "os.posi
                         "shutil.rmtree", "builtins.eval", "builtins.exec", "importlib.import_module",
                         "runpy.", "code.interact", "webbrowser.open", "urllib.request.urlopen")
 _SOURCE_DANGER_IMPORTS = {"subprocess", "ctypes", "socket", "pty", "marshal", "runpy"}
-_FROM_OS_IMPORT = re.compile(r"^\s*from\s+os\s+import\s+[^\n]*\b(system|popen|exec\w*|spawn\w*)\b",
+# (blanks as [ \t]: a leading \s* under re.M would rescan every following empty line: O(n^2))
+_FROM_OS_IMPORT = re.compile(r"^[ \t]*from[ \t]+os[ \t]+import[ \t]+[^\n]*\b(system|popen|exec\w*|spawn\w*)\b",
                              re.M)
 
 
