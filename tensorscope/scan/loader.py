@@ -112,6 +112,7 @@ class _Ctx:
         self.known_data = False                # raw data a model file points at (ONNX external data)
         self.data_files: set[str] = set()      # files this model's tensors live in
         self.keras = False                     # a Keras archive: its loader is Keras, not ours
+        self.code_chars = torchscript.CODE_CHARS_PER_FILE  # Python text still to tokenize
 
     def add(self, rule: str, message: str, member: str | None = None, offset: int | None = None,
             trigger: str | None = None, base: str = "file", variant: str | None = None) -> None:
