@@ -252,3 +252,15 @@ def test_large_sources_are_cut_and_text_is_not_zlib(tmp_path):
     assert any("only the first" in f.message for f in report.findings)
     assert compression(b"x = 1") is None and compression(zlib.compress(b"abc")) == "zlib"
     assert compression(zlib.compress(b"abc", 9)[:2]) == "zlib"
+
+
+def test_inspect_points_at_the_code_a_repository_names(capsys):
+    from tensorscope import safetext
+    assert main(["inspect", os.path.join(FIX, "remote_code")]) == 0
+    out = capsys.readouterr().out
+    assert "configuration_tiny.py, modeling_tiny.py" in out and "tensorscope scan" in out
+    assert main(["inspect", os.path.join(FIX, "other_repo", "model.safetensors")]) == 0
+    assert "attacker/tiny-code--modeling_evil.py" in capsys.readouterr().out
+    assert main(["inspect", os.path.join(FIX, "plain")]) == 0
+    out = capsys.readouterr().out
+    assert "trust_remote_code" not in out and safetext.is_clean(out)

@@ -124,6 +124,19 @@ def diffusers_references(index: dict) -> list[tuple[str, str]]:
     return refs
 
 
+def named_code(folder: str) -> list[str]:
+    """The code files a repository folder's configs name for its loaders to import
+    (``auto_map`` modules, ``other/repo--module`` references, diffusers components)."""
+    names: list[str] = []
+    for config_name in AUTO_MAP_CONFIGS:
+        text = _read_text(_join(folder, config_name))
+        for _, module, repo in auto_map_references(_load_json(text) if text else None):
+            names.append(f"{repo}--{module}.py" if repo else f"{module}.py")
+    text = _read_text(_join(folder, DIFFUSERS_INDEX))
+    names += [file for _, file in diffusers_references(_load_json(text) if text else None)]
+    return list(dict.fromkeys(names))
+
+
 def _relative_imports(text: str) -> list[str]:
     found = []
     for m in _RELATIVE_IMPORT.finditer(text):
