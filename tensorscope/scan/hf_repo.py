@@ -23,6 +23,7 @@ rendered.
 """
 from __future__ import annotations
 
+import functools
 import json
 import os
 import posixpath
@@ -58,6 +59,17 @@ _MODULE = re.compile(r"^[A-Za-z_]\w*$")
 
 def _read_text(path: str) -> str | None:
     """The text of a small sibling file, None when absent, unreadable or not UTF-8 text."""
+    return _read_remote_text(path) if is_url(path) else _read_text_now(path)
+
+
+@functools.lru_cache(maxsize=256)
+def _read_remote_text(url: str) -> str | None:
+    """`_read_text` of a URL, remembered: each Python file of a remote repository asks for the
+    same few configs (most absent), a request each."""
+    return _read_text_now(url)
+
+
+def _read_text_now(path: str) -> str | None:
     try:
         src = open_source(path)
     except Exception:       # absent or unreachable: the reference is reported as such

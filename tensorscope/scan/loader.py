@@ -875,6 +875,10 @@ def _scan_tar(ctx: _Ctx, data, member: str | None, depth: int, base: int = 0,
         return False
     for entry, kind, start, size, link in entries:
         name = join(member, entry)
+        parts = entry.replace("\\", "/").split("/")
+        if entry.startswith(("/", "\\")) or (len(entry) > 1 and entry[1] == ":") or ".." in parts:
+            ctx.add("tar.absolute-or-parent-path", f"member name {entry!r} is absolute or climbs "
+                    "out of the extraction folder (path traversal when extracted)", name)
         if kind in "12":
             ctx.add("file.symlink-outside", f"tar member is a link to {link!r}", name,
                     variant="link_in_tar")

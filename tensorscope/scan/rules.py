@@ -172,6 +172,13 @@ _rule("archive.python-source", M, "An archive carries Python source that its loa
       "https://github.com/pytorch/serve/blob/master/model-archiver/README.md",
       dangerous=C)
 
+_rule("tar.absolute-or-parent-path", H, "A tar member path escapes the extraction folder",
+      "NeMo restores a .nemo by extracting its tar, as do other tools that ship models as tars; "
+      "a member named '/...' or with a '..' component is written outside the folder by "
+      "tarfile.extractall without the 'data' filter (CVE-2007-4559, CWE-22): any file of the "
+      "user can be overwritten (~/.bashrc, a site-packages module).",
+      "https://nvd.nist.gov/vuln/detail/CVE-2007-4559")
+
 # --- Hugging Face repositories ----------------------------------------------------------------------
 _rule("hf.remote-code", M, "A model repository ships Python code that its loader imports",
       "An auto_map in config.json, tokenizer_config.json or a processor config names module.Class; "
