@@ -54,6 +54,9 @@ EXPECTED_ABOVE_INFO = {
     # Hugging Face repositories (fixtures/gen_hf_repo.py): an auto_map naming the repository's
     # code (loaded with trust_remote_code=True), another repository's code, a diffusers custom
     # component, and the hostile chat templates; the .py files are tests/test_scan_hf_repo.py's
+    # jsonpickle documents written by jsonpickle.encode (fixtures/gen_jsonpickle.py)
+    "jsonpickle/config.json": ("config.jsonpickle", Severity.MEDIUM),
+    "jsonpickle/reduce_os_system.json": ("config.jsonpickle", Severity.CRITICAL),
     "hf_repo/other_repo/config.json": ("hf.remote-code", Severity.HIGH),
     "hf_repo/remote_code/config.json": ("hf.remote-code", Severity.MEDIUM),
     "hf_repo/hostile_[mr]*/config.json": ("hf.remote-code", Severity.MEDIUM),

@@ -111,3 +111,23 @@ def test_pickle_extensions_of_other_frameworks_are_models(tmp_path, name):
     (folder / name).write_bytes(b"cos\nsystem\n(S'id'\ntR.")
     report = scan_paths(folder)
     assert report.severity == Severity.CRITICAL
+
+
+def test_jsonpickle_documents(tmp_path):
+    """jsonpickle.decode imports what py/object, py/type and py/function name and calls them; the
+    fixtures are jsonpickle.encode's own output (fixtures/gen_jsonpickle.py)."""
+    import os
+    fix = os.path.join(os.path.dirname(__file__), "..", "fixtures", "jsonpickle")
+    report = scan_paths(fix)
+    got = sorted((os.path.basename(f.file), f.severity, f.trigger) for f in report.findings)
+    assert got == [("config.json", Severity.MEDIUM, "gen_jsonpickle.TrainingConfig"),
+                   ("reduce_os_system.json", Severity.CRITICAL, "posix.system")]
+    path = tmp_path / "x.json"
+    path.write_text('{"a": {"py/repr": "os/os.system(\'id\')"}, "b": {"py/type": "builtins.eval"},'
+                    ' "c": {"py/mod": "subprocess"}}')
+    report = scan_paths(path)
+    assert {(f.trigger, f.severity) for f in report.findings} == {
+        ("os", Severity.CRITICAL), ("builtins.eval", Severity.CRITICAL),
+        ("subprocess", Severity.CRITICAL)}
+    path.write_text('{"py_version": "3.11", "object": "py/object", "model": {"type": "llama"}}')
+    assert [f.rule for f in scan_paths(path).findings] == ["file.not-a-model"]   # info

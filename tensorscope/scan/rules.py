@@ -218,6 +218,12 @@ _rule("config.yaml-python-tag", H, "A YAML config carries a python object tag",
       "when the named callable is denied.",
       "https://nvd.nist.gov/vuln/detail/CVE-2021-4118", denied=C)
 
+_rule("config.jsonpickle", M, "A JSON document is a jsonpickle encoding of objects",
+      "jsonpickle.decode imports every py/object, py/type and py/function it names and calls "
+      "them (py/reduce, py/newargs), as an unpickler does; py/repr is evaluated with eval. "
+      "CRITICAL when the named callable is denied, and for any py/repr.",
+      "https://jsonpickle.github.io/", denied=C)
+
 # --- ONNX ---------------------------------------------------------------------------------------------
 _rule("onnx.external-data-escape", H, "ONNX external data points outside the model's folder",
       "An absolute path, '..' or a symlink lets a model read any file when loaded.",
