@@ -264,3 +264,25 @@ def test_inspect_points_at_the_code_a_repository_names(capsys):
     assert main(["inspect", os.path.join(FIX, "plain")]) == 0
     out = capsys.readouterr().out
     assert "trust_remote_code" not in out and safetext.is_clean(out)
+
+
+def test_a_hugging_face_cache_snapshot(tmp_path, capsys):
+    """huggingface_hub's cache: snapshot links into content-addressed blobs (no extension)."""
+    import hashlib
+    repo = tmp_path / "models--org--tiny"
+    (repo / "blobs").mkdir(parents=True)
+    (repo / "snapshots" / "abc123").mkdir(parents=True)
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text("abc123")
+    src = os.path.join(FIX, "hostile_modeling")
+    for name in os.listdir(src):
+        data = open(os.path.join(src, name), "rb").read()
+        blob = repo / "blobs" / hashlib.sha1(data).hexdigest()
+        blob.write_bytes(data)
+        os.symlink(os.path.join("..", "..", "blobs", blob.name),
+                   repo / "snapshots" / "abc123" / name)
+    report = scan_paths(tmp_path)
+    assert [(os.path.basename(f.file), f.trigger) for f in report.findings
+            if f.severity == Severity.CRITICAL] == [("modeling_tiny.py", "os.system")]
+    assert main(["inspect", str(repo)]) == 0
+    assert "modeling_tiny.py" in capsys.readouterr().out

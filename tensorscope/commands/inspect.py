@@ -390,11 +390,11 @@ def _repository_code(model) -> list[str]:
     """Code files a local model folder's configs name (`auto_map`, diffusers components)."""
     from ..remote import is_url
     from ..scan.hf_repo import named_code
-    path = model.path
-    if not isinstance(path, str) or is_url(path):
+    files = [f for f in (model.files or [model.path]) if isinstance(f, str) and not is_url(f)]
+    if not files:
         return []
-    folder = path if os.path.isdir(path) else os.path.dirname(os.path.abspath(path))
-    return named_code(folder)
+    # the folder of the model's first file: a Hugging Face cache's snapshot, not its root
+    return named_code(os.path.dirname(os.path.abspath(files[0])))
 
 
 def _num(v):
