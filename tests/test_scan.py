@@ -51,6 +51,18 @@ EXPECTED_ABOVE_INFO = {
     "keras/module_os.keras": ("keras.dangerous-function", Severity.CRITICAL),
     "keras/get_file.keras": ("keras.dangerous-function", Severity.CRITICAL),
     "keras/unsafe_deser.keras": ("keras.dangerous-function", Severity.CRITICAL),
+    # Hugging Face repositories (fixtures/gen_hf_repo.py): an auto_map naming the repository's
+    # code (loaded with trust_remote_code=True), another repository's code, a diffusers custom
+    # component, and the hostile chat templates; the .py files are tests/test_scan_hf_repo.py's
+    # jsonpickle documents written by jsonpickle.encode (fixtures/gen_jsonpickle.py)
+    "jsonpickle/config.json": ("config.jsonpickle", Severity.MEDIUM),
+    "jsonpickle/reduce_os_system.json": ("config.jsonpickle", Severity.CRITICAL),
+    "hf_repo/other_repo/config.json": ("hf.remote-code", Severity.HIGH),
+    "hf_repo/remote_code/config.json": ("hf.remote-code", Severity.MEDIUM),
+    "hf_repo/hostile_[mr]*/config.json": ("hf.remote-code", Severity.MEDIUM),
+    "hf_repo/diffusers_custom/model_index.json": ("hf.remote-code", Severity.MEDIUM),
+    "hf_repo/hostile_template/chat_template.jinja": ("hf.chat-template-code", Severity.HIGH),
+    "hf_repo/hostile_template/tokenizer_config.json": ("hf.chat-template-code", Severity.HIGH),
 }
 
 

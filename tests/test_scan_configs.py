@@ -94,3 +94,40 @@ def test_ordinary_configs_stay_quiet(tmp_path):
 def test_inspect_says_what_a_gzipped_tar_is(tmp_path, capsys):
     assert main(["inspect", str(_nemo(tmp_path, _BENIGN, "w:gz"))]) == 2
     assert "compressed tar archive" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("name", ["model.sav", "model.pdparams", "model.pdopt"])
+def test_pickle_extensions_of_other_frameworks_are_models(tmp_path, name):
+    """scikit-learn tutorials' model.sav and PaddlePaddle's paddle.save files are pickles: in a
+    folder walk a broken one is reported (a loader would run what precedes the break), and a
+    payload is critical."""
+    import pickle
+    folder = tmp_path / "repo"
+    folder.mkdir()
+    whole = pickle.dumps({"w": [1.0, 2.0], "b": 3}, protocol=4)
+    (folder / name).write_bytes(whole[: len(whole) // 2])
+    report = scan_paths(folder)
+    assert report.findings and report.severity >= Severity.HIGH
+    (folder / name).write_bytes(b"cos\nsystem\n(S'id'\ntR.")
+    report = scan_paths(folder)
+    assert report.severity == Severity.CRITICAL
+
+
+def test_jsonpickle_documents(tmp_path):
+    """jsonpickle.decode imports what py/object, py/type and py/function name and calls them; the
+    fixtures are jsonpickle.encode's own output (fixtures/gen_jsonpickle.py)."""
+    import os
+    fix = os.path.join(os.path.dirname(__file__), "..", "fixtures", "jsonpickle")
+    report = scan_paths(fix)
+    got = sorted((os.path.basename(f.file), f.severity, f.trigger) for f in report.findings)
+    assert got == [("config.json", Severity.MEDIUM, "gen_jsonpickle.TrainingConfig"),
+                   ("reduce_os_system.json", Severity.CRITICAL, "posix.system")]
+    path = tmp_path / "x.json"
+    path.write_text('{"a": {"py/repr": "os/os.system(\'id\')"}, "b": {"py/type": "builtins.eval"},'
+                    ' "c": {"py/mod": "subprocess"}}')
+    report = scan_paths(path)
+    assert {(f.trigger, f.severity) for f in report.findings} == {
+        ("os", Severity.CRITICAL), ("builtins.eval", Severity.CRITICAL),
+        ("subprocess", Severity.CRITICAL)}
+    path.write_text('{"py_version": "3.11", "object": "py/object", "model": {"type": "llama"}}')
+    assert [f.rule for f in scan_paths(path).findings] == ["file.not-a-model"]   # info

@@ -84,7 +84,7 @@ BENIGN_TEMPLATES = [
     "{{ joiner }}",
 ])
 def test_chat_template_obfuscations_are_found(template):
-    from tensorscope.scan.chat_template import _findings
+    from tensorscope.scan.chat_template import template_finding as _findings
     assert _findings(BENIGN_TEMPLATES[0] + template) is not None
 
 

@@ -125,3 +125,52 @@ def test_source_that_does_not_tokenize_is_not_clean(tmp_path):
         z.writestr("handler.py", "def f(:\n    '''unterminated")
     found, _ = _found(path)
     assert any(s == Severity.CRITICAL for _, s, _ in found)
+
+
+def _code_files():
+    """The code/ files of the TorchScript fixtures and the Python sources of the HF fixtures."""
+    import glob
+    import os
+    root = os.path.join(os.path.dirname(__file__), "..", "fixtures")
+    texts = []
+    for path in sorted(glob.glob(os.path.join(root, "**", "*"), recursive=True)):
+        if path.endswith(".py") and "hf_repo" in path:
+            texts.append(open(path).read())
+        elif os.path.isfile(path) and zipfile.is_zipfile(path):
+            with zipfile.ZipFile(path) as z:
+                texts += [z.read(n).decode("utf-8", "replace") for n in z.namelist()
+                          if "/code/" in n and n.endswith(".py")]
+    return texts
+
+
+def test_the_token_window_changes_nothing(monkeypatch):
+    """Tokens are read through a bounded window (a code file of any size costs bounded memory);
+    a window of 64 tokens (longer than any statement here) finds exactly what one holding the
+    whole file finds."""
+    from tensorscope.scan import torchscript
+    texts = _code_files()
+    assert len(texts) >= 8
+    whole = [torchscript._code_calls_and_bindings(list(torchscript._code_tokens(t)))
+             for t in texts]
+    monkeypatch.setattr(torchscript, "_WINDOW", 64)
+    assert [torchscript._code_calls_and_bindings(torchscript._code_tokens(t))
+            for t in texts] == whole
+    assert any(calls for calls, _, _ in whole)
+
+
+def test_code_past_the_limits_is_reported_unread(tmp_path, monkeypatch):
+    from tensorscope.scan import torchscript
+
+    class M(torch.nn.Module):
+        def forward(self, x):
+            return torch.relu(x) * 2 + x.sum()
+    path = tmp_path / "ts.pt"
+    torch.jit.save(torch.jit.script(M()), str(path))
+    assert not [f for f in scan_paths(path).findings if f.severity > Severity.INFO]
+    monkeypatch.setattr(torchscript, "MAX_CODE_CHARS", 40)
+    hits = [f for f in scan_paths(path).findings if f.rule == "torchscript.code-unparseable"]
+    assert hits and "only the first 40 are read" in hits[0].message
+    monkeypatch.setattr(torchscript, "MAX_CODE_CHARS", 8 << 20)
+    monkeypatch.setattr(torchscript, "CODE_CHARS_PER_FILE", 10)
+    hits = [f for f in scan_paths(path).findings if f.rule == "torchscript.code-unparseable"]
+    assert hits and "are spent" in hits[0].message and hits[0].severity == Severity.HIGH

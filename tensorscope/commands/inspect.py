@@ -378,6 +378,23 @@ def _print_summary(console, model, tensors):
         names = ", ".join(d for d, _ in refs[:3]) + (f" (+{len(refs) - 3} more)" if len(refs) > 3 else "")
         console.print(f"[yellow]this file references {markup(names)}[/]: run `tensorscope scan` "
                       "before loading it")
+    code = _repository_code(model)
+    if code:
+        names = ", ".join(code[:3]) + (f" (+{len(code) - 3} more)" if len(code) > 3 else "")
+        console.print(f"[yellow]this repository names code for its loaders to import "
+                      f"({markup(names)})[/]: from_pretrained(trust_remote_code=True) runs it; run "
+                      "`tensorscope scan` on the folder")
+
+
+def _repository_code(model) -> list[str]:
+    """Code files a local model folder's configs name (`auto_map`, diffusers components)."""
+    from ..remote import is_url
+    from ..scan.hf_repo import named_code
+    files = [f for f in (model.files or [model.path]) if isinstance(f, str) and not is_url(f)]
+    if not files:
+        return []
+    # the folder of the model's first file: a Hugging Face cache's snapshot, not its root
+    return named_code(os.path.dirname(os.path.abspath(files[0])))
 
 
 def _num(v):

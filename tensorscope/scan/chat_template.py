@@ -14,8 +14,30 @@ import re
 
 from . import loader
 
-# Jinja tags ({{ }}, {% %}); comments ({# #}) are never rendered.
-_TAGS = re.compile(r"\{\{.*?\}\}|\{%.*?%\}", re.S)
+_CLOSER = {"{{": "}}", "{%": "%}"}
+
+
+def _tags(text: str):
+    """The Jinja tags ({{ }}, {% %}) of a template, in order, as the lazy regex
+    ``\\{\\{.*?\\}\\}|\\{%.*?%\\}`` finds them; comments ({# #}) are never rendered. Found with
+    str.find: that regex rescans to the end from every unclosed opener (quadratic)."""
+    pos = 0
+    next_at = {o: text.find(o) for o in ("{{", "{%")}   # -1: none left (each searched forward)
+    while True:
+        for o, at in next_at.items():
+            if 0 <= at < pos:
+                next_at[o] = text.find(o, pos)
+        found = [(at, o) for o, at in next_at.items() if at >= 0]
+        if not found:
+            return
+        start, opener = min(found)
+        end = text.find(_CLOSER[opener], start + 2)
+        if end < 0:     # no closer anywhere after: no later tag of this kind closes either
+            next_at[opener] = -1
+            pos = start + 1
+            continue
+        yield text[start:end + 2]
+        pos = end + 2
 # A dunder or a name-mangled private attribute (self._TemplateReference__context).
 _DUNDER = re.compile(r"__[A-Za-z][A-Za-z0-9_]*?__|_[A-Za-z]+__[A-Za-z]\w*")
 # Underscores and dots spelled through escapes or built from pieces (filter bypasses).
@@ -33,10 +55,9 @@ _GADGETS = re.compile(r"\b(?:__import__|import_module|popen|subprocess|os\.syste
 _STRINGS = re.compile(r"'(?:[^'\\]|\\.)*'|\"(?:[^\"\\]|\\.)*\"", re.S)
 
 
-def _findings(text: str) -> tuple[str, str] | None:
+def template_finding(text: str) -> tuple[str, str] | None:
     """(what, evidence) for the worst thing in one template, None when it is ordinary."""
-    for tag in _TAGS.finditer(text):
-        body = tag.group(0)
+    for body in _tags(text):
         m = _DUNDER.search(body)
         if m:
             return "reaches the dunder or private attribute", m.group(0)
@@ -64,7 +85,7 @@ def check_gguf(ctx: "loader._Ctx", model) -> None:
         for text in texts[:64]:
             if not isinstance(text, str):
                 continue
-            hit = _findings(text)
+            hit = template_finding(text)
             if hit is None:
                 continue
             what, evidence = hit

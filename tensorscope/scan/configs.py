@@ -29,6 +29,11 @@ _TARGET = re.compile(r"""['"]?_target_['"]?\s*:\s*['"]?([A-Za-z_][\w.]*)|"""
 _PY_TAG = re.compile(r"!!?python/(object/apply|object/new|object|name|module):([A-Za-z_][\w.]*)")
 
 
+# jsonpickle (``jsonpickle.decode``) imports every ``py/object``, ``py/type`` and ``py/function``
+# it meets and calls them through ``py/reduce``/``py/newargs``; ``py/repr`` is ``module/expr``,
+# evaluated with eval after the import.
+_JSONPICKLE = re.compile(r'"py/(object|type|function|repr|mod)"\s*:\s*"([^"\\]{1,400})"')
+
 # Denied in a pickle (they call or build what they are given) but ordinary as a Hydra target:
 # what they wrap is itself a `_target_` here, judged on its own.
 _ORDINARY_TARGETS = {"functools.partial", "torch.compile"}
@@ -54,6 +59,7 @@ def check_text(ctx: "loader._Ctx", text: str, member: str | None) -> None:
             ctx.add("config.hydra-target", f"_target_ {dotted} (line {line}): Hydra's "
                     f"instantiate imports and calls it when the model is restored: "
                     f"{verdict.reason}", member, None, dotted, "member")
+    _check_jsonpickle(ctx, text, member)
     for m in _PY_TAG.finditer(text):
         kind, dotted = m.group(1), m.group(2)
         line = text.count("\n", 0, m.start()) + 1
@@ -63,4 +69,28 @@ def check_text(ctx: "loader._Ctx", text: str, member: str | None) -> None:
                 f"YAML tag !!python/{kind}:{dotted} (line {line}): an unsafe YAML load "
                 f"({'imports and calls' if 'apply' in kind or kind == 'object/new' else 'imports'}"
                 f" it){': ' + verdict.reason if denied else ''}", member, None, dotted, "member",
+                variant="denied" if denied else None)
+
+
+def _check_jsonpickle(ctx: "loader._Ctx", text: str, member: str | None) -> None:
+    """jsonpickle tags: a callable the policy denies (or any ``py/repr``, an eval) is critical,
+    any other name medium (decoding imports and instantiates it, as a pickle's user class)."""
+    seen: set[tuple[str, str]] = set()
+    for m in _JSONPICKLE.finditer(text):
+        kind, value = m.group(1), m.group(2)
+        if (kind, value) in seen or len(seen) >= 64:
+            continue
+        seen.add((kind, value))
+        line = text.count("\n", 0, m.start()) + 1
+        if kind == "repr":
+            ctx.add("config.jsonpickle", f"jsonpickle py/repr {value!r} (line {line}): decoding "
+                    "imports the module and evaluates the expression (eval)", member, None,
+                    value.split("/")[0], "member", variant="denied")
+            continue
+        dotted = value.replace("/", ".") if kind != "mod" else value
+        verdict = policy.classify(dotted, "*") if kind == "mod" else _verdict(dotted)
+        denied = verdict.category == policy.DENIED
+        ctx.add("config.jsonpickle", f"jsonpickle py/{kind} {dotted} (line {line}): "
+                f"jsonpickle.decode imports {'and calls ' if kind != 'mod' else ''}it"
+                + (f": {verdict.reason}" if denied else ""), member, None, dotted, "member",
                 variant="denied" if denied else None)

@@ -20,7 +20,7 @@ from .. import policy
 from ..errors import FormatError, LimitExceeded, TensorscopeError, UnknownFormat
 from ..remote import is_url, open_source
 from ..source import ByteSource
-from . import chat_template, configs, keras, pickles, torchscript
+from . import chat_template, configs, hf_repo, keras, pickles, torchscript
 from .report import FileReport, Finding, Severity
 from .rules import anomaly_rule, severity_of
 
@@ -57,6 +57,9 @@ _EXT_KIND = {
     ".jit": "torch", ".torchscript": "torch", ".ptc": "torch",
     ".keras": "zip", ".h5": "hdf5", ".hdf5": "hdf5",
     ".nemo": "tar",     # NVIDIA NeMo: a tar (gzipped by older versions) of config and checkpoint
+    # scikit-learn models as tutorials save them (pickle.dump to model.sav); PaddlePaddle's
+    # paddle.save parameters and optimizer state (pickles of numpy arrays)
+    ".sav": "pickle", ".pdparams": "pickle", ".pdopt": "pickle",
 }
 # Extensions that only say "compressed" (joblib dumps are named model.pkl.gzip, model.joblib.z).
 _COMPRESSION_EXTS = ("", ".gz", ".gzip", ".bz2", ".xz", ".lzma", ".z", ".zlib")
@@ -109,6 +112,7 @@ class _Ctx:
         self.known_data = False                # raw data a model file points at (ONNX external data)
         self.data_files: set[str] = set()      # files this model's tensors live in
         self.keras = False                     # a Keras archive: its loader is Keras, not ours
+        self.code_chars = torchscript.CODE_CHARS_PER_FILE  # Python text still to tokenize
 
     def add(self, rule: str, message: str, member: str | None = None, offset: int | None = None,
             trigger: str | None = None, base: str = "file", variant: str | None = None) -> None:
@@ -279,12 +283,19 @@ def _scan_file(ctx: _Ctx, src: ByteSource, explicit: bool, model=None) -> bool:
     elif parser_error is not None:
         _parser_error_finding(ctx, parser_error, understood, kind)
 
-    if kind == "unknown" and model is None and ext in configs.CONFIG_SUFFIXES and _is_text(head):
+    if kind == "unknown" and model is None and _is_text(head) and \
+            ext in configs.CONFIG_SUFFIXES + hf_repo.SUFFIXES:
+        text = bytes(src.view(0, min(src.size, configs.MAX_TEXT), "file")).decode("utf-8",
+                                                                                 "replace")
         before = len(ctx.findings)
-        configs.check_text(ctx, bytes(src.view(0, min(src.size, configs.MAX_TEXT), "file"))
-                           .decode("utf-8", "replace"), None)
-        if len(ctx.findings) > before:
-            return True     # a config that loaders turn into calls (its findings say which)
+        read = hf_repo.check_file(ctx, ctx.path, text, explicit)
+        if ext in configs.CONFIG_SUFFIXES:
+            configs.check_text(ctx, text, None)
+        if read or len(ctx.findings) > before:
+            # repository code, templates and configs that loaders turn into calls: their
+            # findings say which (medium ones included: the file is not a model to drop them)
+            ctx.failures.clear()     # the text is read as what it is, not as a broken pickle
+            return True
     if kind == "unknown" and model is None:
         if ctx.known_data or _referenced_by_onnx(ctx.path):
             return True  # raw tensor bytes another model file points at
@@ -864,6 +875,10 @@ def _scan_tar(ctx: _Ctx, data, member: str | None, depth: int, base: int = 0,
         return False
     for entry, kind, start, size, link in entries:
         name = join(member, entry)
+        parts = entry.replace("\\", "/").split("/")
+        if entry.startswith(("/", "\\")) or (len(entry) > 1 and entry[1] == ":") or ".." in parts:
+            ctx.add("tar.absolute-or-parent-path", f"member name {entry!r} is absolute or climbs "
+                    "out of the extraction folder (path traversal when extracted)", name)
         if kind in "12":
             ctx.add("file.symlink-outside", f"tar member is a link to {link!r}", name,
                     variant="link_in_tar")

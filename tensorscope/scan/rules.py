@@ -172,6 +172,37 @@ _rule("archive.python-source", M, "An archive carries Python source that its loa
       "https://github.com/pytorch/serve/blob/master/model-archiver/README.md",
       dangerous=C)
 
+_rule("tar.absolute-or-parent-path", H, "A tar member path escapes the extraction folder",
+      "NeMo restores a .nemo by extracting its tar, as do other tools that ship models as tars; "
+      "a member named '/...' or with a '..' component is written outside the folder by "
+      "tarfile.extractall without the 'data' filter (CVE-2007-4559, CWE-22): any file of the "
+      "user can be overwritten (~/.bashrc, a site-packages module).",
+      "https://nvd.nist.gov/vuln/detail/CVE-2007-4559")
+
+# --- Hugging Face repositories ----------------------------------------------------------------------
+_rule("hf.remote-code", M, "A model repository ships Python code that its loader imports",
+      "An auto_map in config.json, tokenizer_config.json or a processor config names module.Class; "
+      "from_pretrained(trust_remote_code=True) fetches module.py and what it imports relatively, "
+      "and imports them (custom_generate/generate.py and diffusers' custom components in "
+      "model_index.json likewise). Their top level runs at load, by design: medium for the config "
+      "that names the code and for each file it names. HIGH when the code lives in another "
+      "repository, which this scan did not read. CRITICAL when a named file runs commands, "
+      "evaluates or loads code, opens sockets or calls native code (os.system, subprocess, eval, "
+      "exec, __import__, ctypes, socket, pickle.loads, shutil.rmtree ...); HIGH when a named "
+      "file does not tokenize or is larger than 1 MiB (not read, so not known to be safe). "
+      "Sources are tokenized, never compiled.",
+      "https://huggingface.co/docs/transformers/custom_models",
+      "https://huggingface.co/docs/transformers/main/en/generation_strategies#custom-generation-methods",
+      dangerous=C, unread=H, **{"other-repo": H})
+_rule("hf.chat-template-code", H, "A repository's chat template reaches for the interpreter",
+      "tokenizer_config.json's chat_template, chat_template.jinja/.json and "
+      "additional_chat_templates/ are Jinja that apply_chat_template renders for every chat. "
+      "transformers renders them in an immutable sandbox, so a tag that touches a dunder or "
+      "mangled private attribute, spells underscores through escapes or attr(), or names "
+      "os/popen/eval/__import__ is an attempt to escape it (and an unsandboxed renderer, "
+      "CVE-2024-34359). Real templates do none of it.",
+      "https://github.com/abetlen/llama-cpp-python/security/advisories/GHSA-56xg-wfcc-g829")
+
 # --- configs that loaders turn into calls -----------------------------------------------------------
 _rule("config.hydra-target", C, "A config's Hydra _target_ names a callable that runs code",
       "NeMo (.nemo model_config.yaml), Lightning and Hydra-based trainers restore a model with "
@@ -186,6 +217,12 @@ _rule("config.yaml-python-tag", H, "A YAML config carries a python object tag",
       "loaders (Lightning's hparams.yaml, CVE-2021-4118); no model config needs one. CRITICAL "
       "when the named callable is denied.",
       "https://nvd.nist.gov/vuln/detail/CVE-2021-4118", denied=C)
+
+_rule("config.jsonpickle", M, "A JSON document is a jsonpickle encoding of objects",
+      "jsonpickle.decode imports every py/object, py/type and py/function it names and calls "
+      "them (py/reduce, py/newargs), as an unpickler does; py/repr is evaluated with eval. "
+      "CRITICAL when the named callable is denied, and for any py/repr.",
+      "https://jsonpickle.github.io/", denied=C)
 
 # --- ONNX ---------------------------------------------------------------------------------------------
 _rule("onnx.external-data-escape", H, "ONNX external data points outside the model's folder",

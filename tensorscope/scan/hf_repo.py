@@ -1,0 +1,318 @@
+"""Hugging Face model repositories: the code and the templates their loaders run.
+
+A repository's weights can be perfectly inert while loading it still runs code the repository
+ships:
+
+- ``auto_map`` in ``config.json``, ``tokenizer_config.json``, ``preprocessor_config.json`` ...
+  names ``module.Class`` (or ``other/repo--module.Class``); ``from_pretrained(...,
+  trust_remote_code=True)`` fetches ``module.py`` and, recursively, the files it imports
+  relatively (``from .x import``), and imports them: their top level runs.
+- ``custom_generate/generate.py`` runs under ``generate(custom_generate=repo,
+  trust_remote_code=True)``.
+- diffusers' ``model_index.json`` names a component as ``[library, class]``; a library that is
+  no installed package is ``<component>/<library>.py`` of the repository (custom components and
+  pipelines, loaded with ``trust_remote_code=True``).
+- Chat templates (``tokenizer_config.json`` ``chat_template``, ``chat_template.jinja``,
+  ``chat_template.json``, ``additional_chat_templates/*.jinja``) are Jinja rendered for every
+  chat; transformers renders them sandboxed, so a template that reaches dunders or names
+  interpreter gadgets is an attempt to escape that sandbox (and other renderers).
+
+Everything is read as text: JSON is parsed with the standard library, Python sources are tokenized
+(`torchscript.source_dangers`), templates are matched (`chat_template`). Nothing is imported or
+rendered.
+"""
+from __future__ import annotations
+
+import functools
+import json
+import os
+import posixpath
+import re
+from typing import TYPE_CHECKING
+
+from ..remote import is_url, open_source
+from . import chat_template, torchscript
+
+if TYPE_CHECKING:
+    from . import loader
+
+# Config files whose ``auto_map`` transformers' Auto classes follow.
+AUTO_MAP_CONFIGS = ("config.json", "tokenizer_config.json", "preprocessor_config.json",
+                    "processor_config.json", "video_preprocessor_config.json",
+                    "feature_extractor_config.json", "image_processor_config.json")
+DIFFUSERS_INDEX = "model_index.json"
+CUSTOM_GENERATE = "custom_generate/generate.py"
+SUFFIXES = (".py", ".jinja")   # beside the JSON configs of `configs.CONFIG_SUFFIXES`
+MAX_TEXT = 4 << 20      # configs and modelling code are KBs to a few hundred KBs
+MAX_SOURCE = 1 << 20    # characters of one Python source judged (the rest is reported unread)
+# Libraries a diffusers component may name that are packages, not files of the repository.
+_DIFFUSERS_LIBRARIES = {"diffusers", "transformers", "onnxruntime", "onnxruntime.training",
+                        "torch", "peft", "sentence_transformers", "optimum", "tokenizers",
+                        "flax", "huggingface_hub", "accelerate", "timm", "open_clip", None}
+# transformers' `get_relative_imports`: ``import .x`` and ``from .x import ...``.
+# (blanks as [ \t]: a leading \s* under re.M would rescan every following empty line: O(n^2))
+_RELATIVE_IMPORT = re.compile(r"^[ \t]*(?:import[ \t]+\.(\S+)[ \t]*$|from[ \t]+\.(\S+)[ \t]+import)",
+                              re.M)
+_FROM_DOT_IMPORT = re.compile(r"^[ \t]*from[ \t]+\.[ \t]+import[ \t]+([\w ,()]+)", re.M)
+_MODULE = re.compile(r"^[A-Za-z_]\w*$")
+
+
+def _read_text(path: str) -> str | None:
+    """The text of a small sibling file, None when absent, unreadable or not UTF-8 text."""
+    return _read_remote_text(path) if is_url(path) else _read_text_now(path)
+
+
+@functools.lru_cache(maxsize=256)
+def _read_remote_text(url: str) -> str | None:
+    """`_read_text` of a URL, remembered: each Python file of a remote repository asks for the
+    same few configs (most absent), a request each."""
+    return _read_text_now(url)
+
+
+def _read_text_now(path: str) -> str | None:
+    try:
+        src = open_source(path)
+    except Exception:       # absent or unreachable: the reference is reported as such
+        return None
+    try:
+        data = bytes(src.view(0, min(src.size, MAX_TEXT), "file"))
+    except Exception:
+        return None
+    finally:
+        close = getattr(src, "close", None)
+        if close is not None:
+            close()
+    if b"\x00" in data:
+        return None
+    return data.decode("utf-8", "replace")
+
+
+def _join(folder: str, name: str) -> str:
+    return f"{folder.rstrip('/')}/{name}" if is_url(folder) else os.path.join(folder, name)
+
+
+def _split(path: str) -> tuple[str, str]:
+    if is_url(path):
+        folder, _, name = path.rpartition("/")
+        return folder, name
+    return os.path.split(path)
+
+
+def auto_map_references(config: dict) -> list[tuple[str, str, str | None]]:
+    """(auto class, module, other repository or None) for each class an ``auto_map`` names."""
+    refs: list[tuple[str, str, str | None]] = []
+    auto_map = config.get("auto_map") if isinstance(config, dict) else None
+    if not isinstance(auto_map, dict):
+        return refs
+    for auto_class, value in auto_map.items():
+        for ref in value if isinstance(value, list) else [value]:
+            if not isinstance(ref, str) or not ref:
+                continue
+            repo = None
+            if "--" in ref:
+                repo, _, ref = ref.partition("--")
+            module = ref.rpartition(".")[0] if "." in ref else ref
+            refs.append((str(auto_class), module, repo))
+    return refs
+
+
+def diffusers_references(index: dict) -> list[tuple[str, str]]:
+    """(what, module file relative to the repository) of each custom component or pipeline a
+    diffusers ``model_index.json`` names."""
+    refs: list[tuple[str, str]] = []
+    if not isinstance(index, dict):
+        return refs
+    cls = index.get("_class_name")
+    if isinstance(cls, list) and len(cls) == 2 and isinstance(cls[0], str) and \
+            cls[0] not in _DIFFUSERS_LIBRARIES and _MODULE.match(cls[0]):
+        refs.append((f"pipeline {cls[1]}", f"{cls[0]}.py"))
+    for component, value in index.items():
+        if component.startswith("_") or not isinstance(value, list) or len(value) != 2:
+            continue
+        library = value[0]
+        if isinstance(library, str) and library not in _DIFFUSERS_LIBRARIES and \
+                _MODULE.match(library) and _MODULE.match(component):
+            refs.append((f"component {component}", f"{component}/{library}.py"))
+    return refs
+
+
+def named_code(folder: str) -> list[str]:
+    """The code files a repository folder's configs name for its loaders to import
+    (``auto_map`` modules, ``other/repo--module`` references, diffusers components)."""
+    names: list[str] = []
+    for config_name in AUTO_MAP_CONFIGS:
+        text = _read_text(_join(folder, config_name))
+        for _, module, repo in auto_map_references(_load_json(text) if text else None):
+            names.append(f"{repo}--{module}.py" if repo else f"{module}.py")
+    text = _read_text(_join(folder, DIFFUSERS_INDEX))
+    names += [file for _, file in diffusers_references(_load_json(text) if text else None)]
+    return list(dict.fromkeys(names))
+
+
+def _relative_imports(text: str) -> list[str]:
+    found = []
+    for m in _RELATIVE_IMPORT.finditer(text):
+        name = (m.group(1) or m.group(2) or "").split(".")[0]
+        if _MODULE.match(name):
+            found.append(name)
+    for m in _FROM_DOT_IMPORT.finditer(text):
+        found.extend(n for n in re.split(r"[\s,()]+", m.group(1)) if _MODULE.match(n))
+    return found
+
+
+def _closure(folder: str, modules: list[str], limit: int = 64) -> dict[str, str | None]:
+    """module -> its text (None when absent) for ``modules`` and what they import relatively."""
+    texts: dict[str, str | None] = {}
+    todo = list(dict.fromkeys(modules))
+    while todo and len(texts) < limit:
+        module = todo.pop(0)
+        if module in texts:
+            continue
+        # only a plain module name is a file beside the config (never a path out of the folder)
+        text = _read_text(_join(folder, f"{module}.py")) if _MODULE.match(module) else None
+        texts[module] = text
+        if text is not None:
+            todo.extend(m for m in _relative_imports(text) if m not in texts)
+    return texts
+
+
+def _load_json(text: str):
+    try:
+        return json.loads(text)
+    except (ValueError, RecursionError):
+        return None
+
+
+def remote_code_loaders(py_path: str) -> list[str]:
+    """What makes a loader import this Python file of a repository ("config.json auto_map
+    AutoModel", "custom_generate", ...); empty when nothing in the repository names it."""
+    folder, name = _split(py_path)
+    if not name.endswith(".py"):
+        return []
+    module = name[:-3]
+    parent, sub = _split(folder)
+    if sub == "custom_generate" and name == "generate.py":
+        return ["generate(custom_generate=..., trust_remote_code=True)"]
+    why: list[str] = []
+    for config_name in AUTO_MAP_CONFIGS:
+        text = _read_text(_join(folder, config_name))
+        config = _load_json(text) if text is not None else None
+        refs = auto_map_references(config)
+        local = [m for _, m, repo in refs if repo is None]
+        if not local:
+            continue
+        if module in local:
+            why.append(f"{config_name} auto_map "
+                       + ", ".join(sorted({c for c, m, r in refs if m == module and r is None})))
+        elif module in _closure(folder, local):
+            why.append(f"a relative import of the code {config_name}'s auto_map names")
+    for index_folder, rel in ((folder, name), (parent, f"{sub}/{name}")):
+        text = _read_text(_join(index_folder, DIFFUSERS_INDEX))
+        index = _load_json(text) if text is not None else None
+        for what, file in diffusers_references(index):
+            if file == rel:
+                why.append(f"{DIFFUSERS_INDEX} {what}")
+    return why
+
+
+def check_python(ctx: "loader._Ctx", path: str, text: str, explicit: bool) -> bool:
+    """Judge a repository's Python file; False when no loader imports it and it was not named
+    (a helper script beside the weights runs only when someone runs it)."""
+    import tokenize
+    why = remote_code_loaders(path)
+    if not why and not explicit:
+        return False
+    if why:
+        ctx.add("hf.remote-code", f"Python source imported when the model is loaded with "
+                f"trust_remote_code=True ({'; '.join(why)}): its top level runs", None)
+    # real modelling files are under 250 KB (tokenizing costs ~1.3 s per MB)
+    text = torchscript.budgeted(ctx, text, MAX_SOURCE, "hf.remote-code", None, "unread")
+    try:
+        hits = torchscript.source_dangers(text)
+    except (tokenize.TokenError, *torchscript.SOURCE_UNREADABLE) as e:
+        ctx.add("hf.remote-code", f"Python source does not tokenize ({e}): not read", None,
+                variant="unread")
+        return True
+    for trigger, what in hits:
+        ctx.add("hf.remote-code", f"Python source {what}: "
+                + ("code that the loader imports and runs" if why else
+                   "nothing in the repository names this file, whoever imports it runs it"),
+                None, None, trigger, variant="dangerous")
+    if not why and not hits:
+        ctx.add("file.not-a-model", "Python source that no model config names; it runs only "
+                "when someone runs or imports it")
+    return True
+
+
+def check_config(ctx: "loader._Ctx", path: str, text: str) -> None:
+    """``auto_map`` references, diffusers custom components and chat templates of one JSON
+    config of a repository."""
+    folder, name = _split(path)
+    doc = _load_json(text)
+    if not isinstance(doc, dict):
+        return
+    refs = auto_map_references(doc)
+    local = sorted({m for _, m, repo in refs if repo is None})
+    if local:
+        texts = _closure(folder, local)
+        present = [m for m in local if texts.get(m) is not None]
+        absent = [m for m in local if texts.get(m) is None]
+        ctx.add("hf.remote-code",
+                f"auto_map names code that from_pretrained(trust_remote_code=True) imports: "
+                + ", ".join(f"{m}.py" for m in local)
+                + (f" (not in this folder: {', '.join(f'{m}.py' for m in absent)})" if absent
+                   else "") + ("; each file is judged on its own" if present else ""),
+                None, None, local[0])
+    for repo in sorted({r for _, _, r in refs if r is not None}):
+        modules = sorted({m for _, m, r in refs if r == repo})
+        ctx.add("hf.remote-code",
+                f"auto_map names code in another repository, {repo} "
+                f"({', '.join(f'{m}.py' for m in modules)}): trust_remote_code=True fetches and "
+                "imports it, and this scan did not read it", None, None, repo,
+                variant="other-repo")
+    if name == DIFFUSERS_INDEX:
+        refs_d = diffusers_references(doc)
+        if refs_d:
+            ctx.add("hf.remote-code",
+                    "model_index.json names custom code that diffusers imports with "
+                    "trust_remote_code=True: " + ", ".join(f"{what} ({file})"
+                                                           for what, file in refs_d),
+                    None, None, refs_d[0][1])
+    templates = doc.get("chat_template")
+    if isinstance(templates, str):
+        check_template(ctx, templates, "chat_template")
+    elif isinstance(templates, list):
+        for item in templates[:64]:
+            if isinstance(item, dict) and isinstance(item.get("template"), str):
+                check_template(ctx, item["template"], f"chat_template {item.get('name')!s}")
+
+
+def check_template(ctx: "loader._Ctx", text: str, where: str) -> None:
+    hit = chat_template.template_finding(text)
+    if hit is None:
+        return
+    what, evidence = hit
+    ctx.add("hf.chat-template-code",
+            f"{where} is a Jinja template that {what} {evidence!r}: rendering it for chat "
+            "tries to escape to the interpreter", None, None, evidence)
+
+
+def is_template_file(path: str) -> bool:
+    return path.lower().endswith(".jinja")
+
+
+def check_file(ctx: "loader._Ctx", path: str, text: str, explicit: bool) -> bool:
+    """Judge one text file of a repository; True when it is one this module reads (so its
+    findings, medium ones included, are the file's report)."""
+    lower = posixpath.basename(path.replace("\\", "/")).lower()
+    if lower.endswith(".py"):
+        return check_python(ctx, path, text, explicit)
+    if lower.endswith(".jinja"):
+        check_template(ctx, text, os.path.basename(path))
+        return True
+    if lower.endswith(".json") and ("config" in lower or lower in (DIFFUSERS_INDEX,
+                                                                    "chat_template.json")):
+        before = len(ctx.findings)
+        check_config(ctx, path, text)
+        return len(ctx.findings) > before
+    return False
