@@ -19,9 +19,18 @@
  * functions `torch_tensor` calls (`_VM.load_storage`, `_VM.reduce_global`), so every error comes
  * from one place. On a failure the step sets `vm.fast_at` as `torch_tensor` does.
  *
- * StorageRef and TensorRef are slots dataclasses: they are made by allocating the instance and
- * filling its slots, as `__init__` would (a Python `__init__` call costs ~1 µs). `bind_torch`
- * checks the layout (every field a plain object slot, nothing else) before this is used.
+ * After a tensor it goes on through the dict's next items (PUT, key, PUT, GET of the rebuild
+ * function, tensor ...), each opcode only in its plain form, and stops where the VM's loop would
+ * end its batch and check the limits: it returns how many of the loop's dispatches it ran.
+ *
+ * `infos` makes the records of a flat state dict for `torch_zip.build_tensor_list` in listing
+ * mode: what `torch_pickle.to_tensor_info` makes for a tensor that fits its storage record, in a
+ * dtype of whole bytes per element; every other item is handed back to the Python code.
+ *
+ * StorageRef, TensorRef and TensorInfo are slots classes: they are made by allocating the
+ * instance and filling its slots, as `__init__` (or `TensorInfo.trusted`) would (a Python
+ * `__init__` call costs ~1 µs). `bind_torch` checks the layout (every field a plain object slot,
+ * nothing else) before this is used. Every read of the data is bounds-checked against `n`.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
