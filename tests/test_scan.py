@@ -57,6 +57,8 @@ EXPECTED_ABOVE_INFO = {
     # jsonpickle documents written by jsonpickle.encode (fixtures/gen_jsonpickle.py)
     "jsonpickle/config.json": ("config.jsonpickle", Severity.MEDIUM),
     "jsonpickle/reduce_os_system.json": ("config.jsonpickle", Severity.CRITICAL),
+    # MLflow models whose python_function loads through their own module (fixtures/gen_mlflow.py)
+    "mlflow/*/MLmodel": ("mlflow.loader-module", Severity.MEDIUM),
     "hf_repo/other_repo/config.json": ("hf.remote-code", Severity.HIGH),
     "hf_repo/remote_code/config.json": ("hf.remote-code", Severity.MEDIUM),
     "hf_repo/hostile_[mr]*/config.json": ("hf.remote-code", Severity.MEDIUM),

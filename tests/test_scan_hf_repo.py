@@ -286,3 +286,26 @@ def test_a_hugging_face_cache_snapshot(tmp_path, capsys):
             if f.severity == Severity.CRITICAL] == [("modeling_tiny.py", "os.system")]
     assert main(["inspect", str(repo)]) == 0
     assert "modeling_tiny.py" in capsys.readouterr().out
+
+
+def test_mlflow_models_that_load_through_their_own_module(tmp_path):
+    """MLflow's own save_model output (fixtures/gen_mlflow.py): the MLmodel names loader_module
+    my_loader, copied into code/; load_model imports it from there."""
+    fix = os.path.join(FIX, "..", "mlflow")
+    got = sorted((os.path.relpath(f.file, fix), f.severity.name.lower(), f.trigger or "")
+                 for f in scan_paths(fix).findings)
+    assert got == [
+        ("hostile_loader/MLmodel", "medium", "my_loader"),
+        ("hostile_loader/code/my_loader.py", "critical", "subprocess"),
+        ("hostile_loader/code/my_loader.py", "critical", "subprocess.Popen"),
+        ("hostile_loader/code/my_loader.py", "medium", ""),
+        ("loader_module/MLmodel", "medium", "my_loader"),
+        ("loader_module/code/my_loader.py", "medium", ""),
+    ]
+    # MLflow's own flavors load through mlflow.*: nothing to say
+    model = tmp_path / "m"
+    shutil.copytree(os.path.join(fix, "loader_module"), model)
+    text = (model / "MLmodel").read_text().replace("loader_module: my_loader",
+                                                   "loader_module: mlflow.sklearn")
+    (model / "MLmodel").write_text(text)
+    assert not [f for f in scan_paths(model).findings if f.severity > Severity.INFO]

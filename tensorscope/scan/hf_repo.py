@@ -17,6 +17,9 @@ ships:
   chat; transformers renders them sandboxed, so a template that reaches dunders or names
   interpreter gadgets is an attempt to escape that sandbox (and other renderers).
 
+- An MLflow model's ``MLmodel`` names a ``python_function`` ``loader_module``;
+  ``mlflow.pyfunc.load_model`` puts the model's ``code/`` folder on ``sys.path`` and imports it.
+
 Everything is read as text: JSON is parsed with the standard library, Python sources are tokenized
 (`torchscript.source_dangers`), templates are matched (`chat_template`). Nothing is imported or
 rendered.
@@ -215,26 +218,94 @@ def remote_code_loaders(py_path: str) -> list[str]:
     return why
 
 
+MLMODEL = "MLmodel"
+# MLmodel is YAML as yaml.safe_dump writes it: the python_function flavor's keys, one per line.
+_MLMODEL_FIELD = re.compile(r"^[ \t]+(loader_module|code):[ \t]*['\"]?([^'\"\s#]*)['\"]?[ \t]*$",
+                            re.M)
+
+
+def mlmodel_loader(text: str) -> tuple[str | None, str | None]:
+    """(loader_module, code folder) of an MLmodel's python_function flavor (None when absent)."""
+    start = text.find("python_function:")
+    if start < 0:
+        return None, None
+    fields: dict[str, str] = {}
+    for m in _MLMODEL_FIELD.finditer(text, start):
+        fields.setdefault(m.group(1), m.group(2))
+    loader = fields.get("loader_module") or None
+    code = fields.get("code")
+    return loader, (None if code in (None, "", "null", "~") else code)
+
+
+def _mlflow_custom(loader: str | None) -> bool:
+    """A loader module of the model's own (MLflow's flavors are ``mlflow.*``)."""
+    return bool(loader) and not loader.startswith("mlflow.") and \
+        all(_MODULE.match(p) for p in loader.split("."))
+
+
+def mlflow_loaders(py_path: str) -> list[str]:
+    """Why mlflow.pyfunc.load_model imports this file: an ``MLmodel`` up to four folders above
+    whose loader_module is this file of its code folder."""
+    if is_url(py_path) or not py_path.endswith(".py"):
+        return []
+    here = os.path.abspath(py_path)
+    folder = os.path.dirname(here)
+    for _ in range(4):
+        text = _read_text(os.path.join(folder, MLMODEL))
+        if text is not None:
+            loader, code = mlmodel_loader(text)
+            if _mlflow_custom(loader) and code:
+                base = os.path.join(folder, code, *loader.split("."))
+                if here in (base + ".py", os.path.join(base, "__init__.py")):
+                    return [f"{MLMODEL} python_function loader_module {loader}"]
+            return []
+        folder = os.path.dirname(folder)
+    return []
+
+
+def check_mlmodel(ctx: "loader._Ctx", path: str, text: str) -> None:
+    """An MLflow model whose python_function flavor loads through a module of its own."""
+    loader, code = mlmodel_loader(text)
+    if not _mlflow_custom(loader):
+        return
+    where = ""
+    if code and not is_url(path):
+        base = os.path.join(os.path.dirname(path), code, *loader.split("."))
+        present = os.path.isfile(base + ".py") or os.path.isfile(os.path.join(base, "__init__.py"))
+        where = (f" from its {code}/ folder (judged on its own)" if present else
+                 f" (not in its {code}/ folder: whatever module of that name is installed)")
+    ctx.add("mlflow.loader-module", f"python_function loader_module {loader}: "
+            f"mlflow.pyfunc.load_model imports it and calls its _load_pyfunc{where}", None, None,
+            loader)
+
+
 def check_python(ctx: "loader._Ctx", path: str, text: str, explicit: bool) -> bool:
     """Judge a repository's Python file; False when no loader imports it and it was not named
     (a helper script beside the weights runs only when someone runs it)."""
     import tokenize
     why = remote_code_loaders(path)
+    rule = "hf.remote-code"
+    if why:
+        ctx.add(rule, f"Python source imported when the model is loaded with "
+                f"trust_remote_code=True ({'; '.join(why)}): its top level runs", None)
+    else:
+        why = mlflow_loaders(path)
+        if why:
+            rule = "mlflow.loader-module"
+            ctx.add(rule, f"Python source imported when the model is loaded with "
+                    f"mlflow.pyfunc.load_model ({why[0]}): its top level runs", None)
     if not why and not explicit:
         return False
-    if why:
-        ctx.add("hf.remote-code", f"Python source imported when the model is loaded with "
-                f"trust_remote_code=True ({'; '.join(why)}): its top level runs", None)
     # real modelling files are under 250 KB (tokenizing costs ~1.3 s per MB)
-    text = torchscript.budgeted(ctx, text, MAX_SOURCE, "hf.remote-code", None, "unread")
+    text = torchscript.budgeted(ctx, text, MAX_SOURCE, rule, None, "unread")
     try:
         hits = torchscript.source_dangers(text)
     except (tokenize.TokenError, *torchscript.SOURCE_UNREADABLE) as e:
-        ctx.add("hf.remote-code", f"Python source does not tokenize ({e}): not read", None,
+        ctx.add(rule, f"Python source does not tokenize ({e}): not read", None,
                 variant="unread")
         return True
     for trigger, what in hits:
-        ctx.add("hf.remote-code", f"Python source {what}: "
+        ctx.add(rule, f"Python source {what}: "
                 + ("code that the loader imports and runs" if why else
                    "nothing in the repository names this file, whoever imports it runs it"),
                 None, None, trigger, variant="dangerous")
@@ -304,7 +375,12 @@ def is_template_file(path: str) -> bool:
 def check_file(ctx: "loader._Ctx", path: str, text: str, explicit: bool) -> bool:
     """Judge one text file of a repository; True when it is one this module reads (so its
     findings, medium ones included, are the file's report)."""
-    lower = posixpath.basename(path.replace("\\", "/")).lower()
+    base = posixpath.basename(path.replace("\\", "/"))
+    lower = base.lower()
+    if base == MLMODEL:
+        before = len(ctx.findings)
+        check_mlmodel(ctx, path, text)
+        return len(ctx.findings) > before
     if lower.endswith(".py"):
         return check_python(ctx, path, text, explicit)
     if lower.endswith(".jinja"):

@@ -61,6 +61,9 @@ _EXT_KIND = {
     # paddle.save parameters and optimizer state (pickles of numpy arrays)
     ".sav": "pickle", ".pdparams": "pickle", ".pdopt": "pickle",
 }
+# Extensions of text formats: such a file is read as a pickle only when it is a whole one.
+_TEXT_EXTS = {".yaml", ".yml", ".json", ".txt", ".md", ".py", ".jinja", ".toml", ".cfg", ".ini",
+              ".csv", ".tsv", ".xml", ".html", ".rst", ".sh"}
 # Extensions that only say "compressed" (joblib dumps are named model.pkl.gzip, model.joblib.z).
 _COMPRESSION_EXTS = ("", ".gz", ".gzip", ".bz2", ".xz", ".lzma", ".z", ".zlib")
 # Formats that promise no code: a pickle or zip behind these names misleads the user most.
@@ -266,9 +269,13 @@ def _scan_file(ctx: _Ctx, src: ByteSource, explicit: bool, model=None) -> bool:
         kind = model.format if model is not None else (parser_format or "safe-format")
         understood = model is not None
     else:
+        # Text named as text (a conda.yaml starts "channels:", read as GLOBAL 'c') is a pickle
+        # only when it is one whole, as in a folder walk, even when named explicitly.
+        text_named = _is_text(head) and (ext in _TEXT_EXTS or
+                                         os.path.basename(ctx.path) == hf_repo.MLMODEL)
         is_pickle, understood = pickles.scan_stream(ctx, whole(), None, 0, True, 0,
-                                                  lenient=expected_model,
-                                                  require_stop=not expected_model)
+                                                  lenient=expected_model and not text_named,
+                                                  require_stop=not expected_model or text_named)
         kind = "pickle" if is_pickle else "unknown"
     ctx.kinds.append(kind)
 
@@ -284,7 +291,8 @@ def _scan_file(ctx: _Ctx, src: ByteSource, explicit: bool, model=None) -> bool:
         _parser_error_finding(ctx, parser_error, understood, kind)
 
     if kind == "unknown" and model is None and _is_text(head) and \
-            ext in configs.CONFIG_SUFFIXES + hf_repo.SUFFIXES:
+            (ext in configs.CONFIG_SUFFIXES + hf_repo.SUFFIXES or
+             os.path.basename(ctx.path) == hf_repo.MLMODEL):
         text = bytes(src.view(0, min(src.size, configs.MAX_TEXT), "file")).decode("utf-8",
                                                                                  "replace")
         before = len(ctx.findings)

@@ -194,6 +194,14 @@ _rule("hf.remote-code", M, "A model repository ships Python code that its loader
       "https://huggingface.co/docs/transformers/custom_models",
       "https://huggingface.co/docs/transformers/main/en/generation_strategies#custom-generation-methods",
       dangerous=C, unread=H, **{"other-repo": H})
+_rule("mlflow.loader-module", M, "An MLflow model loads through a Python module of its own",
+      "An MLmodel's python_function flavor names a loader_module outside mlflow.*; "
+      "mlflow.pyfunc.load_model puts the model's code/ folder on sys.path, imports the module and "
+      "calls its _load_pyfunc: its code runs at load, by design. Medium for the MLmodel and for "
+      "the module file; CRITICAL when the file runs commands, evaluates or loads code, opens "
+      "sockets or calls native code; HIGH when it does not tokenize or is over 1 MiB. A "
+      "python_model.pkl is a cloudpickle, judged as a pickle.",
+      "https://mlflow.org/docs/latest/ml/model/", dangerous=C, unread=H)
 _rule("hf.chat-template-code", H, "A repository's chat template reaches for the interpreter",
       "tokenizer_config.json's chat_template, chat_template.jinja/.json and "
       "additional_chat_templates/ are Jinja that apply_chat_template renders for every chat. "
