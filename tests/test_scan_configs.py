@@ -131,3 +131,25 @@ def test_jsonpickle_documents(tmp_path):
         ("subprocess", Severity.CRITICAL)}
     path.write_text('{"py_version": "3.11", "object": "py/object", "model": {"type": "llama"}}')
     assert [f.rule for f in scan_paths(path).findings] == ["file.not-a-model"]   # info
+
+
+@pytest.mark.parametrize("name, text", [
+    ("conda.yaml", "channels:\n- conda-forge\ndependencies:\n- python=3.11\n"),
+    ("Dockerfile", "channels:\n- x\n"),          # no extension: 'c' + a line no module can be
+    ("notes.txt", "cat model.bin | head\nls\n"),
+    ("MLmodel", "flavors:\n  python_function:\n    loader_module: mlflow.sklearn\n"),
+])
+def test_text_named_on_the_command_line_is_not_a_broken_pickle(tmp_path, name, text):
+    """GLOBAL is 'c' + two lines: a text file starting with 'c' read leniently as a pickle was a
+    broken one with a user class (high). Text named as text, or whose first line cannot be a
+    module, is a pickle only when it is a whole one."""
+    path = tmp_path / name
+    path.write_text(text)
+    report = scan_paths(path)
+    assert [f for f in report.findings if f.severity > Severity.INFO] == []
+
+
+def test_a_cut_text_pickle_named_on_the_command_line_is_still_judged(tmp_path):
+    path = tmp_path / "payload"
+    path.write_bytes(b"cos\nsystem\n(S'id'\ntR")     # no STOP: a loader runs it, then fails
+    assert scan_paths(path).severity == Severity.CRITICAL

@@ -244,18 +244,20 @@ def _mlflow_custom(loader: str | None) -> bool:
 
 
 def mlflow_loaders(py_path: str) -> list[str]:
-    """Why mlflow.pyfunc.load_model imports this file: an ``MLmodel`` up to four folders above
-    whose loader_module is this file of its code folder."""
+    """Why mlflow.pyfunc.load_model imports this file: the ``MLmodel`` beside the ``code/``
+    folder holding it (MLflow's layout: ``code_paths`` are copied there) names it as its
+    loader_module. Nothing above that model folder is read."""
     if is_url(py_path) or not py_path.endswith(".py"):
         return []
     here = os.path.abspath(py_path)
     folder = os.path.dirname(here)
-    for _ in range(4):
-        text = _read_text(os.path.join(folder, MLMODEL))
-        if text is not None:
-            loader, code = mlmodel_loader(text)
+    for _ in range(4):      # code/my_loader.py, code/pkg/loader.py, code/pkg/sub/__init__.py
+        if os.path.basename(folder) == "code":
+            model = os.path.dirname(folder)
+            text = _read_text(os.path.join(model, MLMODEL))
+            loader, code = mlmodel_loader(text) if text is not None else (None, None)
             if _mlflow_custom(loader) and code:
-                base = os.path.join(folder, code, *loader.split("."))
+                base = os.path.join(model, code, *loader.split("."))
                 if here in (base + ".py", os.path.join(base, "__init__.py")):
                     return [f"{MLMODEL} python_function loader_module {loader}"]
             return []

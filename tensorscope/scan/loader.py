@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import gc
 import os
+import re
 import struct
 from dataclasses import dataclass
 from typing import Any
@@ -64,6 +65,7 @@ _EXT_KIND = {
 # Extensions of text formats: such a file is read as a pickle only when it is a whole one.
 _TEXT_EXTS = {".yaml", ".yml", ".json", ".txt", ".md", ".py", ".jinja", ".toml", ".cfg", ".ini",
               ".csv", ".tsv", ".xml", ".html", ".rst", ".sh"}
+_IMPORT_LINE = re.compile(rb"[ci][A-Za-z_][\w.]*\r?\n")
 # Extensions that only say "compressed" (joblib dumps are named model.pkl.gzip, model.joblib.z).
 _COMPRESSION_EXTS = ("", ".gz", ".gzip", ".bz2", ".xz", ".lzma", ".z", ".zlib")
 # Formats that promise no code: a pickle or zip behind these names misleads the user most.
@@ -271,8 +273,11 @@ def _scan_file(ctx: _Ctx, src: ByteSource, explicit: bool, model=None) -> bool:
     else:
         # Text named as text (a conda.yaml starts "channels:", read as GLOBAL 'c') is a pickle
         # only when it is one whole, as in a folder walk, even when named explicitly.
-        text_named = _is_text(head) and (ext in _TEXT_EXTS or
-                                         os.path.basename(ctx.path) == hf_repo.MLMODEL)
+        # So is text whose first line cannot be GLOBAL/INST's module (`channels:` in a
+        # Dockerfile): the import would fail there, before anything runs.
+        text_named = _is_text(head) and (
+            ext in _TEXT_EXTS or os.path.basename(ctx.path) == hf_repo.MLMODEL or
+            (head[:1] in (b"c", b"i") and not _IMPORT_LINE.match(head)))
         is_pickle, understood = pickles.scan_stream(ctx, whole(), None, 0, True, 0,
                                                   lenient=expected_model and not text_named,
                                                   require_stop=not expected_model or text_named)
