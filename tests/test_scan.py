@@ -59,6 +59,8 @@ EXPECTED_ABOVE_INFO = {
     "jsonpickle/reduce_os_system.json": ("config.jsonpickle", Severity.CRITICAL),
     # MLflow models whose python_function loads through their own module (fixtures/gen_mlflow.py)
     "mlflow/*/MLmodel": ("mlflow.loader-module", Severity.MEDIUM),
+    # a sentence-transformers modules.json naming a module of the repository
+    "sentence_transformers/custom_module/modules.json": ("hf.remote-code", Severity.MEDIUM),
     "hf_repo/other_repo/config.json": ("hf.remote-code", Severity.HIGH),
     "hf_repo/remote_code/config.json": ("hf.remote-code", Severity.MEDIUM),
     "hf_repo/hostile_[mr]*/config.json": ("hf.remote-code", Severity.MEDIUM),

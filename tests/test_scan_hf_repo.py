@@ -309,3 +309,16 @@ def test_mlflow_models_that_load_through_their_own_module(tmp_path):
                                                    "loader_module: mlflow.sklearn")
     (model / "MLmodel").write_text(text)
     assert not [f for f in scan_paths(model).findings if f.severity > Severity.INFO]
+
+
+def test_sentence_transformers_module_types():
+    """SentenceTransformer.save's own output (fixtures/gen_sentence_transformers.py): module types
+    outside sentence_transformers.* are repository code since v6 (trust_remote_code=True)."""
+    fix = os.path.join(FIX, "..", "sentence_transformers")
+    assert not [f for f in scan_paths(os.path.join(fix, "plain")).findings
+                if f.severity > Severity.INFO]
+    got = sorted((os.path.basename(f.file), f.severity.name.lower(), f.trigger or "")
+                 for f in scan_paths(os.path.join(fix, "custom_module")).findings)
+    assert got == [("custom_layer.py", "critical", "os.system"),
+                   ("custom_layer.py", "medium", ""),
+                   ("modules.json", "medium", "custom_layer")]

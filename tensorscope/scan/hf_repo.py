@@ -40,7 +40,7 @@ if TYPE_CHECKING:
     from . import loader
 
 # Config files whose ``auto_map`` transformers' Auto classes follow.
-AUTO_MAP_CONFIGS = ("config.json", "tokenizer_config.json", "preprocessor_config.json",
+AUTO_MAP_CONFIGS = ("config.json", "tokenizer_config.json", "preprocessor_config.json", "modules.json",
                     "processor_config.json", "video_preprocessor_config.json",
                     "feature_extractor_config.json", "image_processor_config.json")
 DIFFUSERS_INDEX = "model_index.json"
@@ -101,9 +101,17 @@ def _split(path: str) -> tuple[str, str]:
     return os.path.split(path)
 
 
-def auto_map_references(config: dict) -> list[tuple[str, str, str | None]]:
-    """(auto class, module, other repository or None) for each class an ``auto_map`` names."""
+def auto_map_references(config) -> list[tuple[str, str, str | None]]:
+    """(auto class, module, other repository or None) for each class an ``auto_map`` names, or
+    that a sentence-transformers ``modules.json`` (a list) names as a module ``type`` outside
+    ``sentence_transformers.*`` (resolved like an auto_map entry since v6, with
+    trust_remote_code=True)."""
     refs: list[tuple[str, str, str | None]] = []
+    if isinstance(config, list):
+        types = {f"module {m.get('name')}": m["type"] for m in config[:4096]
+                 if isinstance(m, dict) and isinstance(m.get("type"), str)
+                 and not m["type"].startswith("sentence_transformers.")}
+        config = {"auto_map": types}
     auto_map = config.get("auto_map") if isinstance(config, dict) else None
     if not isinstance(auto_map, dict):
         return refs
@@ -145,7 +153,10 @@ def named_code(folder: str) -> list[str]:
     names: list[str] = []
     for config_name in AUTO_MAP_CONFIGS:
         text = _read_text(_join(folder, config_name))
-        for _, module, repo in auto_map_references(_load_json(text) if text else None):
+        doc = _load_json(text) if text else None
+        if isinstance(doc, list) and config_name != "modules.json":
+            continue
+        for _, module, repo in auto_map_references(doc):
             names.append(f"{repo}--{module}.py" if repo else f"{module}.py")
     text = _read_text(_join(folder, DIFFUSERS_INDEX))
     names += [file for _, file in diffusers_references(_load_json(text) if text else None)]
@@ -200,12 +211,14 @@ def remote_code_loaders(py_path: str) -> list[str]:
     for config_name in AUTO_MAP_CONFIGS:
         text = _read_text(_join(folder, config_name))
         config = _load_json(text) if text is not None else None
+        if isinstance(config, list) and config_name != "modules.json":
+            continue
         refs = auto_map_references(config)
         local = [m for _, m, repo in refs if repo is None]
         if not local:
             continue
         if module in local:
-            why.append(f"{config_name} auto_map "
+            why.append(f"{config_name} {'' if isinstance(config, list) else 'auto_map '}"
                        + ", ".join(sorted({c for c, m, r in refs if m == module and r is None})))
         elif module in _closure(folder, local):
             why.append(f"a relative import of the code {config_name}'s auto_map names")
@@ -322,16 +335,19 @@ def check_config(ctx: "loader._Ctx", path: str, text: str) -> None:
     config of a repository."""
     folder, name = _split(path)
     doc = _load_json(text)
-    if not isinstance(doc, dict):
+    if isinstance(doc, list) and name == "modules.json":
+        refs, what = auto_map_references(doc), "modules.json's module types name"
+    elif isinstance(doc, dict):
+        refs, what = auto_map_references(doc), "auto_map names"
+    else:
         return
-    refs = auto_map_references(doc)
     local = sorted({m for _, m, repo in refs if repo is None})
     if local:
         texts = _closure(folder, local)
         present = [m for m in local if texts.get(m) is not None]
         absent = [m for m in local if texts.get(m) is None]
         ctx.add("hf.remote-code",
-                f"auto_map names code that from_pretrained(trust_remote_code=True) imports: "
+                f"{what} code that loading with trust_remote_code=True imports: "
                 + ", ".join(f"{m}.py" for m in local)
                 + (f" (not in this folder: {', '.join(f'{m}.py' for m in absent)})" if absent
                    else "") + ("; each file is judged on its own" if present else ""),
@@ -339,10 +355,12 @@ def check_config(ctx: "loader._Ctx", path: str, text: str) -> None:
     for repo in sorted({r for _, _, r in refs if r is not None}):
         modules = sorted({m for _, m, r in refs if r == repo})
         ctx.add("hf.remote-code",
-                f"auto_map names code in another repository, {repo} "
+                f"{what} code in another repository, {repo} "
                 f"({', '.join(f'{m}.py' for m in modules)}): trust_remote_code=True fetches and "
                 "imports it, and this scan did not read it", None, None, repo,
                 variant="other-repo")
+    if not isinstance(doc, dict):
+        return
     if name == DIFFUSERS_INDEX:
         refs_d = diffusers_references(doc)
         if refs_d:
@@ -388,7 +406,7 @@ def check_file(ctx: "loader._Ctx", path: str, text: str, explicit: bool) -> bool
     if lower.endswith(".jinja"):
         check_template(ctx, text, os.path.basename(path))
         return True
-    if lower.endswith(".json") and ("config" in lower or lower in (DIFFUSERS_INDEX,
+    if lower.endswith(".json") and ("config" in lower or lower in (DIFFUSERS_INDEX, "modules.json",
                                                                     "chat_template.json")):
         before = len(ctx.findings)
         check_config(ctx, path, text)
