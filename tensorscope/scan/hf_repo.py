@@ -12,11 +12,13 @@ ships:
 - diffusers' ``model_index.json`` names a component as ``[library, class]``; a library that is
   no installed package is ``<component>/<library>.py`` of the repository (custom components and
   pipelines, loaded with ``trust_remote_code=True``).
+- sentence-transformers' ``modules.json`` names each module's ``type``; one outside
+  ``sentence_transformers.*`` is resolved like an ``auto_map`` entry (v6, with
+  ``trust_remote_code=True``).
 - Chat templates (``tokenizer_config.json`` ``chat_template``, ``chat_template.jinja``,
   ``chat_template.json``, ``additional_chat_templates/*.jinja``) are Jinja rendered for every
   chat; transformers renders them sandboxed, so a template that reaches dunders or names
   interpreter gadgets is an attempt to escape that sandbox (and other renderers).
-
 - An MLflow model's ``MLmodel`` names a ``python_function`` ``loader_module``;
   ``mlflow.pyfunc.load_model`` puts the model's ``code/`` folder on ``sys.path`` and imports it.
 
@@ -39,12 +41,13 @@ from . import chat_template, torchscript
 if TYPE_CHECKING:
     from . import loader
 
-# Config files whose ``auto_map`` transformers' Auto classes follow.
-AUTO_MAP_CONFIGS = ("config.json", "tokenizer_config.json", "preprocessor_config.json", "modules.json",
+# Config files whose ``auto_map`` transformers' Auto classes follow, and sentence-transformers'
+# module list (read the same way: `auto_map_references`).
+AUTO_MAP_CONFIGS = ("config.json", "tokenizer_config.json", "preprocessor_config.json",
                     "processor_config.json", "video_preprocessor_config.json",
-                    "feature_extractor_config.json", "image_processor_config.json")
+                    "feature_extractor_config.json", "image_processor_config.json",
+                    "modules.json")
 DIFFUSERS_INDEX = "model_index.json"
-CUSTOM_GENERATE = "custom_generate/generate.py"
 SUFFIXES = (".py", ".jinja")   # beside the JSON configs of `configs.CONFIG_SUFFIXES`
 MAX_TEXT = 4 << 20      # configs and modelling code are KBs to a few hundred KBs
 MAX_SOURCE = 1 << 20    # characters of one Python source judged (the rest is reported unread)
@@ -54,8 +57,8 @@ _DIFFUSERS_LIBRARIES = {"diffusers", "transformers", "onnxruntime", "onnxruntime
                         "flax", "huggingface_hub", "accelerate", "timm", "open_clip", None}
 # transformers' `get_relative_imports`: ``import .x`` and ``from .x import ...``.
 # (blanks as [ \t]: a leading \s* under re.M would rescan every following empty line: O(n^2))
-_RELATIVE_IMPORT = re.compile(r"^[ \t]*(?:import[ \t]+\.(\S+)[ \t]*$|from[ \t]+\.(\S+)[ \t]+import)",
-                              re.M)
+_RELATIVE_IMPORT = re.compile(
+    r"^[ \t]*(?:import[ \t]+\.(\S+)[ \t]*$|from[ \t]+\.(\S+)[ \t]+import)", re.M)
 _FROM_DOT_IMPORT = re.compile(r"^[ \t]*from[ \t]+\.[ \t]+import[ \t]+([\w ,()]+)", re.M)
 _MODULE = re.compile(r"^[A-Za-z_]\w*$")
 
@@ -147,16 +150,22 @@ def diffusers_references(index: dict) -> list[tuple[str, str]]:
     return refs
 
 
+def _references_in(folder: str, config_name: str) -> list[tuple[str, str, str | None]]:
+    """`auto_map_references` of one of the folder's `AUTO_MAP_CONFIGS` (only modules.json is a
+    list)."""
+    text = _read_text(_join(folder, config_name))
+    doc = _load_json(text) if text is not None else None
+    if isinstance(doc, list) and config_name != "modules.json":
+        return []
+    return auto_map_references(doc)
+
+
 def named_code(folder: str) -> list[str]:
     """The code files a repository folder's configs name for its loaders to import
     (``auto_map`` modules, ``other/repo--module`` references, diffusers components)."""
     names: list[str] = []
     for config_name in AUTO_MAP_CONFIGS:
-        text = _read_text(_join(folder, config_name))
-        doc = _load_json(text) if text else None
-        if isinstance(doc, list) and config_name != "modules.json":
-            continue
-        for _, module, repo in auto_map_references(doc):
+        for _, module, repo in _references_in(folder, config_name):
             names.append(f"{repo}--{module}.py" if repo else f"{module}.py")
     text = _read_text(_join(folder, DIFFUSERS_INDEX))
     names += [file for _, file in diffusers_references(_load_json(text) if text else None)]
@@ -209,16 +218,12 @@ def remote_code_loaders(py_path: str) -> list[str]:
         return ["generate(custom_generate=..., trust_remote_code=True)"]
     why: list[str] = []
     for config_name in AUTO_MAP_CONFIGS:
-        text = _read_text(_join(folder, config_name))
-        config = _load_json(text) if text is not None else None
-        if isinstance(config, list) and config_name != "modules.json":
-            continue
-        refs = auto_map_references(config)
+        refs = _references_in(folder, config_name)
         local = [m for _, m, repo in refs if repo is None]
         if not local:
             continue
         if module in local:
-            why.append(f"{config_name} {'' if isinstance(config, list) else 'auto_map '}"
+            why.append(f"{config_name} {'' if config_name == 'modules.json' else 'auto_map '}"
                        + ", ".join(sorted({c for c, m, r in refs if m == module and r is None})))
         elif module in _closure(folder, local):
             why.append(f"a relative import of the code {config_name}'s auto_map names")
