@@ -213,6 +213,9 @@ def _grows_linearly(fn, unit: str, n: int = 4000) -> bool:
     ("unclosed_tags", "{{ "),          # a lazy `.*?` rescanned to the end from every opener
     ("tags_far_opener", "{{a}}"),      # the other opener searched again from every tag
     ("from_from", "from "),            # an import walk ran to the end of the line from each
+    ("blanks_then_bang", " "),         # tokenize: an ERRORTOKEN per blank of a run before `!`
+    ("import_as_blanks", " "),         # two quantifiers that could both take the blanks
+    ("from_os_blanks", "\t "),
 ])
 def test_hostile_text_is_read_in_linear_time(what, unit):
     from tensorscope.scan import chat_template, hf_repo
@@ -220,7 +223,12 @@ def test_hostile_text_is_read_in_linear_time(what, unit):
           "relative_lines": hf_repo._relative_imports,
           "unclosed_tags": chat_template.template_finding,
           "tags_far_opener": lambda t: chat_template.template_finding(t + "{%"),
-          "from_from": torchscript.source_dangers}[what]
+          "from_from": torchscript.source_dangers,
+          "blanks_then_bang": lambda t: torchscript.source_dangers("from os import" + t + "!\n"),
+          "import_as_blanks": lambda t: list(torchscript._IMPORT_AS.finditer("import a" + t + "!")),
+          "from_os_blanks": lambda t: list(torchscript._FROM_OS_IMPORT.finditer(
+              "from os import" + t + "!")),
+          }[what]
     assert _grows_linearly(fn, unit)
 
 

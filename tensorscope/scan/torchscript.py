@@ -43,6 +43,7 @@ _TS_FILE_CALLS = {"torch.save", "torch.load", "torch.from_file", "torch.ops.aten
 _TS_SAFE_IMPORT_ROOTS = ("torch", "__torch__", "typing", "__future__", "math", "warnings")
 
 
+_BLANKS = re.compile(r"[ \t\f]+")
 MAX_CODE_CHARS = 8 << 20   # of one code file judged; the rest is reported unread (real: KBs-MBs)
 CODE_CHARS_PER_FILE = 32 << 20   # of all code in one scanned file (tokenizing: ~1.3 s per MB)
 _WINDOW = 1 << 14          # tokens kept ahead of the one looked at (lookahead of a statement)
@@ -56,6 +57,11 @@ def _code_tokens(text: str):
     import tokenize
     skip = (tokenize.COMMENT, tokenize.NL, tokenize.NEWLINE, tokenize.INDENT, tokenize.DEDENT,
             tokenize.ENCODING)
+    # tokenize reads a run of blanks ending in a character no token starts with (`!`) once per
+    # blank (an ERRORTOKEN each: quadratic). Every run of blanks becomes one space: every token
+    # and its line are kept, and every indented line sits at one level (indentation is not read
+    # here, and one level is always consistent).
+    text = _BLANKS.sub(" ", text)
     for t in tokenize.generate_tokens(io.StringIO(text).readline):
         if t.type not in skip:
             yield t.type, t.string, t.start[0]
@@ -222,8 +228,8 @@ _SOURCE_DANGER_CALLS = ("os.system", "os.popen", "os.exec", "os.spawn", "os.posi
                         "runpy.", "code.interact", "webbrowser.open", "urllib.request.urlopen")
 _SOURCE_DANGER_IMPORTS = {"subprocess", "ctypes", "socket", "pty", "marshal", "runpy"}
 # (blanks as [ \t]: a leading \s* under re.M would rescan every following empty line: O(n^2))
-_FROM_OS_IMPORT = re.compile(r"^[ \t]*from[ \t]+os[ \t]+import[ \t]+[^\n]*\b(system|popen|exec\w*|spawn\w*)\b",
-                             re.M)
+_FROM_OS_IMPORT = re.compile(r"^[ \t]*from[ \t]+os[ \t]+import\b([^\n]*)", re.M)
+_OS_RUNNER = re.compile(r"\b(system|popen|exec\w*|spawn\w*)\b")   # searched in what it imports
 
 
 def _dangerous_call(dotted: str) -> bool:
@@ -244,7 +250,8 @@ def source_dangers(text: str) -> list[tuple[str, str]]:
         if module.split(".")[0] in _SOURCE_DANGER_IMPORTS:
             hits.setdefault(module, f"imports {module} (line {line})")
     for m in _FROM_OS_IMPORT.finditer(text):
-        hits.setdefault(f"os.{m.group(1)}", f"imports os.{m.group(1)}")
+        for name in _OS_RUNNER.findall(m.group(1)):
+            hits.setdefault(f"os.{name}", f"imports os.{name}")
     for dotted, line in calls:
         root, dot, rest = dotted.partition(".")
         if root in aliases:     # `import os as o; o.system()`, `from os import popen; popen()`
@@ -256,7 +263,9 @@ def source_dangers(text: str) -> list[tuple[str, str]]:
     return list(hits.items())[:8]
 
 
-_IMPORT_AS = re.compile(r"^[ \t]*import[ \t]+([\w. \t,]+?)[ \t]*(?:#.*)?$", re.M)
+# (one greedy group per line and the words split in Python: no two quantifiers that can take the
+# same blanks, which made a long line of spaces quadratic)
+_IMPORT_AS = re.compile(r"^[ \t]*import[ \t]+([^\n#]*)", re.M)
 _FROM_IMPORT = re.compile(r"^[ \t]*from[ \t]+([\w.]+)[ \t]+import[ \t]+\(?([\w \t,]+)\)?", re.M)
 
 
