@@ -389,7 +389,7 @@ def _print_summary(console, model, tensors):
 def _repository_code(model) -> list[str]:
     """Code files a local model folder's configs name (`auto_map`, diffusers components)."""
     from ..remote import is_url
-    from ..scan.hf_repo import named_code
+    from ..repo_code import named_code
     files = [f for f in (model.files or [model.path]) if isinstance(f, str) and not is_url(f)]
     if not files:
         return []

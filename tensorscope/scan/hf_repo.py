@@ -28,158 +28,37 @@ rendered.
 """
 from __future__ import annotations
 
-import functools
-import json
 import os
 import posixpath
 import re
 from typing import TYPE_CHECKING
 
-from ..remote import is_url, open_source
+from ..remote import is_url
+from ..repo_code import (AUTO_MAP_CONFIGS, DIFFUSERS_INDEX, MODULE_NAME, auto_map_references,
+                         diffusers_references, join, load_json, read_text, references_in,
+                         split)
 from . import chat_template, torchscript
 
 if TYPE_CHECKING:
     from . import loader
 
-# Config files whose ``auto_map`` transformers' Auto classes follow, and sentence-transformers'
-# module list (read the same way: `auto_map_references`).
-AUTO_MAP_CONFIGS = ("config.json", "tokenizer_config.json", "preprocessor_config.json",
-                    "processor_config.json", "video_preprocessor_config.json",
-                    "feature_extractor_config.json", "image_processor_config.json",
-                    "modules.json")
-DIFFUSERS_INDEX = "model_index.json"
 SUFFIXES = (".py", ".jinja")   # beside the JSON configs of `configs.CONFIG_SUFFIXES`
-MAX_TEXT = 4 << 20      # configs and modelling code are KBs to a few hundred KBs
 MAX_SOURCE = 1 << 20    # characters of one Python source judged (the rest is reported unread)
-# Libraries a diffusers component may name that are packages, not files of the repository.
-_DIFFUSERS_LIBRARIES = {"diffusers", "transformers", "onnxruntime", "onnxruntime.training",
-                        "torch", "peft", "sentence_transformers", "optimum", "tokenizers",
-                        "flax", "huggingface_hub", "accelerate", "timm", "open_clip", None}
 # transformers' `get_relative_imports`: ``import .x`` and ``from .x import ...``.
 # (blanks as [ \t]: a leading \s* under re.M would rescan every following empty line: O(n^2))
 _RELATIVE_IMPORT = re.compile(
     r"^[ \t]*(?:import[ \t]+\.(\S+)[ \t]*$|from[ \t]+\.(\S+)[ \t]+import)", re.M)
 _FROM_DOT_IMPORT = re.compile(r"^[ \t]*from[ \t]+\.[ \t]+import[ \t]+([\w ,()]+)", re.M)
-_MODULE = re.compile(r"^[A-Za-z_]\w*$")
-
-
-def _read_text(path: str) -> str | None:
-    """The text of a small sibling file, None when absent, unreadable or not UTF-8 text."""
-    return _read_remote_text(path) if is_url(path) else _read_text_now(path)
-
-
-@functools.lru_cache(maxsize=256)
-def _read_remote_text(url: str) -> str | None:
-    """`_read_text` of a URL, remembered: each Python file of a remote repository asks for the
-    same few configs (most absent), a request each."""
-    return _read_text_now(url)
-
-
-def _read_text_now(path: str) -> str | None:
-    try:
-        src = open_source(path)
-    except Exception:       # absent or unreachable: the reference is reported as such
-        return None
-    try:
-        data = bytes(src.view(0, min(src.size, MAX_TEXT), "file"))
-    except Exception:
-        return None
-    finally:
-        close = getattr(src, "close", None)
-        if close is not None:
-            close()
-    if b"\x00" in data:
-        return None
-    return data.decode("utf-8", "replace")
-
-
-def _join(folder: str, name: str) -> str:
-    return f"{folder.rstrip('/')}/{name}" if is_url(folder) else os.path.join(folder, name)
-
-
-def _split(path: str) -> tuple[str, str]:
-    if is_url(path):
-        folder, _, name = path.rpartition("/")
-        return folder, name
-    return os.path.split(path)
-
-
-def auto_map_references(config) -> list[tuple[str, str, str | None]]:
-    """(auto class, module, other repository or None) for each class an ``auto_map`` names, or
-    that a sentence-transformers ``modules.json`` (a list) names as a module ``type`` outside
-    ``sentence_transformers.*`` (resolved like an auto_map entry since v6, with
-    trust_remote_code=True)."""
-    refs: list[tuple[str, str, str | None]] = []
-    if isinstance(config, list):
-        types = {f"module {m.get('name')}": m["type"] for m in config[:4096]
-                 if isinstance(m, dict) and isinstance(m.get("type"), str)
-                 and not m["type"].startswith("sentence_transformers.")}
-        config = {"auto_map": types}
-    auto_map = config.get("auto_map") if isinstance(config, dict) else None
-    if not isinstance(auto_map, dict):
-        return refs
-    for auto_class, value in auto_map.items():
-        for ref in value if isinstance(value, list) else [value]:
-            if not isinstance(ref, str) or not ref:
-                continue
-            repo = None
-            if "--" in ref:
-                repo, _, ref = ref.partition("--")
-            module = ref.rpartition(".")[0] if "." in ref else ref
-            refs.append((str(auto_class), module, repo))
-    return refs
-
-
-def diffusers_references(index: dict) -> list[tuple[str, str]]:
-    """(what, module file relative to the repository) of each custom component or pipeline a
-    diffusers ``model_index.json`` names."""
-    refs: list[tuple[str, str]] = []
-    if not isinstance(index, dict):
-        return refs
-    cls = index.get("_class_name")
-    if isinstance(cls, list) and len(cls) == 2 and isinstance(cls[0], str) and \
-            cls[0] not in _DIFFUSERS_LIBRARIES and _MODULE.match(cls[0]):
-        refs.append((f"pipeline {cls[1]}", f"{cls[0]}.py"))
-    for component, value in index.items():
-        if component.startswith("_") or not isinstance(value, list) or len(value) != 2:
-            continue
-        library = value[0]
-        if isinstance(library, str) and library not in _DIFFUSERS_LIBRARIES and \
-                _MODULE.match(library) and _MODULE.match(component):
-            refs.append((f"component {component}", f"{component}/{library}.py"))
-    return refs
-
-
-def _references_in(folder: str, config_name: str) -> list[tuple[str, str, str | None]]:
-    """`auto_map_references` of one of the folder's `AUTO_MAP_CONFIGS` (only modules.json is a
-    list)."""
-    text = _read_text(_join(folder, config_name))
-    doc = _load_json(text) if text is not None else None
-    if isinstance(doc, list) and config_name != "modules.json":
-        return []
-    return auto_map_references(doc)
-
-
-def named_code(folder: str) -> list[str]:
-    """The code files a repository folder's configs name for its loaders to import
-    (``auto_map`` modules, ``other/repo--module`` references, diffusers components)."""
-    names: list[str] = []
-    for config_name in AUTO_MAP_CONFIGS:
-        for _, module, repo in _references_in(folder, config_name):
-            names.append(f"{repo}--{module}.py" if repo else f"{module}.py")
-    text = _read_text(_join(folder, DIFFUSERS_INDEX))
-    names += [file for _, file in diffusers_references(_load_json(text) if text else None)]
-    return list(dict.fromkeys(names))
 
 
 def _relative_imports(text: str) -> list[str]:
     found = []
     for m in _RELATIVE_IMPORT.finditer(text):
         name = (m.group(1) or m.group(2) or "").split(".")[0]
-        if _MODULE.match(name):
+        if MODULE_NAME.match(name):
             found.append(name)
     for m in _FROM_DOT_IMPORT.finditer(text):
-        found.extend(n for n in re.split(r"[\s,()]+", m.group(1)) if _MODULE.match(n))
+        found.extend(n for n in re.split(r"[\s,()]+", m.group(1)) if MODULE_NAME.match(n))
     return found
 
 
@@ -192,33 +71,26 @@ def _closure(folder: str, modules: list[str], limit: int = 64) -> dict[str, str 
         if module in texts:
             continue
         # only a plain module name is a file beside the config (never a path out of the folder)
-        text = _read_text(_join(folder, f"{module}.py")) if _MODULE.match(module) else None
+        text = read_text(join(folder, f"{module}.py")) if MODULE_NAME.match(module) else None
         texts[module] = text
         if text is not None:
             todo.extend(m for m in _relative_imports(text) if m not in texts)
     return texts
 
 
-def _load_json(text: str):
-    try:
-        return json.loads(text)
-    except (ValueError, RecursionError):
-        return None
-
-
 def remote_code_loaders(py_path: str) -> list[str]:
     """What makes a loader import this Python file of a repository ("config.json auto_map
     AutoModel", "custom_generate", ...); empty when nothing in the repository names it."""
-    folder, name = _split(py_path)
+    folder, name = split(py_path)
     if not name.endswith(".py"):
         return []
     module = name[:-3]
-    parent, sub = _split(folder)
+    parent, sub = split(folder)
     if sub == "custom_generate" and name == "generate.py":
         return ["generate(custom_generate=..., trust_remote_code=True)"]
     why: list[str] = []
     for config_name in AUTO_MAP_CONFIGS:
-        refs = _references_in(folder, config_name)
+        refs = references_in(folder, config_name)
         local = [m for _, m, repo in refs if repo is None]
         if not local:
             continue
@@ -228,8 +100,8 @@ def remote_code_loaders(py_path: str) -> list[str]:
         elif module in _closure(folder, local):
             why.append(f"a relative import of the code {config_name}'s auto_map names")
     for index_folder, rel in ((folder, name), (parent, f"{sub}/{name}")):
-        text = _read_text(_join(index_folder, DIFFUSERS_INDEX))
-        index = _load_json(text) if text is not None else None
+        text = read_text(join(index_folder, DIFFUSERS_INDEX))
+        index = load_json(text) if text is not None else None
         for what, file in diffusers_references(index):
             if file == rel:
                 why.append(f"{DIFFUSERS_INDEX} {what}")
@@ -258,7 +130,7 @@ def mlmodel_loader(text: str) -> tuple[str | None, str | None]:
 def _mlflow_custom(loader: str | None) -> bool:
     """A loader module of the model's own (MLflow's flavors are ``mlflow.*``)."""
     return bool(loader) and not loader.startswith("mlflow.") and \
-        all(_MODULE.match(p) for p in loader.split("."))
+        all(MODULE_NAME.match(p) for p in loader.split("."))
 
 
 def mlflow_loaders(py_path: str) -> list[str]:
@@ -272,7 +144,7 @@ def mlflow_loaders(py_path: str) -> list[str]:
     for _ in range(4):      # code/my_loader.py, code/pkg/loader.py, code/pkg/sub/__init__.py
         if os.path.basename(folder) == "code":
             model = os.path.dirname(folder)
-            text = _read_text(os.path.join(model, MLMODEL))
+            text = read_text(os.path.join(model, MLMODEL))
             loader, code = mlmodel_loader(text) if text is not None else (None, None)
             if _mlflow_custom(loader) and code:
                 base = os.path.join(model, code, *loader.split("."))
@@ -338,8 +210,8 @@ def check_python(ctx: "loader._Ctx", path: str, text: str, explicit: bool) -> bo
 def check_config(ctx: "loader._Ctx", path: str, text: str) -> None:
     """``auto_map`` references, diffusers custom components and chat templates of one JSON
     config of a repository."""
-    folder, name = _split(path)
-    doc = _load_json(text)
+    folder, name = split(path)
+    doc = load_json(text)
     if isinstance(doc, list) and name == "modules.json":
         refs, what = auto_map_references(doc), "modules.json's module types name"
     elif isinstance(doc, dict):
@@ -391,10 +263,6 @@ def check_template(ctx: "loader._Ctx", text: str, where: str) -> None:
     ctx.add("hf.chat-template-code",
             f"{where} is a Jinja template that {what} {evidence!r}: rendering it for chat "
             "tries to escape to the interpreter", None, None, evidence)
-
-
-def is_template_file(path: str) -> bool:
-    return path.lower().endswith(".jinja")
 
 
 def check_file(ctx: "loader._Ctx", path: str, text: str, explicit: bool) -> bool:
