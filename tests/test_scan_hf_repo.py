@@ -232,17 +232,27 @@ def test_hostile_text_is_read_in_linear_time(what, unit):
     assert _grows_linearly(fn, unit)
 
 
-def test_tags_are_those_of_the_jinja_regex():
+def test_templates_are_parsed_as_jinja2_parses_them():
+    """The tags were once found with a regex; now the tree is jinja2's own: a template parses
+    for the scan exactly when it parses for jinja2 (the renderer's Environment shape)."""
     import random
-    import re
 
-    from tensorscope.scan import chat_template
-    lazy = re.compile(r"\{\{.*?\}\}|\{%.*?%\}", re.S)
+    import jinja2
+
+    from tensorscope.scan import jinja_tree
+    env = jinja2.Environment(extensions=["jinja2.ext.loopcontrols"])
     rng = random.Random(7)
-    for _ in range(5000):
-        t = "".join(rng.choice(["{{", "}}", "{%", "%}", "a", "{", "}", "%", " "])
+    for _ in range(3000):
+        t = "".join(rng.choice(["{{", "}}", "{%", "%}", "a", "{", "}", "%", " ", "'", "x.y",
+                                "for ", "endfor", " in ", "if ", "endif"])
                     for _ in range(rng.randint(0, 24)))
-        assert list(chat_template._tags(t)) == [m.group(0) for m in lazy.finditer(t)], t
+        try:
+            env.parse(t)
+            ok = True
+        except (jinja2.TemplateSyntaxError, RecursionError):
+            ok = False
+        unparsed = [h for h in jinja_tree.findings(t) if h.level == jinja_tree.UNPARSED]
+        assert ok == (not unparsed), t
 
 
 def test_large_sources_are_cut_and_text_is_not_zlib(tmp_path):

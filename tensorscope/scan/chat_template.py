@@ -1,73 +1,49 @@
-"""GGUF chat templates: Jinja source that every llama.cpp front end renders, read as text.
+"""Chat templates: Jinja that every chat renders, judged from jinja2's own parse tree.
 
-``tokenizer.chat_template`` (and the named ``tokenizer.chat_template.<name>`` variants) is a
-Jinja2 template. llama-cpp-python < 0.2.72 rendered it in a plain ``jinja2.Environment``, so a
-template that walks ``''.__class__.__mro__[1].__subclasses__()`` reaches ``os.popen`` when the
-model is loaded for chat (CVE-2024-34359, GHSA-56xg-wfcc-g829); sandboxed renderers still run
-whatever escapes their sandbox. Real templates only index messages, loop, compare and
-concatenate: they never touch a dunder, a private mangled name, or spell underscores through
-escapes. Nothing is rendered or parsed by Jinja here; the tags' text is matched.
+``tokenizer.chat_template`` of a GGUF file (and the named ``tokenizer.chat_template.<name>``
+variants), and a repository's ``chat_template`` (`hf_repo`), are Jinja2 templates.
+llama-cpp-python < 0.2.72 rendered them in a plain ``jinja2.Environment``, so a template that
+walks ``''.__class__.__mro__[1].__subclasses__()`` reaches ``os.popen`` when the model is loaded
+for chat (CVE-2024-34359, GHSA-56xg-wfcc-g829); sandboxed renderers (transformers) refuse
+'_'-names, and run whatever escapes their sandbox. Real templates only index messages, loop,
+compare and concatenate. The template is parsed by jinja2 and its tree walked with constant
+folding (`jinja_tree`): nothing is compiled or rendered.
 """
 from __future__ import annotations
 
-import re
+from typing import TYPE_CHECKING
 
-from . import loader
+from . import jinja_tree
 
-_CLOSER = {"{{": "}}", "{%": "%}"}
+if TYPE_CHECKING:
+    from . import loader
 
-
-def _tags(text: str):
-    """The Jinja tags ({{ }}, {% %}) of a template, in order, as the lazy regex
-    ``\\{\\{.*?\\}\\}|\\{%.*?%\\}`` finds them; comments ({# #}) are never rendered. Found with
-    str.find: that regex rescans to the end from every unclosed opener (quadratic)."""
-    pos = 0
-    next_at = {o: text.find(o) for o in ("{{", "{%")}   # -1: none left (each searched forward)
-    while True:
-        for o, at in next_at.items():
-            if 0 <= at < pos:
-                next_at[o] = text.find(o, pos)
-        found = [(at, o) for o, at in next_at.items() if at >= 0]
-        if not found:
-            return
-        start, opener = min(found)
-        end = text.find(_CLOSER[opener], start + 2)
-        if end < 0:     # no closer anywhere after: no later tag of this kind closes either
-            next_at[opener] = -1
-            pos = start + 1
-            continue
-        yield text[start:end + 2]
-        pos = end + 2
-# A dunder or a name-mangled private attribute (self._TemplateReference__context).
-_DUNDER = re.compile(r"__[A-Za-z][A-Za-z0-9_]*?__|_[A-Za-z]+__[A-Za-z]\w*")
-# Underscores and dots spelled through escapes or built from pieces (filter bypasses).
-_OBFUSCATED = re.compile(r"\\x5[fF]|\\u005[fF]|\\137|\\N\{LOW LINE\}|\\x2[eE]|"
-                         r"['\"]_+['\"]\s*[*~+]|[~+]\s*['\"]_+['\"]|"   # '_'*2, '_' ~ '_'
-                         r"['\"][^'\"]*__|__[^'\"]*['\"]|"      # '__cla' + 'ss__'
-                         r"['\"][^'\"]*%c[^'\"]*['\"]\s*[|%]|"   # '%c%c'|format(95, 95)
-                         r"\|\s*attr\s*\(|\|\s*string\s*\|\s*list")
-# Names that lead out of a template to the interpreter, whatever the sandbox.
-_GADGETS = re.compile(r"\b(?:__import__|import_module|popen|subprocess|os\.system|"
-                      r"getattr|eval|exec|compile|globals|builtins|mro|subclasses|"
-                      r"func_globals|f_back|gi_frame|cr_frame|lipsum|cycler|joiner)\b")
+# jinja_tree levels -> rule variants (severities in the rule registry)
+VARIANT = {jinja_tree.ESCAPE: None, jinja_tree.SUSPECT: "suspect",
+           jinja_tree.UNPARSED: "unparsed", jinja_tree.EVIDENCE: "evidence"}
 
 
-_STRINGS = re.compile(r"'(?:[^'\\]|\\.)*'|\"(?:[^\"\\]|\\.)*\"", re.S)
+def template_findings(text: str) -> list[jinja_tree.Hit]:
+    """Every hit of one template, worst first; empty when it is ordinary."""
+    return jinja_tree.findings(text)
 
 
-def template_finding(text: str) -> tuple[str, str] | None:
-    """(what, evidence) for the worst thing in one template, None when it is ordinary."""
-    for body in _tags(text):
-        m = _DUNDER.search(body)
-        if m:
-            return "reaches the dunder or private attribute", m.group(0)
-        m = _OBFUSCATED.search(body)
-        if m:
-            return "builds attribute names through escapes or filters", m.group(0)
-        m = _GADGETS.search(_STRINGS.sub("''", body))   # prose in string literals is not code
-        if m:
-            return "names an interpreter gadget", m.group(0)
-    return None
+def template_finding(text: str) -> jinja_tree.Hit | None:
+    """The worst hit of one template, None when it is ordinary."""
+    hits = jinja_tree.findings(text)
+    return hits[0] if hits else None
+
+
+def report(ctx: "loader._Ctx", rule: str, text: str, where: str, consequence: str,
+           member: str | None = None) -> None:
+    """Add a ``rule`` finding for one template: its worst hit (the others say no more)."""
+    hit = template_finding(text)
+    if hit is not None:
+        line = f" (line {hit.line})" if hit.line else ""
+        tail = consequence if hit.level in (jinja_tree.ESCAPE, jinja_tree.SUSPECT) else \
+            "evidence only" if hit.level == jinja_tree.EVIDENCE else "not known to be safe"
+        ctx.add(rule, f"{where} is a Jinja template that {hit.what}{line}: {tail}", member, None,
+                hit.evidence, variant=VARIANT[hit.level])
 
 
 def check_gguf(ctx: "loader._Ctx", model) -> None:
@@ -83,13 +59,7 @@ def check_gguf(ctx: "loader._Ctx", model) -> None:
             value = value.get("items", [])
         texts = value if isinstance(value, list) else [value]
         for text in texts[:64]:
-            if not isinstance(text, str):
-                continue
-            hit = template_finding(text)
-            if hit is None:
-                continue
-            what, evidence = hit
-            ctx.add("gguf.chat-template-code",
-                    f"metadata {key} is a Jinja template that {what} {evidence!r}: rendering it "
-                    "for chat (llama.cpp front ends, CVE-2024-34359) escapes to the interpreter",
-                    None, None, evidence)
+            if isinstance(text, str):
+                report(ctx, "gguf.chat-template-code", text, f"metadata {key}",
+                       "rendering it for chat (llama.cpp front ends, CVE-2024-34359) escapes to "
+                       "the interpreter")

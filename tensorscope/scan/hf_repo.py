@@ -23,8 +23,8 @@ ships:
   ``mlflow.pyfunc.load_model`` puts the model's ``code/`` folder on ``sys.path`` and imports it.
 
 Everything is read as text: JSON is parsed with the standard library, Python sources are tokenized
-(`torchscript.source_dangers`), templates are matched (`chat_template`). Nothing is imported or
-rendered.
+(`torchscript.source_dangers`), templates are parsed by jinja2 and their trees judged
+(`chat_template`). Nothing is imported or rendered.
 """
 from __future__ import annotations
 
@@ -256,13 +256,8 @@ def check_config(ctx: "loader._Ctx", path: str, text: str) -> None:
 
 
 def check_template(ctx: "loader._Ctx", text: str, where: str) -> None:
-    hit = chat_template.template_finding(text)
-    if hit is None:
-        return
-    what, evidence = hit
-    ctx.add("hf.chat-template-code",
-            f"{where} is a Jinja template that {what} {evidence!r}: rendering it for chat "
-            "tries to escape to the interpreter", None, None, evidence)
+    chat_template.report(ctx, "hf.chat-template-code", text, where,
+                         "rendering it for chat tries to escape to the interpreter")
 
 
 def check_file(ctx: "loader._Ctx", path: str, text: str, explicit: bool) -> bool:

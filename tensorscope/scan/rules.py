@@ -204,12 +204,17 @@ _rule("mlflow.loader-module", M, "An MLflow model loads through a Python module 
       "https://mlflow.org/docs/latest/ml/model/", dangerous=C, unread=H)
 _rule("hf.chat-template-code", H, "A repository's chat template reaches for the interpreter",
       "tokenizer_config.json's chat_template, chat_template.jinja/.json and "
-      "additional_chat_templates/ are Jinja that apply_chat_template renders for every chat. "
-      "transformers renders them in an immutable sandbox, so a tag that touches a dunder or "
-      "mangled private attribute, spells underscores through escapes or attr(), or names "
-      "os/popen/eval/__import__ is an attempt to escape it (and an unsandboxed renderer, "
-      "CVE-2024-34359). Real templates do none of it.",
-      "https://github.com/abetlen/llama-cpp-python/security/advisories/GHSA-56xg-wfcc-g829")
+      "additional_chat_templates/ are Jinja that apply_chat_template renders for every chat, in "
+      "an immutable sandbox that refuses '_'-names. The template is parsed by jinja2 and its tree "
+      "walked with constant folding (~, +, format, join, replace, first/last, escapes, set "
+      "variables, macro arguments): HIGH when it reaches a private, dunder or sandbox-internal "
+      "attribute by any spelling (getattr, subscript, attr(), map(attribute=), str.format "
+      "fields), an attempt to escape the sandbox (and an unsandboxed renderer, CVE-2024-34359); "
+      "MEDIUM when it computes attribute names from '_' or reads an interpreter object's printed "
+      "form, or does not parse (rendering fails; not judged); LOW when it only names lipsum, "
+      "cycler, joiner or self. Real templates do none of it.",
+      "https://github.com/abetlen/llama-cpp-python/security/advisories/GHSA-56xg-wfcc-g829",
+      suspect=M, unparsed=M, evidence=L)
 
 # --- configs that loaders turn into calls -----------------------------------------------------------
 _rule("config.hydra-target", C, "A config's Hydra _target_ names a callable that runs code",
@@ -247,11 +252,15 @@ _rule("zip.hidden-local-entry", H, "A zip entry only streaming readers see carri
 
 # --- GGUF ----------------------------------------------------------------------------------------------
 _rule("gguf.chat-template-code", C, "A GGUF chat template reaches the interpreter",
-      "tokenizer.chat_template is Jinja2 that llama.cpp front ends render for every chat; a tag "
-      "that touches a dunder or mangled private attribute, spells underscores through escapes or "
-      "attr(), or names os/popen/eval/__import__ escapes an unsandboxed renderer (CVE-2024-34359, "
-      "llama-cpp-python) and is what sandbox escapes are made of. Real templates do none of it.",
-      "https://github.com/abetlen/llama-cpp-python/security/advisories/GHSA-56xg-wfcc-g829")
+      "tokenizer.chat_template is Jinja2 that llama.cpp front ends render for every chat "
+      "(llama-cpp-python < 0.2.72 unsandboxed, CVE-2024-34359). The template is parsed by jinja2 "
+      "and its tree walked with constant folding: CRITICAL when it reaches a private, dunder or "
+      "sandbox-internal attribute by any spelling; HIGH when it computes attribute names from "
+      "'_' or reads an interpreter object's printed form (how '_' is spelled without writing "
+      "it); MEDIUM when it does not parse (rendering fails; not judged); LOW when it only names "
+      "lipsum, cycler, joiner or self. Real templates do none of it.",
+      "https://github.com/abetlen/llama-cpp-python/security/advisories/GHSA-56xg-wfcc-g829",
+      suspect=H, unparsed=M, evidence=L)
 
 # --- Keras ------------------------------------------------------------------------------------------
 _KERAS_1550 = "https://github.com/keras-team/keras/security/advisories/GHSA-48g7-3x6r-xfhp"
