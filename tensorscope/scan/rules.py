@@ -220,22 +220,40 @@ _rule("hf.chat-template-code", H, "A repository's chat template reaches for the 
 _rule("config.hydra-target", C, "A config's Hydra _target_ names a callable that runs code",
       "NeMo (.nemo model_config.yaml), Lightning and Hydra-based trainers restore a model with "
       "hydra.utils.instantiate, which imports and calls the dotted name of every _target_ key "
-      "(CVE-2025-23304), and of every ${get_method:...} interpolation: os.system, eval, "
-      "subprocess ... run when the model loads. Targets the pickle policy does not deny (the "
-      "model's own classes) are not reported, nor functools.partial and torch.compile (what they "
-      "wrap is judged on its own).",
-      "https://nvd.nist.gov/vuln/detail/CVE-2025-23304")
+      "(CVE-2025-23304; _partial_ binds it for the caller to call), and of every "
+      "${get_method:...} interpolation: os.system, eval, subprocess ... run when the model "
+      "loads. Configs are decoded by their loaders' parsers (PyYAML's composer: anchors, "
+      "aliases, merge keys, escapes; json.loads) and OmegaConf interpolations resolved over the "
+      "document. Targets the pickle policy does not deny (the model's own classes) are not "
+      "reported, nor functools.partial and torch.compile (what they wrap is judged on its own). "
+      "MEDIUM when a _target_ does not resolve from the document alone (oc.env, custom "
+      "resolvers): whatever it resolves to is called.",
+      "https://nvd.nist.gov/vuln/detail/CVE-2025-23304", unresolved=M)
 _rule("config.yaml-python-tag", H, "A YAML config carries a python object tag",
-      "!!python/object/apply, /new, /name and /module tags build objects under PyYAML's unsafe "
-      "loaders (Lightning's hparams.yaml, CVE-2021-4118); no model config needs one. CRITICAL "
-      "when the named callable is denied.",
-      "https://nvd.nist.gov/vuln/detail/CVE-2021-4118", denied=C)
+      "python/object/apply, /new, /object, /name and /module tags (as PyYAML resolves them: !!, "
+      "%TAG directives, verbatim !<tag:yaml.org,2002:python/...>) build objects under PyYAML's "
+      "unsafe loader (CVE-2021-4118). CRITICAL when the named callable is denied; HIGH for one "
+      "not known inert; LOW for known-inert classes (Lightning's hparams.yaml writes "
+      "!!python/object/apply:pathlib.PosixPath; its full_load refuses the tag) and builtin value "
+      "tags (python/tuple ...).",
+      "https://nvd.nist.gov/vuln/detail/CVE-2021-4118", denied=C, inert=L)
 
 _rule("config.jsonpickle", M, "A JSON document is a jsonpickle encoding of objects",
       "jsonpickle.decode imports every py/object, py/type and py/function it names and calls "
-      "them (py/reduce, py/newargs), as an unpickler does; py/repr is evaluated with eval. "
-      "CRITICAL when the named callable is denied, and for any py/repr.",
+      "them (py/reduce, py/newargs), as an unpickler does; py/repr is evaluated with eval. Keys "
+      "are read from the decoded JSON (\\u and \\/ escapes resolved as json.loads resolves "
+      "them). CRITICAL when the named callable is denied, and for any py/repr.",
       "https://jsonpickle.github.io/", denied=C)
+_rule("pt2.evaluated-text", C, "A .pt2 archive holds text that loading it evaluates as code",
+      "torch.export.load passes every expr_str of models/*.json to sympy.sympify, which evals it "
+      "over sympy's namespace and Python's builtins; ExportedProgram.module() pastes every "
+      "guards_code entry into Python source that it executes (torch 2.13 "
+      "torch/_export/serde/serialize.py, torch/export/_unlift.py). Each is parsed with ast and "
+      "accepted only when made of what torch writes (srepr shape expressions; size/stride "
+      "guards); anything else runs code the file chose. HIGH when it is not a Python expression "
+      "at all (not judged).",
+      "https://github.com/pytorch/pytorch/blob/main/torch/_export/serde/serialize.py",
+      unjudged=H)
 
 # --- ONNX ---------------------------------------------------------------------------------------------
 _rule("onnx.external-data-escape", H, "ONNX external data points outside the model's folder",
