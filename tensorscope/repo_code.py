@@ -1,7 +1,7 @@
 """What a model repository's configs name for its loaders to import: read, never judged.
 
 transformers' ``auto_map`` (in ``config.json``, ``tokenizer_config.json`` and the processor
-configs), sentence-transformers' ``modules.json`` module types and diffusers' ``model_index.json``
+configs) and ``custom_pipelines`` (``config.json``: each task's ``impl``), sentence-transformers' ``modules.json`` module types and diffusers' ``model_index.json``
 components name Python files of the repository (or of another one) that loading with
 ``trust_remote_code=True`` imports. `tensorscope.scan.hf_repo` judges them; ``inspect`` names
 them. Files are read as text (local or by URL, at most `MAX_TEXT` bytes) and JSON is parsed with
@@ -90,9 +90,17 @@ def auto_map_references(config) -> list[tuple[str, str, str | None]]:
                  if isinstance(m, dict) and isinstance(m.get("type"), str)
                  and not m["type"].startswith("sentence_transformers.")}
         config = {"auto_map": types}
-    auto_map = config.get("auto_map") if isinstance(config, dict) else None
-    if not isinstance(auto_map, dict):
+    if not isinstance(config, dict):
         return refs
+    auto_map = config.get("auto_map")
+    auto_map = dict(auto_map) if isinstance(auto_map, dict) else {}
+    # transformers' pipeline(): a custom task's "impl" is "module.Class" (or
+    # "repo--module.Class") that get_class_from_dynamic_module imports, like an auto_map entry
+    pipelines = config.get("custom_pipelines")
+    if isinstance(pipelines, dict):
+        for task, spec in list(pipelines.items())[:4096]:
+            if isinstance(spec, dict) and isinstance(spec.get("impl"), str):
+                auto_map[f"custom_pipelines {task}"] = spec["impl"]
     for auto_class, value in auto_map.items():
         for ref in value if isinstance(value, list) else [value]:
             if not isinstance(ref, str) or not ref:

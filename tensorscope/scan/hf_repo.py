@@ -37,7 +37,7 @@ from ..remote import is_url
 from ..repo_code import (AUTO_MAP_CONFIGS, DIFFUSERS_INDEX, MODULE_NAME, auto_map_references,
                          diffusers_references, join, load_json, read_text, references_in,
                          split)
-from . import chat_template, torchscript
+from . import chat_template, torchscript, yaml_tree
 
 if TYPE_CHECKING:
     from . import loader
@@ -109,22 +109,26 @@ def remote_code_loaders(py_path: str) -> list[str]:
 
 
 MLMODEL = "MLmodel"
-# MLmodel is YAML as yaml.safe_dump writes it: the python_function flavor's keys, one per line.
-_MLMODEL_FIELD = re.compile(r"^[ \t]+(loader_module|code):[ \t]*['\"]?([^'\"\s#]*)['\"]?[ \t]*$",
-                            re.M)
 
 
 def mlmodel_loader(text: str) -> tuple[str | None, str | None]:
-    """(loader_module, code folder) of an MLmodel's python_function flavor (None when absent)."""
-    start = text.find("python_function:")
-    if start < 0:
+    """(loader_module, code folder) of an MLmodel's python_function flavor (None when absent),
+    read from the YAML as mlflow's yaml.safe_load decodes it (any style: block, flow, anchors,
+    quoted escapes), composed by PyYAML and never constructed."""
+    try:
+        docs = yaml_tree.compose(text)
+    except yaml_tree.YAMLUnreadable:
         return None, None
-    fields: dict[str, str] = {}
-    for m in _MLMODEL_FIELD.finditer(text, start):
-        fields.setdefault(m.group(1), m.group(2))
-    loader = fields.get("loader_module") or None
-    code = fields.get("code")
-    return loader, (None if code in (None, "", "null", "~") else code)
+    doc = docs[0].value if docs else None
+    flavors = doc.get("flavors") if isinstance(doc, dict) else None
+    pyfunc = flavors.get("python_function") if isinstance(flavors, dict) else None
+    if not isinstance(pyfunc, dict):
+        return None, None
+    loader = pyfunc.get("loader_module")
+    code = pyfunc.get("code")
+    loader = loader.strip() if isinstance(loader, str) and loader.strip() else None
+    code = code if isinstance(code, str) and code not in ("", "null", "~") else None
+    return loader, code
 
 
 def _mlflow_custom(loader: str | None) -> bool:
@@ -215,7 +219,11 @@ def check_config(ctx: "loader._Ctx", path: str, text: str) -> None:
     if isinstance(doc, list) and name == "modules.json":
         refs, what = auto_map_references(doc), "modules.json's module types name"
     elif isinstance(doc, dict):
-        refs, what = auto_map_references(doc), "auto_map names"
+        refs = auto_map_references(doc)
+        what = "auto_map names" if not isinstance(doc.get("custom_pipelines"), dict) else \
+            "auto_map and custom_pipelines name" if isinstance(doc.get("auto_map"), dict) else \
+            "custom_pipelines names"
+        _check_peft_auto_mapping(ctx, doc)
     else:
         return
     local = sorted({m for _, m, repo in refs if repo is None})
@@ -253,6 +261,26 @@ def check_config(ctx: "loader._Ctx", path: str, text: str) -> None:
         for item in templates[:64]:
             if isinstance(item, dict) and isinstance(item.get("template"), str):
                 check_template(ctx, item["template"], f"chat_template {item.get('name')!s}")
+
+
+# peft's AutoPeftModel.from_pretrained imports adapter_config.json's auto_mapping parent_library
+# (importlib.import_module) when no task_type is set; peft 0.21 refuses libraries outside
+# this allowlist (peft/auto.py get_default_import_allowlist), older versions import any.
+PEFT_IMPORT_ALLOWLIST = ("diffusers", "lerobot", "megatron-core", "transformers")
+
+
+def _check_peft_auto_mapping(ctx: "loader._Ctx", doc: dict) -> None:
+    mapping = doc.get("auto_mapping")
+    if not isinstance(mapping, dict) or doc.get("task_type") is not None:
+        return
+    parent = mapping.get("parent_library")
+    if not isinstance(parent, str) or any(parent == a or parent.startswith(a + ".")
+                                          for a in PEFT_IMPORT_ALLOWLIST):
+        return
+    ctx.add("peft.auto-mapping-import", f"adapter config auto_mapping parent_library "
+            f"{parent!r}: AutoPeftModel.from_pretrained imports it by name (peft 0.21 refuses "
+            "a library outside its import allowlist unless import_allowlist names it; older "
+            "peft imported any)", None, None, parent[:80])
 
 
 def check_template(ctx: "loader._Ctx", text: str, where: str) -> None:

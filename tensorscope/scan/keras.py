@@ -24,6 +24,7 @@ import base64
 import binascii
 import json
 import re
+import tokenize
 from typing import Any, Iterator
 
 from .. import policy
@@ -118,8 +119,12 @@ def findings(doc: Any) -> Iterator[tuple[str, str, str, str]]:
 def _lambda(config: dict, where: str) -> Iterator[tuple[str, str, str, str]]:
     """Keras 2's Lambda (``function`` a list, ``function_type`` lambda or raw)."""
     fn, kind = config.get("function"), config.get("function_type")
-    if isinstance(fn, list) and fn and isinstance(fn[0], str) and kind == "lambda":
-        yield _bytecode(fn[0], f"{where}.function")
+    code = fn[0] if isinstance(fn, list) and fn else fn
+    if isinstance(code, str) and kind == "lambda":
+        if _is_base64(code):
+            yield _bytecode(code, f"{where}.function")
+        else:
+            yield _source(code, f"{where}.function")
     elif isinstance(fn, str) and kind in ("raw", "function"):
         module = config.get("module")
         module = module if isinstance(module, str) and module else "__main__"
@@ -143,6 +148,36 @@ def _bytecode(code: Any, where: str) -> tuple[str, str, str, str]:
             f"Lambda layer at {where} holds marshalled Python bytecode{shown}: the loader "
             "unmarshals and calls it (CVE-2024-3660; .h5 files ignore safe_mode, CVE-2025-9905)",
             ", ".join(names[:3]) or "bytecode")
+
+
+def _is_base64(code: str) -> bool:
+    """Keras' func_dump output: base64 of marshalled code (func_load decodes it the same way)."""
+    try:
+        # codecs' base64 (what func_dump writes) breaks lines every 76 characters
+        return bool(base64.b64decode(re.sub(r"\s+", "", code[:1 << 20]), validate=True))
+    except (binascii.Error, ValueError):
+        return False
+
+
+def _source(code: str, where: str) -> tuple[str, str, str, str]:
+    """A Lambda whose function is Python source text (``lambda x: eval(...)``), judged with the
+    repository-code rules: tokenized, never compiled. Keras' func_load would base64-decode and
+    unmarshal it (and fail), so the verdict is what the text is written to do."""
+    from . import torchscript
+    text = code[:1 << 20]
+    try:
+        hits = torchscript.source_dangers(text)
+    except (tokenize.TokenError, *torchscript.SOURCE_UNREADABLE):
+        hits = []
+    if hits:
+        return ("keras.lambda-source", "dangerous",
+                f"Lambda layer at {where} holds Python source that "
+                + "; ".join(what for _, what in hits[:3])
+                + " (Keras unmarshals Lambda bytecode and fails on source text; a loader or "
+                "tool that compiles it runs it)", hits[0][0])
+    return ("keras.lambda-source", "", f"Lambda layer at {where} holds Python source text "
+            "instead of marshalled bytecode: nothing dangerous in it, and Keras' func_load fails "
+            "on it", "source")
 
 
 def _marshal_names(raw: bytes, most: int = 12) -> list[str]:

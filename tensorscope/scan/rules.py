@@ -194,6 +194,12 @@ _rule("hf.remote-code", M, "A model repository ships Python code that its loader
       "https://huggingface.co/docs/transformers/custom_models",
       "https://huggingface.co/docs/transformers/main/en/generation_strategies#custom-generation-methods",
       dangerous=C, unread=H, **{"other-repo": H})
+_rule("peft.auto-mapping-import", M, "A peft adapter config names a library to import",
+      "AutoPeftModel.from_pretrained imports adapter_config.json's auto_mapping parent_library "
+      "with importlib.import_module when task_type is unset (peft/auto.py); peft refuses a "
+      "library outside diffusers, lerobot, megatron-core and transformers unless the caller's "
+      "import_allowlist names it, older versions imported any: an installed module's top level "
+      "runs.", "https://github.com/huggingface/peft/blob/main/src/peft/auto.py")
 _rule("mlflow.loader-module", M, "An MLflow model loads through a Python module of its own",
       "An MLmodel's python_function flavor names a loader_module outside mlflow.*; "
       "mlflow.pyfunc.load_model puts the model's code/ folder on sys.path, imports the module and "
@@ -288,6 +294,13 @@ _rule("keras.lambda-bytecode", C, "A Keras Lambda layer holds marshalled Python 
       "for .h5 files safe_mode is ignored (CVE-2025-9905), and safe_mode=False runs it anywhere.",
       "https://nvd.nist.gov/vuln/detail/CVE-2024-3660",
       "https://github.com/io-no/CVE-Reports/issues/7")
+_rule("keras.lambda-source", L, "A Keras Lambda layer holds Python source text",
+      "A Lambda's function given as source text (lambda x: eval(...)) rather than base64 "
+      "bytecode. Keras' func_load base64-decodes and unmarshals it, which fails on text, so "
+      "loading with Keras does not run it; the text is judged with the repository-code rules "
+      "(tokenized, never compiled): HIGH when it evaluates code, runs commands, imports os or "
+      "subprocess and the like (written to run, by any tool that compiles it), LOW otherwise.",
+      "https://nvd.nist.gov/vuln/detail/CVE-2024-3660", dangerous=H)
 _rule("keras.dangerous-function", C, "A Keras config makes the loader call a dangerous function",
       "An object of the model config (a Lambda layer's function, any object's module and class) "
       "names os.system, eval and the like, or a Keras gadget: get_file downloads and writes "

@@ -79,7 +79,7 @@ def _convert(root) -> Document:
         elif tag.startswith("!python/"):
             doc.python_tags.append((tag[len("!python/"):], node.start_mark.line + 1, False))
         if isinstance(node, yaml.ScalarNode):
-            memo[id(node)] = node.value
+            memo[id(node)] = _scalar(node)
         elif isinstance(node, yaml.SequenceNode):
             memo[id(node)] = []
             order.append(node)
@@ -112,6 +112,27 @@ def _convert(root) -> Document:
                     out.setdefault(_key(memo[id(k)]), memo[id(v)])
     doc.value = memo[id(root)]
     return doc
+
+
+def _scalar(node):
+    """A scalar as SafeLoader types it by its resolved tag (null, bool, int, float; the rest is
+    its text), without running a constructor."""
+    tag, v = node.tag, node.value
+    if tag == "tag:yaml.org,2002:null":
+        return None
+    if tag == "tag:yaml.org,2002:bool":
+        return v.lower() in ("yes", "true", "on", "y")
+    if tag == "tag:yaml.org,2002:int":
+        try:
+            return int(v.replace("_", ""), 0) if len(v) < 400 else v
+        except ValueError:
+            return v
+    if tag == "tag:yaml.org,2002:float":
+        try:
+            return float(v.replace("_", ""))
+        except ValueError:
+            return v
+    return v
 
 
 def _key(k) -> object:
