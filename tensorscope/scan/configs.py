@@ -460,7 +460,8 @@ def _check_pt2(ctx, doc, member) -> None:
             continue
         runs = ("torch.export.load passes it to sympy.sympify, which evaluates it" if
                 kind == "expr_str" else
-                "ExportedProgram.module() pastes it into Python source that it executes")
+                "ExportedProgram.module() pastes it into Python source that it executes, and the "
+                "guard runs on every call of the module")
         ctx.add("pt2.evaluated-text", f"{kind} at {where} = {text[:120]!r} is not a shape "
                 f"expression ({why}): {runs}", member, None, text[:80], "member",
                 variant="unjudged" if "not judged" in why else None)

@@ -21,7 +21,7 @@ from .. import policy
 from ..errors import FormatError, LimitExceeded, TensorscopeError, UnknownFormat
 from ..remote import is_url, open_source
 from ..source import ByteSource
-from . import chat_template, configs, hf_repo, keras, pickles, torchscript
+from . import chat_template, configs, hf_repo, keras, metadata_text, pickles, torchscript
 from .report import FileReport, Finding, Severity
 from .rules import anomaly_rule, severity_of
 
@@ -546,6 +546,7 @@ def judge_model_evidence(ctx: _Ctx, model) -> None:
                 for rule, msg, at, trig in pickles.embedded_payload(
                         ctx, v, None, f"__metadata__ key {pickles.short_repr(k)}", 0):
                     ctx.add(rule, msg, None, at, trig)
+        metadata_text.check_safetensors(ctx, user_meta)
 
 
 def _is_stored_abs(rec) -> bool:

@@ -6,8 +6,9 @@ graph values) to ``sympy.sympify``, which runs ``eval`` on it over the sympy nam
 Python's builtins (torch 2.13, ``torch/_export/serde/serialize.py`` ``_parse_sym_expr``): a
 ``.pt2`` with no pickle at all runs code on load. Torch writes them with ``sympy.srepr``:
 ``Mul(Integer(2), Symbol('s17', positive=True, integer=True))``. And ``ExportedProgram.module()``
-pastes every ``guards_code`` string into Python source that it ``exec``\\ s
-(``torch/export/_unlift.py`` ``_convert_guards_code_to_fn``): ``L['x'].size()[0] <= 64``.
+pastes every ``guards_code`` string into the source of a guard function that it ``exec``\\ s
+(``torch/export/_unlift.py`` ``_convert_guards_code_to_fn``; when the archive has sample
+inputs), and the guards run on every call of the module: ``L['x'].size()[0] <= 64``.
 
 Each string is parsed with Python's ``ast`` (never compiled or evaluated) and accepted only when
 it is made of what those printers write; anything else (attribute access outside the shape

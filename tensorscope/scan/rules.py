@@ -253,7 +253,7 @@ _rule("config.jsonpickle", M, "A JSON document is a jsonpickle encoding of objec
 _rule("pt2.evaluated-text", C, "A .pt2 archive holds text that loading it evaluates as code",
       "torch.export.load passes every expr_str of models/*.json to sympy.sympify, which evals it "
       "over sympy's namespace and Python's builtins; ExportedProgram.module() pastes every "
-      "guards_code entry into Python source that it executes (torch 2.13 "
+      "guards_code entry into a guard function it execs and runs on every call (torch 2.13 "
       "torch/_export/serde/serialize.py, torch/export/_unlift.py). Each is parsed with ast and "
       "accepted only when made of what torch writes (srepr shape expressions; size/stride "
       "guards); anything else runs code the file chose. HIGH when it is not a Python expression "
@@ -285,6 +285,13 @@ _rule("gguf.chat-template-code", C, "A GGUF chat template reaches the interprete
       "lipsum, cycler, joiner or self. Real templates do none of it.",
       "https://github.com/abetlen/llama-cpp-python/security/advisories/GHSA-56xg-wfcc-g829",
       suspect=H, unparsed=M, evidence=L)
+
+_rule("safetensors.metadata-code", L, "safetensors metadata holds Python source",
+      "A __metadata__ value parses as Python that calls eval, os.system, subprocess and the like "
+      "(the repository-code rules; parsed with ast, never compiled). safetensors never "
+      "interprets metadata, transformers reads only 'format', diffusers, sd-scripts and ComfyUI "
+      "read values as JSON or text: no known loader evaluates it, so this is evidence, not a "
+      "load-time risk.", "https://github.com/huggingface/safetensors")
 
 # --- Keras ------------------------------------------------------------------------------------------
 _KERAS_1550 = "https://github.com/keras-team/keras/security/advisories/GHSA-48g7-3x6r-xfhp"
