@@ -181,14 +181,16 @@ def _plain_key(s: str) -> bool:
 
 
 def _walk(tree, judge) -> str | None:
-    """The first node ``judge`` objects to, walking iteratively (deep expressions are fine)."""
-    stack = [(tree, None)]
-    while stack:
-        node, parent = stack.pop()
+    """The outermost node ``judge`` objects to, walking breadth first (iterative: deep
+    expressions are fine)."""
+    from collections import deque
+    queue = deque([(tree, None)])
+    while queue:
+        node, parent = queue.popleft()
         why = judge(node, parent)
         if why is not None:
             return why
-        stack.extend((child, node) for child in ast.iter_child_nodes(node))
+        queue.extend((child, node) for child in ast.iter_child_nodes(node))
     return None
 
 
