@@ -137,7 +137,9 @@ def test_a_guard_runs_when_the_module_is_called_and_scans_critical(tmp_path):
 @pytest.mark.parametrize("text", [
     "eval('1')", "Symbol('s0').__class__", "lambda: 0", "Symbol(chr(95))", "[x for x in ()]",
     "Integer(2)(1)", "exec", "Symbol('s0', integer=__import__('os'))", "s0 if 1 else 2",
-    "Symbol('__class__')",
+    "Symbol('__class__')", "Symbol(f'{1}')", "Symbol('s0') # c", "(Symbol)('s0')",
+    "Symbol('s0')[0]", "Symbol('s0') 'x'", "Integer(1) in Integer(2)", "Integer(",
+    "Symbol(b's0')", "Symbol('a' 'b')", "s0.is_integer", "Add(*[s0])", "Add(**{})",
 ])
 def test_anything_else_is_code(text):
     assert pt2_exprs.judge_expr(text) is not None
@@ -146,6 +148,7 @@ def test_anything_else_is_code(text):
 @pytest.mark.parametrize("text", [
     "L['x'].size()[0] #\n, __import__('os')", "L['x'].__class__", "open('f')",
     "L['x'].size()[0] == len('a')", "L['a\"'].size()[0] > 1", "torch.load('m')",
+    "L['x'].size()[0] == math.system(1)", "L.x", "(L)['x']", "max(L['x'].size()[0], key=1)",
 ])
 def test_guards_outside_the_grammar_are_code(text):
     assert pt2_exprs.judge_guard(text) is not None

@@ -24,6 +24,7 @@ underscores are spelled without writing them.
 """
 from __future__ import annotations
 
+import functools
 import string as _string
 from dataclasses import dataclass
 
@@ -41,6 +42,7 @@ EVIDENCE = "evidence"       # names an interpreter object without using it
 _ORDER = {ESCAPE: 0, SUSPECT: 1, UNPARSED: 2, EVIDENCE: 3}
 
 
+@functools.lru_cache(maxsize=1)
 def _sandbox_internal() -> frozenset[str]:
     """The attributes jinja2's sandbox refuses beyond '_'-names (``is_internal_attribute``):
     read from the installed jinja2, plus ``mro`` (types) and the frame and traceback fields it
@@ -54,7 +56,6 @@ def _sandbox_internal() -> frozenset[str]:
     return frozenset(names)
 
 
-_INTERNAL = _sandbox_internal()
 # Globals of every jinja2 Environment: objects whose attributes lead to the interpreter
 # (``lipsum.__globals__``), and ``self`` (the TemplateReference).
 GADGETS = frozenset({"lipsum", "cycler", "joiner", "namespace", "self", "range", "dict"})
@@ -657,7 +658,7 @@ class _Walker:
                     if part.startswith("_"):
                         self.hit(ESCAPE, f"reaches the {'private ' if not part.startswith('__') else ''}"
                                  f"attribute {part!r} through {how}", part, line)
-                    elif part in _INTERNAL:
+                    elif part in _sandbox_internal():
                         self.hit(ESCAPE, f"reaches the interpreter-internal attribute {part!r} "
                                  f"through {how}", part, line)
         elif "_" in name.chars:

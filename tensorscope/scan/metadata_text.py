@@ -5,11 +5,11 @@ only ``format`` (``pt``/``tf``/``flax``/``mlx``); diffusers, kohya's sd-scripts 
 ``ss_*``/``modelspec.*`` values as JSON or plain text. None of them evaluates a value, so a value
 that is Python source calling ``os.system`` runs nothing on load: it is reported at low, as
 evidence of intent (pickled payloads hidden there are judged as pickles elsewhere). The text is
-parsed with ``ast`` (never compiled) and its dangers found with the repository-code rules.
+tokenized (never compiled, not even through ``ast.parse``) and judged with the repository-code
+rules.
 """
 from __future__ import annotations
 
-import ast
 import tokenize
 from typing import TYPE_CHECKING
 
@@ -21,17 +21,12 @@ MAX_VALUES = 4096
 
 
 def python_dangers(text: str) -> list[tuple[str, str]]:
-    """(trigger, what) of a value that parses as Python with calls or imports in it, and does
-    what repository code is judged for (eval, os.system, subprocess ...); empty otherwise."""
+    """(trigger, what) of a value that reads as Python doing what repository code is judged
+    for (eval, os.system, subprocess ...); empty otherwise (JSON, prose, numbers)."""
     from . import torchscript
-    if not isinstance(text, str) or len(text) < 8 or len(text) > MAX_VALUE:
+    if not isinstance(text, str) or len(text) < 8 or len(text) > MAX_VALUE or \
+            ("(" not in text and "import" not in text):
         return []
-    try:
-        tree = ast.parse(text)
-    except (SyntaxError, ValueError, RecursionError, MemoryError):
-        return []
-    if not any(isinstance(n, (ast.Call, ast.Import, ast.ImportFrom)) for n in ast.walk(tree)):
-        return []       # JSON, numbers, names: data
     try:
         return torchscript.source_dangers(text)
     except (tokenize.TokenError, *torchscript.SOURCE_UNREADABLE):

@@ -1,4 +1,4 @@
-"""The text fields of a ``.pt2`` (torch.export) archive that loading it evaluates, parsed with `ast`.
+"""The text fields of a ``.pt2`` (torch.export) archive that loading it evaluates, read as code.
 
 ``torch.export.load`` reads ``models/<name>.json`` with ``json.loads`` and passes every
 ``expr_str`` (the ``as_expr`` form of a SymInt, SymFloat or SymBool in tensor metadata and
@@ -10,13 +10,14 @@ pastes every ``guards_code`` string into the source of a guard function that it 
 (``torch/export/_unlift.py`` ``_convert_guards_code_to_fn``; when the archive has sample
 inputs), and the guards run on every call of the module: ``L['x'].size()[0] <= 64``.
 
-Each string is parsed with Python's ``ast`` (never compiled or evaluated) and accepted only when
-it is made of what those printers write; anything else (attribute access outside the shape
-methods, other calls, dunders, lambdas, strings where none belong) is code.
+Each string is read with Python's own tokenizer (what sympy's ``parse_expr`` reads before it
+evals) and a recursive-descent reader of the few shapes those printers write: never compiled,
+not even through ``ast.parse`` (the scan makes no ``compile`` call). Anything outside them
+(attribute access beyond the shape methods, other calls, dunders, lambdas, subscripts, strings
+where none belong, f-strings) is code.
 """
 from __future__ import annotations
 
-import ast
 import re
 
 MAX_EXPR = 1 << 16      # characters of one expression judged (torch writes tens to hundreds)
@@ -54,68 +55,14 @@ GUARD_METHODS = frozenset({"size", "stride", "storage_offset", "dim", "numel"})
 GUARD_CONSTANTS = frozenset({"inf", "True", "False", "None"})
 
 
-def _ops_ok(node) -> bool:
-    return isinstance(node, (ast.Expression, ast.BinOp, ast.UnaryOp, ast.Compare, ast.BoolOp,
-                             ast.operator, ast.unaryop, ast.cmpop, ast.boolop, ast.Load,
-                             ast.Constant))
-
-
-def _number(node) -> bool:
-    return isinstance(node, ast.Constant) and type(node.value) in (int, float, bool)
-
-
 def judge_expr(text: str) -> str | None:
-    """Why sympify evaluating ``text`` could run code of the file's choosing, None when it is a
-    shape expression."""
+    """Why sympify evaluating ``text`` could run code of the file's choosing (what it holds that
+    no shape expression does), None when it is a shape expression."""
     if not isinstance(text, str):
         return "not a string"
     if len(text) > MAX_EXPR:
         return f"longer than {MAX_EXPR} characters (not judged)"
-    try:
-        tree = ast.parse(text, mode="eval")
-    except (SyntaxError, ValueError, RecursionError, MemoryError) as e:
-        return f"is not a Python expression ({type(e).__name__}): sympy's own transformations " \
-            "would rewrite it before eval, so it is not judged"
-    return _walk(tree, _expr_node)
-
-
-def _expr_node(node, parent) -> str | None:
-    if _ops_ok(node) and not isinstance(node, ast.Constant):
-        return None
-    if isinstance(node, ast.Constant):
-        if type(node.value) in (int, float, bool) or node.value is None:
-            return None
-        if isinstance(node.value, str) and isinstance(parent, ast.Call) and \
-                isinstance(parent.func, ast.Name) and parent.func.id in _STRING_TAKERS and \
-                parent.args and parent.args[0] is node and _plain(node.value):
-            return None
-        return f"a {type(node.value).__name__} literal {node.value!r:.40} where a shape " \
-            "expression holds none"
-    if isinstance(node, ast.Name):
-        if node.id in SYMPY_CONSTANTS or node.id in TORCH_SYMPY_FUNCTIONS or \
-                node.id in SYMPY_CLASSES or _SYMBOL_NAME.match(node.id):
-            return None
-        return f"the name {node.id!r}, which no shape expression holds (sympify looks it up in " \
-            "sympy's namespace and Python's builtins)"
-    if isinstance(node, ast.Call):
-        f = node.func
-        if isinstance(f, ast.Name) and (f.id in TORCH_SYMPY_FUNCTIONS or f.id in SYMPY_CLASSES):
-            for kw in node.keywords:
-                if kw.arg is None or not (_number(kw.value) or isinstance(kw.value, ast.Constant)
-                                          and isinstance(kw.value.value, bool)):
-                    return f"a keyword argument of {f.id} that is not a constant"
-            return None
-        return f"a call of {ast.unparse(f)[:60]!r}, which is not a sympy or torch shape function"
-    if isinstance(node, ast.keyword):
-        return None
-    return f"{type(node).__name__} syntax ({ast.unparse(node)[:60]!r}), which no shape " \
-        "expression holds"
-
-
-def _plain(s: str) -> bool:
-    """A Symbol name or Float digits as torch writes them."""
-    return 0 < len(s) <= 64 and all(c.isalnum() or c in "._-+" for c in s) and \
-        not s.startswith("_")
+    return _judge(text, guard=False)
 
 
 def judge_guard(text: str) -> str | None:
@@ -128,70 +75,182 @@ def judge_guard(text: str) -> str | None:
     if any(c in text for c in "\n\r#\\\"\f\v\x00"):
         # the guard is pasted into generated source and its unparsed form into a "..." literal:
         # line breaks, comments, backslashes and double quotes break out of both
-        return "holds a line break, comment, backslash or double quote (breaks out of the " \
-            "generated source it is pasted into)"
+        return "a line break, comment, backslash or double quote (breaks out of the generated " \
+            "source it is pasted into)"
+    return _judge(text, guard=True)
+
+
+class _Reject(Exception):
+    pass
+
+
+_BINARY = frozenset({"+", "-", "*", "/", "//", "%", "**", "==", "!=", "<", "<=", ">", ">=",
+                     "and", "or", "&", "|", "^"})
+_UNARY = frozenset({"-", "+", "not", "~"})
+
+
+def _tokens(text: str) -> list[tuple[int, str]]:
+    """Python's own tokenizer (what sympy's parse_expr reads too), without compiling: the
+    scan never calls ``compile``, not even through ``ast.parse``."""
+    import io
+    import tokenize
+    out: list[tuple[int, str]] = []
     try:
-        tree = ast.parse(text, mode="eval")
-    except (SyntaxError, ValueError, RecursionError, MemoryError) as e:
-        return f"is not a Python expression ({type(e).__name__}): exec fails on it, not judged"
-    return _walk(tree, _guard_node)
+        for tok in tokenize.generate_tokens(io.StringIO(text).readline):
+            if tok.type in (tokenize.NEWLINE, tokenize.NL, tokenize.ENDMARKER, tokenize.INDENT,
+                            tokenize.DEDENT):
+                continue
+            if tok.type not in (tokenize.NAME, tokenize.NUMBER, tokenize.STRING, tokenize.OP):
+                raise _Reject(f"the token {tok.string!r:.40}")
+            out.append((tok.type, tok.string))
+            if len(out) > MAX_EXPR:
+                raise _Reject("too many tokens")
+    except (tokenize.TokenError, SyntaxError, ValueError) as e:
+        raise _Reject(f"text Python's tokenizer rejects ({type(e).__name__})") from None
+    return out
 
 
-def _guard_node(node, parent) -> str | None:
-    if _ops_ok(node) and not isinstance(node, ast.Constant):
-        return None
-    if isinstance(node, ast.Constant):
-        if type(node.value) in (int, float, bool) or node.value is None:
-            return None
-        if isinstance(node.value, str) and isinstance(parent, ast.Subscript) and \
-                _plain_key(node.value):
-            return None
-        return f"a {type(node.value).__name__} literal {node.value!r:.40} outside an input path"
-    if isinstance(node, ast.Name):
-        if node.id in ("L", "args") or node.id in GUARD_CONSTANTS or node.id in GUARD_CALLS:
-            return None
-        if node.id in GUARD_MODULE_CALLS and isinstance(parent, ast.Attribute):
-            return None
-        return f"the name {node.id!r}, which no shape guard holds"
-    if isinstance(node, ast.Subscript):
-        return None     # L['x'], .size()[0]: the parts are judged on their own
-    if isinstance(node, ast.Attribute):
-        if isinstance(node.value, ast.Name) and node.value.id in GUARD_MODULE_CALLS and \
-                node.attr in GUARD_MODULE_CALLS[node.value.id] and isinstance(parent, ast.Call):
-            return None
-        if node.attr in GUARD_METHODS and isinstance(parent, ast.Call) and parent.func is node:
-            return None
-        return f"the attribute {node.attr!r}, which no shape guard reaches"
-    if isinstance(node, ast.Call):
-        if node.keywords:
-            return "a call with keyword arguments"
-        f = node.func
-        if isinstance(f, ast.Name) and f.id in GUARD_CALLS:
-            return None
-        if isinstance(f, ast.Attribute):
-            return None     # judged as an Attribute (module function or shape method)
-        return f"a call of {ast.unparse(f)[:60]!r}, which no shape guard makes"
-    if isinstance(node, (ast.Slice, ast.Tuple)):
-        return None
-    return f"{type(node).__name__} syntax ({ast.unparse(node)[:60]!r}), which no shape guard holds"
+class _Parser:
+    """A recursive-descent reader of the few shapes torch writes; anything outside them raises
+    `_Reject` saying what it met. ``guard`` selects the guards_code shapes."""
+
+    def __init__(self, toks, guard: bool):
+        import tokenize
+        self.t, self.i, self.guard, self.depth = toks, 0, guard, 0
+        self.NAME, self.NUMBER, self.STRING = tokenize.NAME, tokenize.NUMBER, tokenize.STRING
+
+    def peek(self, k: int = 0):
+        j = self.i + k
+        return self.t[j] if j < len(self.t) else (None, None)
+
+    def take(self, want: str | None = None):
+        tok = self.peek()
+        if tok[0] is None or (want is not None and tok[1] != want):
+            raise _Reject(f"{tok[1]!r} where {want!r} belongs" if want else "a cut expression")
+        self.i += 1
+        return tok
+
+    def done(self) -> None:
+        self.expr()
+        if self.i != len(self.t):
+            raise _Reject(f"{self.peek()[1]!r:.40} after a complete expression")
+
+    def expr(self) -> None:
+        self.depth += 1
+        if self.depth > 200:
+            raise _Reject("nesting deeper than any shape expression")
+        self.unary()
+        while self.peek()[0] is not None and self.peek()[1] in _BINARY:
+            self.take()
+            self.unary()
+        self.depth -= 1
+
+    def unary(self) -> None:
+        while self.peek()[1] in _UNARY:
+            self.take()
+        self.atom()
+
+    def atom(self) -> None:
+        kind, text = self.take()
+        if text == "(":
+            self.expr()
+            self.take(")")
+            return
+        if kind == self.NUMBER:
+            return
+        if kind == self.STRING:
+            raise _Reject(f"a string literal {text[:40]} where a shape expression holds none")
+        if kind != self.NAME:
+            raise _Reject(f"{text!r}, which no shape expression holds")
+        if self.guard:
+            return self.guard_name(text)
+        if self.peek()[1] == "(":
+            if text not in TORCH_SYMPY_FUNCTIONS and text not in SYMPY_CLASSES:
+                raise _Reject(f"a call of {text!r}, which is not a sympy or torch shape function")
+            return self.call_args(text)
+        if text in SYMPY_CONSTANTS or _SYMBOL_NAME.match(text):
+            return
+        raise _Reject(f"the name {text!r}, which no shape expression holds (sympify looks it up "
+                      "in sympy's namespace and Python's builtins)")
+
+    def call_args(self, fn: str) -> None:
+        self.take("(")
+        first = True
+        while self.peek()[1] != ")":
+            kind, text = self.peek()
+            if kind == self.NAME and self.peek(1)[1] == "=" and not self.guard:
+                self.take()
+                self.take("=")
+                self.keyword_value(fn)
+            elif first and kind == self.STRING and fn in _STRING_TAKERS and not self.guard:
+                self.take()
+                if not (text[:1] in "'\"" and _plain(text[1:-1])):
+                    raise _Reject(f"the string {text[:40]} as {fn}'s argument")
+            else:
+                self.expr()
+            first = False
+            if self.peek()[1] == ",":
+                self.take(",")
+            elif self.peek()[1] != ")":
+                raise _Reject(f"{self.peek()[1]!r} in the arguments of {fn}")
+        self.take(")")
+
+    def keyword_value(self, fn: str) -> None:
+        if self.peek()[1] == "-":
+            self.take()
+        kind, text = self.take()
+        if kind == self.NUMBER or text in ("True", "False"):
+            return
+        raise _Reject(f"a keyword argument of {fn} that is not a constant ({text!r:.40})")
+
+    def guard_name(self, text: str) -> None:
+        nxt = self.peek()[1]
+        if text in ("L", "args"):
+            while self.peek()[1] in ("[", "."):
+                if self.take()[1] == "[":
+                    kind, key = self.take()
+                    if not (kind == self.NUMBER or kind == self.STRING and key[:1] == "'" and
+                            _plain_key(key[1:-1])):
+                        raise _Reject(f"the input key {key[:40]}")
+                    self.take("]")
+                else:
+                    method = self.take()[1]
+                    if method not in GUARD_METHODS:
+                        raise _Reject(f"the attribute {method!r}, which no shape guard reaches")
+                    self.take("(")
+                    self.take(")")
+            return
+        if text in GUARD_MODULE_CALLS and nxt == ".":
+            self.take(".")
+            name = self.take()[1]
+            if name not in GUARD_MODULE_CALLS[text]:
+                raise _Reject(f"{text}.{name}, which no shape guard calls")
+            return self.call_args(f"{text}.{name}")
+        if text in GUARD_CALLS and nxt == "(":
+            return self.call_args(text)
+        if text in GUARD_CONSTANTS:
+            return
+        raise _Reject(f"the name {text!r}, which no shape guard holds")
+
+
+def _judge(text: str, guard: bool) -> str | None:
+    try:
+        _Parser(_tokens(text), guard).done()
+    except _Reject as e:
+        return str(e)
+    except RecursionError:
+        return "nesting deeper than any shape expression"
+    return None
+
+
+def _plain(s: str) -> bool:
+    """A Symbol name or Float digits as torch writes them."""
+    return 0 < len(s) <= 64 and all(c.isalnum() or c in "._-+" for c in s) and \
+        not s.startswith("_")
 
 
 def _plain_key(s: str) -> bool:
     return 0 < len(s) <= 256 and all(c.isalnum() or c in "_." for c in s) and "__" not in s
-
-
-def _walk(tree, judge) -> str | None:
-    """The outermost node ``judge`` objects to, walking breadth first (iterative: deep
-    expressions are fine)."""
-    from collections import deque
-    queue = deque([(tree, None)])
-    while queue:
-        node, parent = queue.popleft()
-        why = judge(node, parent)
-        if why is not None:
-            return why
-        queue.extend((child, node) for child in ast.iter_child_nodes(node))
-    return None
 
 
 def fields(doc, limit: int = 1 << 16):
