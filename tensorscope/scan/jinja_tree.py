@@ -1,4 +1,4 @@
-"""A Jinja template judged from the tree jinja2's own parser builds: what attribute names it can reach.
+"""A Jinja template judged from the tree jinja2's own parser builds: which attributes it reaches.
 
 Chat templates are rendered by transformers' ``apply_chat_template`` (an immutable sandbox with
 the ``loopcontrols`` extension and its own ``{% generation %}`` tag) and by llama.cpp front ends
@@ -336,7 +336,7 @@ def _string_formatter_field_name_split(field: str):
     return first, list(rest)
 
 
-# -- the parse --------------------------------------------------------------------------------------
+# -- the parse ----------------------------------------------------------------------------------
 
 def _environment():
     """An Environment shaped like the renderers': transformers adds ``loopcontrols`` and its
@@ -656,8 +656,9 @@ class _Walker:
                     continue
                 for part in (v.split(".") if "attribute path" in how else [v]):
                     if part.startswith("_"):
-                        self.hit(ESCAPE, f"reaches the {'private ' if not part.startswith('__') else ''}"
-                                 f"attribute {part!r} through {how}", part, line)
+                        kind = "dunder" if part.startswith("__") else "private"
+                        self.hit(ESCAPE, f"reaches the {kind} attribute {part!r} through {how}",
+                                 part, line)
                     elif part in _sandbox_internal():
                         self.hit(ESCAPE, f"reaches the interpreter-internal attribute {part!r} "
                                  f"through {how}", part, line)

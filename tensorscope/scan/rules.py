@@ -254,10 +254,10 @@ _rule("pt2.evaluated-text", C, "A .pt2 archive holds text that loading it evalua
       "torch.export.load passes every expr_str of models/*.json to sympy.sympify, which evals it "
       "over sympy's namespace and Python's builtins; ExportedProgram.module() pastes every "
       "guards_code entry into a guard function it execs and runs on every call (torch 2.13 "
-      "torch/_export/serde/serialize.py, torch/export/_unlift.py). Each is parsed with ast and "
-      "accepted only when made of what torch writes (srepr shape expressions; size/stride "
-      "guards); anything else runs code the file chose. HIGH when it is not a Python expression "
-      "at all (not judged).",
+      "torch/_export/serde/serialize.py, torch/export/_unlift.py). Each is tokenized (never "
+      "compiled) and accepted only when made of what torch writes (srepr shape expressions; "
+      "size/stride guards); anything else runs code the file chose. HIGH when it is longer than "
+      "64 K characters (not judged).",
       "https://github.com/pytorch/pytorch/blob/main/torch/_export/serde/serialize.py",
       unjudged=H)
 
@@ -288,7 +288,7 @@ _rule("gguf.chat-template-code", C, "A GGUF chat template reaches the interprete
 
 _rule("safetensors.metadata-code", L, "safetensors metadata holds Python source",
       "A __metadata__ value parses as Python that calls eval, os.system, subprocess and the like "
-      "(the repository-code rules; parsed with ast, never compiled). safetensors never "
+      "(the repository-code rules; tokenized, never compiled). safetensors never "
       "interprets metadata, transformers reads only 'format', diffusers, sd-scripts and ComfyUI "
       "read values as JSON or text: no known loader evaluates it, so this is evidence, not a "
       "load-time risk.", "https://github.com/huggingface/safetensors")
