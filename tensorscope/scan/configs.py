@@ -75,7 +75,12 @@ def documents(text: str, member: str | None = None) -> list[yaml_tree.Document]:
 def check_text(ctx: "loader._Ctx", text: str, member: str | None) -> None:
     """Report what loading one config text imports and calls."""
     text = text[:MAX_TEXT]
-    for doc in documents(text, member):
+    docs = documents(text, member)
+    if not docs and len(text) > yaml_tree.MAX_YAML:
+        ctx.add("config.hydra-target", f"a {len(text) / 2 ** 20:.1f} MiB config, larger than the "
+                f"{yaml_tree.MAX_YAML >> 20} MiB this scan composes as YAML: its targets and tags "
+                "are not judged", member, None, "size", "member", variant="unresolved")
+    for doc in docs:
         _check_python_tags(ctx, doc, member)
         _check_hydra(ctx, doc, member)
         _check_jsonpickle(ctx, doc, member)

@@ -12,7 +12,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-MAX_YAML = 8 << 20          # characters composed (configs are KBs; pure-Python YAML ~1 MB/s)
+MAX_YAML = 2 << 20          # characters composed (configs are KBs; pure-Python PyYAML composes
+                            # ~150 KB/s on a loaded machine)
 PYTHON_TAG = "tag:yaml.org,2002:python/"
 _MERGE = "tag:yaml.org,2002:merge"
 
