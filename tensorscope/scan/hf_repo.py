@@ -161,6 +161,11 @@ def mlflow_loaders(py_path: str) -> list[str]:
 
 def check_mlmodel(ctx: "loader._Ctx", path: str, text: str) -> None:
     """An MLflow model whose python_function flavor loads through a module of its own."""
+    if len(text) > yaml_tree.MAX_YAML:
+        ctx.add("mlflow.loader-module", f"an MLmodel larger than {yaml_tree.MAX_YAML >> 20} MiB: "
+                "its loader_module is not read (real ones are a few hundred bytes)", None, None,
+                "size", variant="unread")
+        return
     loader, code = mlmodel_loader(text)
     if not _mlflow_custom(loader):
         return
