@@ -153,14 +153,19 @@ def _walk(value) -> Iterator[tuple[dict, tuple]]:
 
 
 def _strings(value) -> Iterator[str]:
-    for mapping, _ in _walk(value):
-        for v in mapping.values():
-            if isinstance(v, str) and "${" in v:
-                yield v
-            elif isinstance(v, list):
-                yield from (x for x in v[:4096] if isinstance(x, str) and "${" in x)
-    if isinstance(value, list):
-        yield from (x for x in value[:4096] if isinstance(x, str) and "${" in x)
+    """Every string holding an interpolation, anywhere under ``value`` (each container once)."""
+    seen: set[int] = set()
+    stack = [value]
+    n = 0
+    while stack and n < MAX_NODES:
+        node = stack.pop()
+        n += 1
+        if isinstance(node, str):
+            if "${" in node:
+                yield node
+        elif isinstance(node, (dict, list)) and id(node) not in seen:
+            seen.add(id(node))
+            stack.extend(node.values() if isinstance(node, dict) else node)
 
 
 def _check_hydra(ctx, doc: yaml_tree.Document, member) -> None:
@@ -224,10 +229,12 @@ class _Resolver:
 
     def __init__(self, root):
         self.root = root
+        self.steps = 0      # interpolations followed per document (a doubling chain is bounded)
 
     def resolve(self, value: str, path: tuple, depth: int = 0) -> set[str] | None:
         """The strings ``value`` can become, None when unknown."""
-        if depth > MAX_RESOLVE_DEPTH:
+        self.steps += 1
+        if depth > MAX_RESOLVE_DEPTH or self.steps > 20_000 or len(value) > 1 << 16:
             return None
         parts = _parse(value)
         if parts is None:
@@ -241,7 +248,7 @@ class _Resolver:
                 if options is None:
                     return None
             out = {a + b for a in out for b in options}
-            if len(out) > 64:
+            if len(out) > 64 or sum(map(len, out)) > 1 << 16:
                 return None
         return out
 
