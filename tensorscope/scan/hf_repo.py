@@ -95,8 +95,10 @@ def remote_code_loaders(py_path: str) -> list[str]:
         if not local:
             continue
         if module in local:
-            why.append(f"{config_name} {'' if config_name == 'modules.json' else 'auto_map '}"
-                       + ", ".join(sorted({c for c, m, r in refs if m == module and r is None})))
+            names = sorted({c for c, m, r in refs if m == module and r is None})
+            plain = config_name == "modules.json" or all(c.startswith("custom_pipelines ")
+                                                         for c in names)
+            why.append(f"{config_name} {'' if plain else 'auto_map '}" + ", ".join(names))
         elif module in _closure(folder, local):
             why.append(f"a relative import of the code {config_name}'s auto_map names")
     for index_folder, rel in ((folder, name), (parent, f"{sub}/{name}")):
