@@ -240,7 +240,7 @@ def test_templates_are_parsed_as_jinja2_parses_them():
     import jinja2
 
     from tensorscope.scan import jinja_tree
-    env = jinja2.Environment(extensions=["jinja2.ext.loopcontrols"])
+    env = jinja2.Environment(extensions=["jinja2.ext.loopcontrols", "jinja2.ext.do"])
     rng = random.Random(7)
     for _ in range(3000):
         t = "".join(rng.choice(["{{", "}}", "{%", "%}", "a", "{", "}", "%", " ", "'", "x.y",

@@ -355,8 +355,9 @@ def _environment():
             body = parser.parse_statements(("name:endgeneration",), drop_needle=True)
             return nodes.Scope(body, lineno=lineno)
 
+    # ``do`` too: llama.cpp's own Jinja engine renders it; a wider parse only judges more
     return jinja2.Environment(trim_blocks=True, lstrip_blocks=True,
-                              extensions=["jinja2.ext.loopcontrols", Generation])
+                              extensions=["jinja2.ext.loopcontrols", "jinja2.ext.do", Generation])
 
 
 _ENV = None
