@@ -156,7 +156,19 @@ def _pt2_cases(out: Path) -> list[Case]:
         return json.dumps(doc)
 
     del sym
+    legacy = out / "pt2_legacy.pt2"
+    with zipfile.ZipFile(real) as z:
+        [name] = [n for n in z.namelist() if n.endswith("models/model.json")]
+        body = expr(z.read(name).decode())
+    with zipfile.ZipFile(legacy, "w") as w:     # the pre-archive layout torch.export.load reads
+        w.writestr("version", "8.0")
+        w.writestr("serialized_exported_program.json", body)
+        w.writestr("serialized_state_dict.pt", b"")
+        w.writestr("serialized_constants.pt", b"")
+        w.writestr("serialized_example_inputs.pt", b"")
     return [
+        Case("pt2_legacy_layout", legacy, "pt2.evaluated-text",
+             source=PT2 + "; torch/export/__init__.py reads serialized_exported_program.json"),
         Case("pt2_expr_str", _edit_pt2(real, out / "pt2_expr_str.pt2", expr), "pt2.evaluated-text",
              source=PT2),
         Case("pt2_expr_str_escaped_key", _edit_pt2(real, out / "pt2_escaped.pt2", escaped_key),

@@ -457,12 +457,14 @@ def _check_jsonpickle(ctx, doc: yaml_tree.Document, member) -> None:
 # -- .pt2 --------------------------------------------------------------------------------------
 
 def _is_pt2_model_json(ctx, member: str | None) -> bool:
-    """``<archive>/models/<name>.json`` of a torch.export archive (what torch.export.load
-    deserializes)."""
+    """``<archive>/models/<name>.json`` of a torch.export archive, or the legacy
+    ``serialized_exported_program.json`` that torch.export.load still reads (torch 2.13
+    torch/export/__init__.py): what it deserializes."""
     if not member or not member.endswith(".json"):
         return False
     parts = member.replace("\\", "/").split("/")
-    return len(parts) >= 2 and parts[-2] == "models"
+    return (len(parts) >= 2 and parts[-2] == "models") or \
+        parts[-1] == "serialized_exported_program.json"
 
 
 def _check_pt2(ctx, doc, member) -> None:
