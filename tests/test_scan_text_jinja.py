@@ -126,3 +126,18 @@ def test_nothing_is_compiled_or_rendered(monkeypatch):
     jinja_tree.findings("{{ ''.__class__ }}{% if x %}")
     jinja_tree.findings(chat_templates.LLAMA31)
     assert calls == []
+
+
+def test_hostile_template_soup_never_raises():
+    import random
+    rng = random.Random(3)
+    pieces = ["{{ ", " }}", "{% ", " %}", "set ", "for ", " in ", "endfor", "if ", "endif",
+              "macro ", "endmacro", "x", "y", "(", ")", "[", "]", "'_'", "'__'", "~", "+", "*",
+              "|attr(", "|format(", "|first", "|join", "|string", "|list", "lipsum", "cycler",
+              "namespace(", "dict(", "a_=1", ".__class__", ".format(", "'{0.a}'", ",", "=",
+              "range(", "9", "-", "caller()", "call ", "endcall", "do ", "filter upper",
+              "endfilter", "break", "self", "loop.index", "'%c'", "95"]
+    for _ in range(3000):
+        text = "".join(rng.choice(pieces) for _ in range(rng.randint(1, 40)))
+        for hit in jinja_tree.findings(text):
+            assert hit.level in ("escape", "suspect", "unparsed", "evidence")

@@ -152,3 +152,16 @@ def test_anything_else_is_code(text):
 ])
 def test_guards_outside_the_grammar_are_code(text):
     assert pt2_exprs.judge_guard(text) is not None
+
+
+def test_hostile_expressions_never_raise():
+    import random
+    rng = random.Random(5)
+    pieces = ["Symbol(", "'s0'", ")", ",", "integer=True", "Integer(", "1", "+", "*", "**", "//",
+              "(", "L['x']", ".size()", "[0]", "math.floor(", "max(", "__import__", "'", '"',
+              "\\", "#", "\n", "lambda", ":", "f'", "{", "}", "not", "and", "-", "[", "]"]
+    for _ in range(3000):
+        text = "".join(rng.choice(pieces) for _ in range(rng.randint(0, 30)))
+        for judge in (pt2_exprs.judge_expr, pt2_exprs.judge_guard):
+            verdict = judge(text)
+            assert verdict is None or isinstance(verdict, str)

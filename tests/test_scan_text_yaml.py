@@ -134,3 +134,25 @@ def test_broken_yaml_is_not_a_config(tmp_path):
     path.write_text("a: [unclosed\n_target_: os.system\n")
     assert [f for f in scan_paths(path).findings if f.severity > Severity.INFO] == []
     assert os.path.getsize(path) > 0
+
+
+def test_hostile_config_text_never_raises():
+    """Token soup of YAML, JSON and interpolation syntax: a verdict or nothing, never an error."""
+    import random
+    rng = random.Random(11)
+    pieces = ["_target_", ":", " ", "\n", "  ", "- ", "&a ", "*a", "<<: ", "${", "}", ".", "..",
+              "os.system", "oc.select:", "get_method:", ",", "'", '"', "\\x2e", "[", "]", "{",
+              "%TAG ! tag:yaml.org,2002:\n---\n", "!!python/object/apply:", "!python/name:",
+              "py/reduce", "py/repr", "expr_str", "#", "? ", "|\n", "---\n"]
+
+    class Ctx:
+        def __init__(self):
+            self.findings = []
+
+        def add(self, *a, **k):
+            self.findings.append(a)
+
+    for _ in range(1500):
+        text = "".join(rng.choice(pieces) for _ in range(rng.randint(1, 40)))
+        for member in (None, "x/models/model.json", "c.json"):
+            configs.check_text(Ctx(), text, member)
