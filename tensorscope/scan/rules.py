@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 
 from .report import Severity
 
-__all__ = ["Rule", "RULES", "ANOMALIES", "severity_of", "anomaly_rule"]
+__all__ = ["Rule", "RULES", "ANOMALIES", "SEVERITY_MEANING", "severity_of", "anomaly_rule"]
 
 C, H, M, L, I = Severity.CRITICAL, Severity.HIGH, Severity.MEDIUM, Severity.LOW, Severity.INFO
 
@@ -23,6 +23,19 @@ _PICKLESCAN = "https://github.com/mmaitre314/picklescan/security/advisories"
 _WEIGHTS_ONLY = "https://github.com/pytorch/pytorch/blob/main/torch/_weights_only_unpickler.py"
 _PICKLE = "https://docs.python.org/3/library/pickle.html"
 _FICKLING = "https://github.com/trailofbits/fickling"
+
+
+# What each severity means: what loading the file would do. One table, shown by --list-rules.
+SEVERITY_MEANING: dict[Severity, str] = {
+    C: "loading runs code the file chose (a code-running global imported, a second stage, a "
+       "template or config that reaches the interpreter)",
+    H: "loading runs code outside the framework that is not known inert, or the file could not "
+       "be read completely (never called clean)",
+    M: "loading builds classes a weights-only load refuses, or imports library/user code "
+       "(review; the message says the safe way to load)",
+    L: "evidence: a detail worth knowing that runs nothing",
+    I: "evidence: known-inert content, layout notes",
+}
 
 
 @dataclass(frozen=True)
@@ -85,14 +98,29 @@ _rule("pickle.unknown-call", M, "The pickle calls a global outside the allowlist
 _rule("pickle.multiple-streams", M, "Another pickle follows STOP",
       "pickle.load reads only the first stream; torch's legacy reader and other consumers read on. "
       "Each stream found after STOP, wherever it starts, is also judged on its own.", _FICKLING)
-_rule("pickle.unknown-import", L, "The pickle imports a global outside the allowlist without calling it",
-      "An import runs the module's top-level code only for user modules (reported as user-class); "
-      "a library name merely imported is a note.")
+_rule("pickle.unknown-import", M, "The pickle imports a library global that is not known inert",
+      "Judged on its own, as torch's weights-only allowlist judges it: neither code-running nor "
+      "known inert, so at least MEDIUM whether or not a call on it is seen (a global can be "
+      "reached later through BUILD, a caller that calls its arguments, or __reduce__ chains). "
+      "User modules are reported as pickle.user-class.", _WEIGHTS_ONLY)
+_rule("pickle.library-class", M, "Loading builds a class of a known library (review)",
+      "An Enum member, dtype or value class of transformers, accelerate, pandas, scikit-learn, "
+      "NumPy, Lightning or the standard library (TrainingArguments' IntervalStrategy('steps'), "
+      "pandas.StringDtype): that library's constructor and __setstate__ run, nothing the file "
+      "wrote, but torch.load(weights_only=True) refuses it. MEDIUM at most; the message names the "
+      "class family and the safe way to load.", _WEIGHTS_ONLY)
+_rule("pickle.resource-bomb", H, "An allowlisted builtin is asked for a huge amount of work or memory",
+      "sum(range(10**18)), bytes(10**12), bytearray, a huge repetition: every callable is on the "
+      "allowlist, and loading still never finishes or exhausts memory (denial of service). "
+      "Reported with the size or work it would cause, like reference bombs.", _PICKLE)
 _rule("pickle.trailing-data", L, "Bytes follow the pickle's STOP that are not a pickle",
       "pickle.load ignores them and no pickle stream was found anywhere in them; kept as a note "
       "because a consumer may read them.")
-_rule("pickle.framework-class", I, "The pickle names a torch framework class",
-      "nn modules, TorchScript classes, DCP metadata: torch's own code.")
+_rule("pickle.framework-class", I, "The pickle names a known-inert framework class",
+      "torch nn modules, TorchScript classes, DCP metadata, torch.Generator and NumPy random "
+      "state, pathlib paths: constructing them and their __setstate__ run nothing the file "
+      "chose. INFO; the message says that torch.load(weights_only=True) still refuses them and "
+      "how to load safely.", _WEIGHTS_ONLY)
 _rule("pickle.object-array", I, "A NumPy object array",
       "np.load needs allow_pickle=True and unpickles its data; that pickle is scanned.")
 _rule("pickle.reference-bomb", H, "Shared references expand to a huge object (billion laughs)",
@@ -140,6 +168,8 @@ _rule("file.not-a-model", I, "A text file that is not a pickle",
 _rule("file.symlink-outside", L, "A symlink leaving the scanned tree",
       "It was not followed; a link inside a tar is MEDIUM (extracting it writes outside the folder).",
       link_in_tar=M)
+_rule("file.empty", M, "An empty file",
+      "Nothing to load: torch.load and pickle.load raise on it. Not code, but not a model either.")
 _rule("file.unreadable", H, "The file or folder could not be opened",
       "Not read, so not known to be safe.")
 
