@@ -168,6 +168,17 @@ _rule("file.not-a-model", I, "A text file that is not a pickle",
 _rule("file.symlink-outside", L, "A symlink leaving the scanned tree",
       "It was not followed; a link inside a tar is MEDIUM (extracting it writes outside the folder).",
       link_in_tar=M)
+_rule("archive.torchserve-handler", M, "A TorchServe .mar names the handler that serves it",
+      "MAR-INF/MANIFEST.json's handler is what TorchServe imports to load and run the model: a "
+      "built-in handler (image_classifier, text_classifier ...) is TorchServe's own code (LOW: "
+      "a known layout); any other handler is code of the archive (judged as "
+      "archive.python-source) or of the server's environment (MEDIUM).",
+      "https://github.com/pytorch/serve/blob/master/model-archiver/README.md", builtin=L)
+_rule("skops.untrusted-type", M, "A skops archive builds a type skops does not trust by default",
+      "skops.io.load refuses types outside its trusted set unless the caller passes them in "
+      "trusted=[...] (skops.io.get_untrusted_types lists them): review before trusting. "
+      "CRITICAL when the type is code-running.",
+      "https://skops.readthedocs.io/en/stable/persistence.html", denied=C)
 _rule("file.empty", M, "An empty file",
       "Nothing to load: torch.load and pickle.load raise on it. Not code, but not a model either.")
 _rule("file.unreadable", H, "The file or folder could not be opened",
@@ -270,6 +281,10 @@ _rule("onnx.custom-domain", M, "ONNX nodes use operators from a non-standard dom
       "Runtimes load native custom-op libraries to run them. Only domains that a node uses count: "
       "an opset import nobody uses loads nothing.")
 
+_rule("onnx.local-functions", I, "ONNX nodes call functions the model defines",
+      "FunctionProtos in the model (torch.onnx.export(export_modules_as_functions=...)) are "
+      "expanded by the runtime from the model itself: no custom-op library is loaded.",
+      "https://onnx.ai/onnx/repo-docs/IR.html#functions")
 _rule("zip.hidden-local-entry", H, "A zip entry only streaming readers see carries findings",
       "Local file headers before the first listed member are skipped by zipfile and miniz but read "
       "first by streaming unzippers; their content is scanned and this says where it hides.",
