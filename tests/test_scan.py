@@ -37,8 +37,8 @@ EXPECTED_ABOVE_INFO = {
     # a tensor subclass from torch's test helpers: outside the weights-only allowlist and not
     # known inert, so judged on its own at MEDIUM (a class of PyTorch that weights_only refuses)
     "distributed/pt2/subclass.pt2": ("pickle.library-class", Severity.MEDIUM),
-    # ONNX model using a custom-op domain on purpose
-    "onnx/nested.onnx": ("onnx.custom-domain", Severity.MEDIUM),
+    # (onnx/nested.onnx's custom.ops domain holds only its own FunctionProto Scale2: runtimes
+    # inline it, no custom-op library: onnx.local-functions, INFO)
     # scikit-learn estimators (joblib/pickle): loading instantiates sklearn classes, whose
     # __setstate__ runs (see tests/test_realworld.py for the whole real-world severity table)
     "realworld/sklearn/logreg*": ("pickle.library-class", Severity.MEDIUM),
