@@ -601,8 +601,10 @@ def _value_class_use(dotted: str, calls) -> bool:
         args = c.args if type(c.args) is tuple else ()
         if c.kwargs or len(args) > 4:
             return False
-        if any(isinstance(a, str) for a in args) and not (
-                len(args) == 1 or last.startswith(("_new_", "_unpickle", "__pyx_unpickle"))):
+        # a value class takes scalars (IntervalStrategy('steps'), StringDtype('python', nan))
+        if not all(a is None or type(a) in (str, int, float, bool) for a in args) and \
+                any(isinstance(a, str) for a in args) and \
+                not last.startswith(("_new_", "_unpickle", "__pyx_unpickle")):
             return False
     return True
 
