@@ -97,3 +97,17 @@ def test_every_severity_has_one_meaning_and_new_rules_are_declared():
                      ("archive.torchserve-handler", Severity.MEDIUM), ("onnx.local-functions", Severity.INFO),
                      ("skops.untrusted-type", Severity.MEDIUM), ("pickle.framework-class", Severity.INFO)):
         assert RULES[rid].severity == sev, rid
+
+
+def test_docs_and_list_rules_show_the_one_severity_table(capsys):
+    import json as _json
+
+    from tensorscope import cli
+    doc = (ROOT / "docs" / "scan.md").read_text()
+    for sev, text in SEVERITY_MEANING.items():
+        assert f"| {sev} | {text} |" in doc, sev
+    assert cli.main(["scan", "--list-rules", "--json"]) == 0
+    out = _json.loads(capsys.readouterr().out)
+    assert out["severities"] == {str(k): v for k, v in SEVERITY_MEANING.items()}
+    assert cli.main(["scan", "--list-rules"]) == 0
+    assert "loading the file" in capsys.readouterr().out
