@@ -299,7 +299,10 @@ def judge_result(ctx: "loader._Ctx", r, member: str | None, base: int, offset_ba
                         f"imports {dotted} (code of {family}, not known inert) without calling "
                         f"it{times}: {_weights_only_hint(dotted)}", at, dotted))
 
-    out.extend(_resource_bombs(r.calls, base))
+    # only a pickle that imports something that makes size (range, bytes, repeat, mul, pow ...)
+    # can be a resource bomb: the pass over every call (one per tensor) is skipped otherwise
+    if any(g.name in _BOMB_MAKERS and g.module in _BOMB_MODULES for g in r.globals):
+        out.extend(_resource_bombs(r.calls, base))
     for c in mutated[:_MUTATION_CAP]:
         g = c.func
         out.append(("pickle.global-mutation",
@@ -403,6 +406,8 @@ _CONSUMERS = frozenset({"builtins.sum", "builtins.min", "builtins.max", "builtin
                         "builtins.dict", "builtins.str.join", "builtins.bytes.join",
                         "collections.Counter", "collections.deque", "collections.OrderedDict",
                         "math.prod", "math.fsum", "numpy.array", "numpy.fromiter"})
+_BOMB_MAKERS = frozenset({"range", "bytes", "bytearray", "repeat", "count", "mul", "imul", "__mul__",
+                          "pow", "ipow", "lshift", "ilshift"})
 _REPEATERS = frozenset({"operator.mul", "operator.imul", "operator.__mul__", "operator.repeat"})
 
 
