@@ -212,6 +212,12 @@ FRAMEWORK_PREFIXES: dict[str, str] = {
     "numpy.random._generator.": "NumPy random Generator (state of integers)",
     "numpy.random.mtrand.": "NumPy RandomState (state of integers)",
     "types.SimpleNamespace": "a bag of attributes (BUILD fills it; no code runs)",
+    # protocols 0/1 save an instance as copyreg._reconstructor(cls, object, None): ``object`` is
+    # the base whose __new__ copyreg calls (the dotted object.__new__ stays denied)
+    "builtins.object": "the base class copyreg._reconstructor names (protocols 0 and 1)",
+    # numpy < 1.17 pickled RandomState through this module-level constructor
+    "numpy.random.__RandomState_ctor": "NumPy RandomState (numpy < 1.17; state of integers)",
+    "numpy.random.mtrand.__RandomState_ctor": "NumPy RandomState (numpy < 1.17; state of integers)",
     # Exact names carved out of the denylist's "joblib" entry (see _DENY_EXCEPTIONS).
     "joblib.numpy_pickle.NumpyArrayWrapper": JOBLIB_WRAPPER_REASON,
     "sklearn.externals.joblib.numpy_pickle.NumpyArrayWrapper": JOBLIB_WRAPPER_REASON,

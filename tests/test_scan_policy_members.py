@@ -123,3 +123,13 @@ def test_onnx_local_functions_are_not_custom_ops(tmp_path):
     onnx.save(helper.make_model(graph, functions=[fn], opset_imports=[
         helper.make_opsetid("", 18), helper.make_opsetid("my.local", 1)]), path)
     assert "onnx.custom-domain" in _rules(scan_paths(path))
+
+
+def test_text_member_that_imports_a_code_running_global_is_judged(tmp_path):
+    # pickle.load runs REDUCE before it fails at the missing STOP: text or not, it is a payload
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w") as z:
+        z.writestr("notes.txt", b"cos\nsystem\n(Vecho hi\ntR")
+    path = tmp_path / "b.zip"
+    path.write_bytes(buf.getvalue())
+    assert scan_paths(path).severity == Severity.CRITICAL
