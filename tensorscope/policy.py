@@ -212,6 +212,15 @@ FRAMEWORK_PREFIXES: dict[str, str] = {
     "numpy.random._generator.": "NumPy random Generator (state of integers)",
     "numpy.random.mtrand.": "NumPy RandomState (state of integers)",
     "types.SimpleNamespace": "a bag of attributes (BUILD fills it; no code runs)",
+    # ndarray subclasses that _reconstruct builds and ndarray.__setstate__ fills (numpy/_core)
+    "numpy.matrixlib.defmatrix.matrix": "NumPy matrix (an ndarray subclass rebuilt from bytes)",
+    "numpy.matrix": "NumPy matrix (an ndarray subclass rebuilt from bytes)",
+    "numpy.recarray": "NumPy record array (an ndarray subclass rebuilt from bytes)",
+    "numpy.rec.recarray": "NumPy record array (an ndarray subclass rebuilt from bytes)",
+    "numpy.core.records.recarray": "NumPy record array (an ndarray subclass rebuilt from bytes)",
+    "numpy._core.records.recarray": "NumPy record array (an ndarray subclass rebuilt from bytes)",
+    "numpy.core.records.record": "NumPy record scalar", "numpy._core.records.record": "NumPy record scalar",
+    "numpy.ma.core.MaskedArray": "NumPy masked array (an ndarray subclass rebuilt from bytes)",
     # protocols 0/1 save an instance as copyreg._reconstructor(cls, object, None): ``object`` is
     # the base whose __new__ copyreg calls (the dotted object.__new__ stays denied)
     "builtins.object": "the base class copyreg._reconstructor names (protocols 0 and 1)",
