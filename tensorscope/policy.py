@@ -1,21 +1,27 @@
-"""What a pickle may import: the allowlist, the denylist, and how everything else is judged.
+"""What a pickle may import: every global judged on its own, in three kinds.
 
 The scanner judges every global a pickle names (``GLOBAL``, ``STACK_GLOBAL``, ``INST``, ``OBJ``
-via the class on the stack) by its full dotted name, ``module.qualname``:
+via the class on the stack) by its full dotted name, ``module.qualname``, the way torch's
+weights-only unpickler judges it at the ``GLOBAL`` opcode: by what it IS. What the pickle is seen
+to do with it (a call, an argument handed to a caller that calls it) only adds evidence to the
+message (`tensorscope.scan.pickles`), never lowers the verdict.
 
-1. **Allowed** (`WEIGHTS_ONLY_GLOBALS`, `NUMPY_GLOBALS`, `CONTAINER_GLOBALS`): exactly what a
-   weights-only load needs. These produce no finding.
-2. **Denied** (`DENYLIST`): callables and modules that run code, spawn processes, open files or
-   sockets, load further pickles, or resolve arbitrary names. Importing one is CRITICAL, whether
-   or not the pickle calls it (a global can be reached later through ``BUILD``/``__setstate__``,
-   memo tricks or a second stage the scanner cannot see).
-3. **Known framework classes** (`FRAMEWORK_PREFIXES`): torch's own ``nn`` modules, TorchScript
-   classes, DCP metadata dataclasses... INFO: loading them imports torch code, not user code.
-4. **Everything else is unknown and never silently safe**: its severity comes from what the
-   pickle does with it (`judge_unknown`): imported only -> LOW; instantiated as an object
-   (``NEWOBJ``/``cls()``/``copyreg._reconstructor``, the shape of ``torch.save(model)``) ->
-   MEDIUM "loading imports user code"; called with arguments -> MEDIUM; called with a string
-   from the file -> HIGH.
+1. **Code-running** (`DENIED`): callables and modules that evaluate strings, import by name, start
+   processes, load native code or further pickles, write files or open sockets. CRITICAL when
+   merely imported (a global can be reached later through ``BUILD``/``__setstate__``, a caller
+   that calls its arguments, memo tricks or a second stage). Three sources: `DENYLIST` (hand
+   written, cited), `STDLIB_CODE_RUNNING` (derived from the standard library's own source by
+   tools/derive_stdlib_gadgets.py, with the reaching path per entry) and
+   `THIRD_PARTY_CODE_RUNNING` (a reviewed hand list with a reason and a source per entry), both
+   data in ``policy_data/``.
+2. **Known inert**: `ALLOWED` (`WEIGHTS_ONLY_GLOBALS`, torch 2.13's own allowlist, plus NumPy's
+   array reconstruction and builtin containers: no finding) and `FRAMEWORK` (`FRAMEWORK_PREFIXES`:
+   torch nn modules, TorchScript classes, DCP metadata, torch.Generator, NumPy random state,
+   pathlib paths ... whose construction and ``__setstate__`` run nothing the file chose: INFO,
+   with a note that a weights-only load still refuses them). A prefix covers classes only.
+3. **Unknown** (`UNKNOWN`): everything else, at least MEDIUM, called or not. A class of a known
+   library (`KNOWN_LIBRARIES`, `library_of`) is "review" (MEDIUM at most for Enum members, dtypes
+   and value classes); user code called with a string from the file is HIGH.
 
 Names are normalised first, as ``pickle.Unpickler.find_class`` does for protocols < 3
 (``_compat_pickle``: ``__builtin__`` -> ``builtins``, ``copy_reg`` -> ``copyreg``...), and C
