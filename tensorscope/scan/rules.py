@@ -82,8 +82,11 @@ _rule("pickle.torch-storage-bytes", L, "torch's own pickling of a tensor (pickle
       "checkpoint that was scanned completely and found clean. LOW: it still needs "
       "weights_only=False.")
 _rule("pickle.unknown-call-string", H, "A call of a global outside the allowlist with a string",
-      "Strings from the file handed to an unknown callable are how commands and paths reach code; "
-      "not proven dangerous, so HIGH rather than CRITICAL.")
+      "Strings from the file handed to an unknown callable (called by the pickle, or by an "
+      "allowlisted caller it is handed to: _rebuild_from_type_v2 runs func(*args)) are how "
+      "commands and paths reach code; loading runs code outside the framework that is not known "
+      "inert, but not proven dangerous, so HIGH rather than CRITICAL. Enum members and value "
+      "classes of known libraries are pickle.library-class instead.")
 _rule("pickle.indirect-call", H, "The pickle calls the result of another call",
       "getattr chains and methodcaller gadgets call something no name in the file names.",
       _PICKLESCAN)
@@ -91,8 +94,10 @@ _rule("pickle.parse-error", H, "The pickle is broken",
       "Loaders run every opcode before the break, so what precedes it counts, and what follows it "
       "was not read: never reported clean.")
 _rule("pickle.user-class", M, "Loading instantiates or imports user code",
-      "A class outside torch and the allowlist (whole-module pickles, sklearn estimators): importing "
-      "its module runs that module's top-level code.")
+      "A class or module of user code, outside the known libraries and the allowlist "
+      "(whole-module torch.save(model), a training script's classes): importing its module runs "
+      "that module's top-level code, and torch.load(weights_only=True) refuses it. Library "
+      "classes (sklearn estimators, transformers enums) are pickle.library-class.")
 _rule("pickle.unknown-call", M, "The pickle calls a global outside the allowlist",
       "Not known to be dangerous and not known to be safe: review before loading.", _WEIGHTS_ONLY)
 _rule("pickle.multiple-streams", M, "Another pickle follows STOP",
