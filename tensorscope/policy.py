@@ -1,21 +1,27 @@
-"""What a pickle may import: the allowlist, the denylist, and how everything else is judged.
+"""What a pickle may import: every global judged on its own, in three kinds.
 
 The scanner judges every global a pickle names (``GLOBAL``, ``STACK_GLOBAL``, ``INST``, ``OBJ``
-via the class on the stack) by its full dotted name, ``module.qualname``:
+via the class on the stack) by its full dotted name, ``module.qualname``, the way torch's
+weights-only unpickler judges it at the ``GLOBAL`` opcode: by what it IS. What the pickle is seen
+to do with it (a call, an argument handed to a caller that calls it) only adds evidence to the
+message (`tensorscope.scan.pickles`), never lowers the verdict.
 
-1. **Allowed** (`WEIGHTS_ONLY_GLOBALS`, `NUMPY_GLOBALS`, `CONTAINER_GLOBALS`): exactly what a
-   weights-only load needs. These produce no finding.
-2. **Denied** (`DENYLIST`): callables and modules that run code, spawn processes, open files or
-   sockets, load further pickles, or resolve arbitrary names. Importing one is CRITICAL, whether
-   or not the pickle calls it (a global can be reached later through ``BUILD``/``__setstate__``,
-   memo tricks or a second stage the scanner cannot see).
-3. **Known framework classes** (`FRAMEWORK_PREFIXES`): torch's own ``nn`` modules, TorchScript
-   classes, DCP metadata dataclasses... INFO: loading them imports torch code, not user code.
-4. **Everything else is unknown and never silently safe**: its severity comes from what the
-   pickle does with it (`judge_unknown`): imported only -> LOW; instantiated as an object
-   (``NEWOBJ``/``cls()``/``copyreg._reconstructor``, the shape of ``torch.save(model)``) ->
-   MEDIUM "loading imports user code"; called with arguments -> MEDIUM; called with a string
-   from the file -> HIGH.
+1. **Code-running** (`DENIED`): callables and modules that evaluate strings, import by name, start
+   processes, load native code or further pickles, write files or open sockets. CRITICAL when
+   merely imported (a global can be reached later through ``BUILD``/``__setstate__``, a caller
+   that calls its arguments, memo tricks or a second stage). Three sources: `DENYLIST` (hand
+   written, cited), `STDLIB_CODE_RUNNING` (derived from the standard library's own source by
+   tools/derive_stdlib_gadgets.py, with the reaching path per entry) and
+   `THIRD_PARTY_CODE_RUNNING` (a reviewed hand list with a reason and a source per entry), both
+   data in ``policy_data/``.
+2. **Known inert**: `ALLOWED` (`WEIGHTS_ONLY_GLOBALS`, torch 2.13's own allowlist, plus NumPy's
+   array reconstruction and builtin containers: no finding) and `FRAMEWORK` (`FRAMEWORK_PREFIXES`:
+   torch nn modules, TorchScript classes, DCP metadata, torch.Generator, NumPy random state,
+   pathlib paths ... whose construction and ``__setstate__`` run nothing the file chose: INFO,
+   with a note that a weights-only load still refuses them). A prefix covers classes only.
+3. **Unknown** (`UNKNOWN`): everything else, at least MEDIUM, called or not. A class of a known
+   library (`KNOWN_LIBRARIES`, `library_of`) is "review" (MEDIUM at most for Enum members, dtypes
+   and value classes); user code called with a string from the file is HIGH.
 
 Names are normalised first, as ``pickle.Unpickler.find_class`` does for protocols < 3
 (``_compat_pickle``: ``__builtin__`` -> ``builtins``, ``copy_reg`` -> ``copyreg``...), and C
@@ -40,12 +46,15 @@ Public: `classify`, `normalize`, `Verdict`, `LOADER_CALLS`, `DENYLIST`, `WEIGHTS
 from __future__ import annotations
 
 import _compat_pickle
+import json
+import os
 from dataclasses import dataclass
 
 __all__ = ["Verdict", "classify", "normalize", "matches", "DENYLIST", "WEIGHTS_ONLY_GLOBALS",
            "NUMPY_GLOBALS", "CONTAINER_GLOBALS", "SAFE_GLOBALS", "FRAMEWORK_PREFIXES",
            "TRANSPARENT_CONSTRUCTORS", "LOADER_CALLS", "BYTES_WRAPPERS", "TORCHSCRIPT_CALL_PREFIXES",
-           "STANDARD_ONNX_DOMAINS", "ALLOWED", "DENIED", "FRAMEWORK", "UNKNOWN"]
+           "STANDARD_ONNX_DOMAINS", "ALLOWED", "DENIED", "FRAMEWORK", "UNKNOWN", "KNOWN_LIBRARIES",
+           "library_of", "STDLIB_CODE_RUNNING", "THIRD_PARTY_CODE_RUNNING", "STDLIB_COMPILE_ONLY"]
 
 ALLOWED, DENIED, FRAMEWORK, UNKNOWN = "allowed", "denied", "framework", "unknown"
 
@@ -196,6 +205,34 @@ FRAMEWORK_PREFIXES: dict[str, str] = {
     "numpy.core.numeric._frombuffer": "NumPy array from bytes",
     "numpy._core.numeric._frombuffer": "NumPy array from bytes",
     "numpy.ma.core._mareconstruct": "NumPy masked array",
+    # torch.Generator pickles as torch._C.Generator(device) + BUILD: __setstate__ is set_state()
+    # of the saved ByteTensor (torch/csrc/Generator.cpp); nothing of the file's choosing runs.
+    "torch._C.Generator": "torch's random generator (__setstate__ restores its byte state)",
+    "torch.Generator": "torch's random generator (__setstate__ restores its byte state)",
+    # NumPy's bit generators and Generator/RandomState (numpy/random/_pickle.py and the Cython
+    # classes' __setstate__): a state dict of integers, nothing else.
+    "numpy.random._pcg64.": "NumPy random bit generator (state of integers)",
+    "numpy.random._mt19937.": "NumPy random bit generator (state of integers)",
+    "numpy.random._philox.": "NumPy random bit generator (state of integers)",
+    "numpy.random._sfc64.": "NumPy random bit generator (state of integers)",
+    "numpy.random._generator.": "NumPy random Generator (state of integers)",
+    "numpy.random.mtrand.": "NumPy RandomState (state of integers)",
+    "types.SimpleNamespace": "a bag of attributes (BUILD fills it; no code runs)",
+    # ndarray subclasses that _reconstruct builds and ndarray.__setstate__ fills (numpy/_core)
+    "numpy.matrixlib.defmatrix.matrix": "NumPy matrix (an ndarray subclass rebuilt from bytes)",
+    "numpy.matrix": "NumPy matrix (an ndarray subclass rebuilt from bytes)",
+    "numpy.recarray": "NumPy record array (an ndarray subclass rebuilt from bytes)",
+    "numpy.rec.recarray": "NumPy record array (an ndarray subclass rebuilt from bytes)",
+    "numpy.core.records.recarray": "NumPy record array (an ndarray subclass rebuilt from bytes)",
+    "numpy._core.records.recarray": "NumPy record array (an ndarray subclass rebuilt from bytes)",
+    "numpy.core.records.record": "NumPy record scalar", "numpy._core.records.record": "NumPy record scalar",
+    "numpy.ma.core.MaskedArray": "NumPy masked array (an ndarray subclass rebuilt from bytes)",
+    # protocols 0/1 save an instance as copyreg._reconstructor(cls, object, None): ``object`` is
+    # the base whose __new__ copyreg calls (the dotted object.__new__ stays denied)
+    "builtins.object": "the base class copyreg._reconstructor names (protocols 0 and 1)",
+    # numpy < 1.17 pickled RandomState through this module-level constructor
+    "numpy.random.__RandomState_ctor": "NumPy RandomState (numpy < 1.17; state of integers)",
+    "numpy.random.mtrand.__RandomState_ctor": "NumPy RandomState (numpy < 1.17; state of integers)",
     # Exact names carved out of the denylist's "joblib" entry (see _DENY_EXCEPTIONS).
     "joblib.numpy_pickle.NumpyArrayWrapper": JOBLIB_WRAPPER_REASON,
     "sklearn.externals.joblib.numpy_pickle.NumpyArrayWrapper": JOBLIB_WRAPPER_REASON,
@@ -204,7 +241,15 @@ FRAMEWORK_PREFIXES: dict[str, str] = {
 # array placeholder. joblib.load itself, NDArrayWrapper (np.load(allow_pickle=True) of a file the
 # pickle names) and the rest of joblib stay denied.
 _DENY_EXCEPTIONS = frozenset({"joblib.numpy_pickle.NumpyArrayWrapper",
-                              "sklearn.externals.joblib.numpy_pickle.NumpyArrayWrapper"})
+                              "sklearn.externals.joblib.numpy_pickle.NumpyArrayWrapper",
+                              # torch._C is denied; its Generator class is torch's RNG state
+                              "torch._C.Generator"})
+# Lower-case functions under a framework prefix that are that framework's own reconstructors (a
+# prefix covers classes only: ``torch.optim.lr_scheduler.partial`` is functools.partial).
+_INERT_FUNCTIONS = frozenset({
+    "numpy.random._pickle.__generator_ctor", "numpy.random._pickle.__bit_generator_ctor",
+    "numpy.random._pickle.__randomstate_ctor", "numpy.random._pickle.__legacy_seeding",
+})
 # Exact framework names must match whole: "torch.float" must not cover "torch.float_power".
 _FRAMEWORK_EXACT = {k for k in FRAMEWORK_PREFIXES if not k.endswith(".")}
 
@@ -590,6 +635,84 @@ DENYLIST: dict[str, str] = {
     "distributed": "remote code execution on workers",
 }
 
+# --- 2b. code-running, as data ----------------------------------------------------------------------
+# The standard library's own: derived from its source by tools/derive_stdlib_gadgets.py (an ast
+# call graph from every stdlib function, class and method to eval/exec/__import__/importlib,
+# processes, ctypes, pickle/marshal loads, open-for-write, sockets), with the path per entry.
+# Third-party ones: a reviewed hand list with a reason and a source per entry.
+_DATA_DIR = os.path.join(os.path.dirname(__file__), "policy_data")
+
+
+def _load_data(name: str) -> dict:
+    with open(os.path.join(_DATA_DIR, name), encoding="utf-8") as f:
+        return json.load(f)
+
+
+_STDLIB = _load_data("stdlib_code_running.json")
+STDLIB_PROVENANCE: dict = _STDLIB["provenance"]
+STDLIB_CODE_RUNNING: dict[str, str] = {
+    k: f"{v['does']} (derived from the standard library's source: {v['path']})"
+    for k, v in _STDLIB["entries"].items()}
+# Reached only through compile(): builds code objects, runs none (typing's special forms make a
+# ForwardRef, which compiles its string). Not code-running; judged as unknown.
+STDLIB_COMPILE_ONLY: dict[str, str] = dict(_STDLIB["compile_only"])
+THIRD_PARTY_CODE_RUNNING: dict[str, str] = {
+    k: v["reason"] for k, v in _load_data("third_party_code_running.json")["entries"].items()}
+del _STDLIB
+
+# Final names of call gadgets that modules re-export (``from functools import partial`` in
+# torch.optim.lr_scheduler makes ``torch.optim.lr_scheduler.partial`` functools.partial).
+_REEXPORTED_GADGETS: dict[str, str] = {
+    "partial": "functools.partial", "reduce": "functools.reduce",
+    "methodcaller": "operator.methodcaller", "attrgetter": "operator.attrgetter",
+    "starmap": "itertools.starmap", "get_type_hints": "typing.get_type_hints",
+    "import_module": "importlib.import_module", "namedtuple": "collections.namedtuple",
+    "resolve_name": "pkgutil.resolve_name", "locate": "pydoc.locate", "getattr": "builtins.getattr",
+    "run_path": "runpy.run_path", "run_module": "runpy.run_module",
+}
+
+
+def _deny_hit(dotted: str) -> tuple[str, str] | None:
+    """(entry, reason) when ``dotted`` (or a dotted prefix of it) is code-running in any table."""
+    for table in (DENYLIST, THIRD_PARTY_CODE_RUNNING, STDLIB_CODE_RUNNING):
+        hit = matches(dotted, table)
+        if hit is not None:
+            return hit, table[hit]
+    return None
+
+
+# --- 3b. libraries whose unknown classes are "review", not user code ------------------------------
+# Top-level package -> the family a finding names. A global of these that is neither code-running
+# nor known inert is library code (an Enum member of transformers' TrainingArguments, a pandas
+# dtype, a scikit-learn estimator): loading runs that library's constructors and __setstate__,
+# nothing the file wrote, but a weights-only load refuses it. MEDIUM at most, never user code.
+KNOWN_LIBRARIES: dict[str, str] = {
+    "torch": "PyTorch", "torchvision": "torchvision", "torchaudio": "torchaudio",
+    "numpy": "NumPy", "scipy": "SciPy", "pandas": "pandas", "sklearn": "scikit-learn",
+    "transformers": "Hugging Face transformers", "accelerate": "Hugging Face accelerate",
+    "peft": "Hugging Face peft", "tokenizers": "Hugging Face tokenizers",
+    "datasets": "Hugging Face datasets", "diffusers": "Hugging Face diffusers",
+    "huggingface_hub": "Hugging Face hub client", "safetensors": "safetensors",
+    "sentence_transformers": "sentence-transformers", "timm": "timm",
+    "lightning": "Lightning", "pytorch_lightning": "Lightning", "lightning_fabric": "Lightning",
+    "torchmetrics": "torchmetrics", "omegaconf": "OmegaConf", "xgboost": "XGBoost",
+    "lightgbm": "LightGBM", "catboost": "CatBoost", "skops": "skops", "onnx": "ONNX",
+    "ml_dtypes": "ml_dtypes", "joblib": "joblib", "packaging": "packaging",
+}
+
+
+def library_of(dotted: str) -> str | None:
+    """The family of a known library (or "the Python standard library") that ``dotted`` belongs
+    to, None for anything else (user code, unknown packages)."""
+    import sys
+    root = dotted.split(".", 1)[0]
+    if root in KNOWN_LIBRARIES:
+        return KNOWN_LIBRARIES[root]
+    if root in sys.stdlib_module_names and root != "__main__" or root in ("__builtin__", "copy_reg"):
+        return "the Python standard library"
+    return None
+
+
 # Calls that hand bytes to a deserializer: the bytes are a second stage, scanned recursively.
 LOADER_CALLS: frozenset[str] = frozenset({
     "pickle.loads", "pickle.load", "pickle.Unpickler", "pickle._loads", "pickle._load",
@@ -685,11 +808,10 @@ def _walked_to(name: str) -> tuple[str, str] | None:
         tail = ".".join(parts[i:])
         # modules import their dependencies under private names (collections._sys, random._os)
         bare = ".".join([parts[i].lstrip("_")] + parts[i + 1:])
-        hit = None
         for cand in (*_candidates(tail, tail), bare):
-            hit = hit or matches(cand, DENYLIST)
-        if hit is not None:
-            return hit, tail
+            hit = _deny_hit(cand)
+            if hit is not None:
+                return hit, tail
     return None
 
 
@@ -781,9 +903,9 @@ def _classify(module: str, name: str) -> Verdict:
         return Verdict(FRAMEWORK, dotted, FRAMEWORK_PREFIXES[dotted if dotted in
                                                               _DENY_EXCEPTIONS else raw], dotted)
     for cand in names:
-        hit = matches(cand, DENYLIST)
+        hit = _deny_hit(cand)
         if hit is not None:
-            return Verdict(DENIED, dotted, DENYLIST[hit], hit)
+            return Verdict(DENIED, dotted, hit[1], hit[0])
     if "__main__" in nmod.split(".")[1:]:
         # a package's __main__ is a script: many run their main() at import, unguarded
         # (tkinter.__main__, turtledemo.__main__); a top-level __main__ is the pickler's own
@@ -796,10 +918,14 @@ def _classify(module: str, name: str) -> Verdict:
                        "functions and classes from code objects)", f"{nmod}")
     walked = _walked_to(nname)
     if walked is not None:
-        hit, tail = walked
+        (hit, why), tail = walked
         return Verdict(DENIED, dotted, f"walks from {nmod} through attributes to {tail}: "
-                       f"{DENYLIST[hit]}", hit)
+                       f"{why}", hit)
     verb = nname.rsplit(".", 1)[-1]
+    canonical = _REEXPORTED_GADGETS.get(verb)
+    if canonical is not None and dotted != canonical:
+        return Verdict(DENIED, dotted, f"re-exports {canonical} under {nmod}: "
+                       f"{_deny_hit(canonical)[1]}", canonical)
     if verb in _RUNNER_NAMES or verb.startswith(("spawn", "execv", "execl", "posix_spawn")):
         # a command runner re-exported under another module (``from os import system`` in a
         # package we do not list): its name is all the scan knows, and it says enough
@@ -825,6 +951,15 @@ def _classify(module: str, name: str) -> Verdict:
             if prefix in _FRAMEWORK_EXACT:
                 if cand == prefix or (prefix.endswith(("_", "build_")) and cand.startswith(prefix)):
                     return Verdict(FRAMEWORK, dotted, why, prefix)
-            elif cand.startswith(prefix):
+            elif cand.startswith(prefix) and _is_class_name(cand):
                 return Verdict(FRAMEWORK, dotted, why, prefix)
     return Verdict(UNKNOWN, dotted, "", None)
+
+
+def _is_class_name(dotted: str) -> bool:
+    """A prefix of FRAMEWORK_PREFIXES covers that framework's classes (``Linear``,
+    ``_IncompatibleKeys``), Cython's per-class unpickle helpers and the listed reconstructors,
+    never a module-level function (``torch.optim.lr_scheduler.partial`` is functools.partial)."""
+    last = dotted.rsplit(".", 1)[-1]
+    return last.lstrip("_")[:1].isupper() or last.startswith("__pyx_unpickle_") or \
+        dotted in _INERT_FUNCTIONS

@@ -500,6 +500,7 @@ def build(out: Path) -> list[Case]:
 
     _issue14_sections(add, inner, torch)
     bypasshunt_sections(add, inner)
+    issue23_sections(add)
     # a .nemo tar (NeMo extracts it to restore the model) with a member climbing out of the folder
     import tarfile
     buf = io.BytesIO()
@@ -777,3 +778,158 @@ def bypasshunt_sections(add, inner: bytes) -> None:
                "disagreement write-ups; picklescan GHSA-7q5r-7gvp-wc82 class): was HIGH "
                "prepended-bytes with the payload unscanned")
     add("hunt/hidden_local_entry_flag.pt", local + benign, "zip.hidden-local-entry", "high")
+
+
+# --- issue 23: imports judged on their own, severities, resource bombs, members ------------------
+def _bint(n: int) -> bytes:
+    """LONG1: any int, as pickle writes big ones."""
+    b = n.to_bytes((n.bit_length() + 8) // 8, "little", signed=True)
+    return b"\x8a" + bytes([len(b)]) + b
+
+
+def _derived_only(limit_per_module: int = 1) -> list[tuple[str, str, str]]:
+    """(module, qualname, path) of stdlib code-running callables that only the derivation knows
+    (no hand-written denylist entry covers them): one per top-level module."""
+    from tensorscope import policy
+    seen: dict[str, int] = {}
+    out = []
+    for dotted, why in sorted(policy.STDLIB_CODE_RUNNING.items()):
+        top = dotted.split(".")[0]
+        if policy.matches(dotted, policy.DENYLIST) or seen.get(top, 0) >= limit_per_module:
+            continue
+        parts = dotted.split(".")
+        # the module part: the longest prefix that is a module (classes start upper-case)
+        i = next((k for k in range(1, len(parts)) if parts[k][:1].isupper()), len(parts) - 1)
+        seen[top] = seen.get(top, 0) + 1
+        out.append((".".join(parts[:i]), ".".join(parts[i:]), why))
+    return out
+
+
+def issue23_sections(add) -> None:
+    import pickle as _pickle  # used only to WRITE benign pickles (dumps), never to load
+
+    src_wo = ("torch/_weights_only_unpickler.py refuses every one at GLOBAL; pickle.load runs them "
+              "(issue 23: imports judged on their own)")
+
+    # 1. a code-running callable only IMPORTED, then handed to an allowlisted caller that calls it
+    # torch/_tensor.py: _rebuild_from_type_v2(func, new_type, args, state) runs func(*args)
+    rebuild = _global("torch._tensor", "_rebuild_from_type_v2")
+    for mod, name, arg in (("pstats", "Stats", "/tmp/x.prof"),          # marshal.load of a file
+                           ("typing", "get_type_hints", "x"),
+                           ("gettext", "c2py", "n; __import__('os').system('echo')")):
+        body = (b"\x80\x02" + rebuild + b"(" + _global(mod, name) + _global("torch", "Tensor")
+                + b"(" + _unicode(arg, 2) + b"t}tR.")
+        add(f"i23/rebuild_from_type_v2_{mod}.{name}.pkl", body, "pickle.dangerous-global",
+            trigger=f"{mod}.{name}", source=f"_rebuild_from_type_v2 (on torch's weights_only "
+            f"allowlist) calls func(*args): {src_wo}")
+    # ... and an unknown callable handed to it: called with the file's string (HIGH)
+    add("i23/rebuild_from_type_v2_unknown.pkl",
+        b"\x80\x02" + rebuild + b"(" + _global("somepkg.util", "run") + _global("torch", "Tensor")
+        + b"(" + _unicode(CMD, 2) + b"t}tR.", "pickle.unknown-call-string", "high",
+        trigger="somepkg.util.run", source="_rebuild_from_type_v2 calls func(*args) (torch/_tensor.py)")
+    # numpy/random/_pickle.py: __generator_ctor(name, ctor) runs ctor(name)
+    add("i23/numpy_generator_ctor_gadget.pkl",
+        b"\x80\x02" + _global("numpy.random._pickle", "__generator_ctor") + _unicode("os", 2)
+        + _global("warnings", "_getcategory") + b"\x86R.", "pickle.dangerous-global",
+        trigger="warnings._getcategory",
+        source="numpy.random._pickle.__generator_ctor calls bit_generator_ctor(bit_generator_name);"
+               " warnings._getcategory __import__s the name (derived from the stdlib)")
+    # dict(x) / OrderedDict(x) call x.keys(), an attribute BUILD sets on an allowlisted Namespace
+    ns = (_global("argparse", "Namespace") + b")\x81" + b"}" + _unicode("keys", 2)
+          + _global("typing", "get_type_hints") + b"sb")
+    for caller in (("builtins", "dict"), ("collections", "OrderedDict")):
+        add(f"i23/{caller[1]}_keys_gadget.pkl", b"\x80\x02" + _global(*caller) + ns + b"\x85R.",
+            "pickle.dangerous-global", trigger="typing.get_type_hints",
+            source=f"{caller[0]}.{caller[1]}(x) calls x.keys(), which BUILD set (issue 23)")
+    # typing.get_type_hints(obj): eval()s string annotations that BUILD put on the object
+    ann = (_global("argparse", "Namespace") + b")\x81" + b"}" + _unicode("__annotations__", 2) + b"}"
+           + _unicode("x", 2) + _unicode("__import__('os').system('echo tensorscope-pwned')", 2)
+           + b"ssb")
+    add("i23/get_type_hints_eval.pkl", b"\x80\x02" + _global("typing", "get_type_hints") + ann
+        + b"\x85R.", "pickle.dangerous-global", trigger="typing.get_type_hints",
+        source="typing.get_type_hints evaluates string annotations (Python docs; typing._eval_type)")
+    # LR schedulers call the lr_lambda they are given (torch/optim/lr_scheduler.py)
+    for cls in ("LambdaLR", "MultiplicativeLR"):
+        add(f"i23/lr_scheduler_{cls}.pkl",
+            b"\x80\x02" + _global("torch.optim.lr_scheduler", cls) + b"N" + _global("builtins", "print")
+            + b"\x86R.", "pickle.dangerous-global", trigger=f"torch.optim.lr_scheduler.{cls}",
+            source="LambdaLR/MultiplicativeLR.__init__ call step(), which calls lr_lambda (was INFO: "
+                   "the torch.optim. framework prefix)")
+    # functools.partial re-exported under a framework module (was INFO: torch.optim. prefix)
+    add("i23/partial_reexported.pkl",
+        b"\x80\x02" + _global("torch.optim.lr_scheduler", "partial") + _global("builtins", "print")
+        + _unicode(CMD, 2) + b"\x86R.", "pickle.dangerous-global",
+        trigger="torch.optim.lr_scheduler.partial",
+        source="torch/optim/lr_scheduler.py does `from functools import partial`; find_class "
+               "resolves the re-export")
+    # stdlib callables only the derivation knows (tools/derive_stdlib_gadgets.py), merely imported
+    for mod, name, why in _derived_only():
+        add(f"i23/derived_{mod}.{name}.pkl", b"\x80\x02" + _global(mod, name) + b".",
+            "pickle.dangerous-global", trigger=f"{mod}.{name}",
+            source=f"derived from the stdlib source: {why[:160]}")
+    # an unknown global, imported only: at least MEDIUM (was LOW)
+    add("i23/unknown_import_only.pkl", b"\x80\x02" + _global("somepkg.models", "Thing") + b".",
+        "pickle.user-class", "medium", trigger="somepkg.models.Thing",
+        source="unknown globals are at least medium, called or not (issue 23)")
+    add("i23/unknown_library_function_import.pkl",
+        b"\x80\x02" + _global("transformers.utils.import_utils", "requires_backends") + b".",
+        "pickle.unknown-import", "medium", trigger="transformers.utils.import_utils.requires_backends",
+        source="a library global that is not known inert, merely imported (issue 23)")
+    # a framework-prefix function that is not a class (was INFO): unknown, at least MEDIUM
+    add("i23/framework_prefix_function.pkl",
+        b"\x80\x02" + _global("torch.nn.modules.module", "_addindent") + _unicode(CMD, 2) + b"K\x01\x86R.",
+        "pickle.unknown-call-string", "high", trigger="torch.nn.modules.module._addindent",
+        source="framework prefixes cover classes only (issue 23)")
+
+    # 2. denial of service through allowlisted builtins (issue 23; CPython pickle docs warn that
+    # an unpickler can be made to allocate or loop arbitrarily)
+    dos = "denial of service through allowlisted builtins (issue 23)"
+    add("i23/dos_sum_range.pkl", b"\x80\x02" + _global("builtins", "sum") + _global("builtins", "range")
+        + _bint(10 ** 18) + b"\x85R\x85R.", "pickle.resource-bomb", "high", source=dos)
+    add("i23/dos_bytes.pkl", b"\x80\x02" + _global("builtins", "bytes") + _bint(10 ** 12) + b"\x85R.",
+        "pickle.resource-bomb", "high", source=dos)
+    add("i23/dos_bytearray.pkl", b"\x80\x02" + _global("builtins", "bytearray") + _bint(10 ** 12)
+        + b"\x85R.", "pickle.resource-bomb", "high", source=dos)
+    add("i23/dos_str_repeat.pkl", b"\x80\x02" + _global("operator", "mul") + _unicode("x", 2)
+        + _bint(10 ** 12) + b"\x86R.", "pickle.resource-bomb", "high", source=dos)
+    add("i23/dos_list_range.pkl", b"\x80\x02" + _global("builtins", "list") + _global("builtins", "range")
+        + _bint(0) + _bint(10 ** 15) + b"\x86R\x85R.", "pickle.resource-bomb", "high", source=dos)
+    add("i23/dos_sorted_range_in_torch.pt",
+        torch_zip_with_payload(_global("builtins", "sorted") + _global("builtins", "range")
+                               + _bint(10 ** 17) + b"\x85R\x85R0"),
+        "pickle.resource-bomb", "high", source=dos + ", inside a torch zip's data.pkl")
+
+    # 3. members read as their loader reads them: a real pickle member is still judged
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w") as z:
+        z.writestr("requirements.txt", "certifi\ncharset-normalizer\n")
+        z.writestr("MAR-INF/MANIFEST.json", '{"model": {"handler": "image_classifier", '
+                   '"serializedFile": "model.pkl"}}')
+        z.writestr("model.pkl", payload("os", "system", 2, "global-reduce"))
+    add("i23/mar_builtin_handler_evil_model.mar", buf.getvalue(), "pickle.dangerous-global",
+        trigger="os.system", source="a built-in handler does not make the serialized model safe")
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w") as z:
+        z.writestr("MAR-INF/MANIFEST.json", '{"model": {"handler": "handler.py"}}')
+        z.writestr("handler.py", "import os\nos.system('echo tensorscope-pwned')\n")
+    add("i23/mar_custom_handler.mar", buf.getvalue(), "archive.python-source",
+        source="TorchServe imports a custom handler (model-archiver README)")
+    # a whole pickle named as text is still a pickle (judged whole, never skipped)
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w") as z:
+        z.writestr("notes.txt", payload("os", "system", 0, "global-reduce"))
+    add("i23/zip_text_named_pickle.zip", buf.getvalue(), "pickle.dangerous-global",
+        trigger="os.system", source="a complete protocol-0 pickle behind a text name")
+    # a skops archive naming a code-running type
+    import json as _json
+    schema = {"__class__": "system", "__module__": "os", "__loader__": "FunctionNode",
+              "protocol": 2, "_skops_version": "0.16.0", "content": {}}
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w") as z:
+        z.writestr("schema.json", _json.dumps(schema))
+    add("i23/skops_os_system.skops", buf.getvalue(), "skops.untrusted-type", trigger="os.system",
+        source="skops.io.load with trusted=... builds what schema.json names (skops docs)")
+    # a .pt that torch.load rejects is never clean
+    add("i23/pt_rejected.pt", b"\x80\x02}q\x00(X\x01\x00\x00\x00aK\x01", "pickle.parse-error", "high",
+        source="a .pt torch.load rejects is not clean (issue 23)")
+    _ = _pickle

@@ -111,13 +111,20 @@ def _list_rules(as_json: bool) -> int:
     from rich.table import Table
     from rich.text import Text
 
-    from ..scan.rules import RULES, listing
+    from ..scan.rules import RULES, SEVERITY_MEANING, listing
     if as_json:
-        emit_json({"schema": "tensorscope.scan-rules/1", "rules": [
+        emit_json({"schema": "tensorscope.scan-rules/1",
+                   "severities": {str(k): v for k, v in SEVERITY_MEANING.items()}, "rules": [
             {"id": r.id, "severity": str(r.severity), "title": r.title, "rationale": r.rationale,
              "references": list(r.references), "variants": {k: str(v) for k, v in r.variants.items()}}
             for r in sorted(RULES.values(), key=lambda r: r.id)]})
         return 0
+    meaning = Table(show_header=True, header_style="bold", box=None, pad_edge=False)
+    for col in ("severity", "loading the file ..."):
+        meaning.add_column(col, overflow="fold")
+    for sev, text in SEVERITY_MEANING.items():
+        meaning.add_row(Text(str(sev), style=SEVERITY_STYLES.get(str(sev), "")), Text(text))
+    stdout_console().print(meaning)
     table = Table(show_header=True, header_style="bold", box=None, pad_edge=False)
     for col in ("rule", "severity", "title", "context"):
         table.add_column(col, overflow="fold")

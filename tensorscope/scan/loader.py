@@ -50,7 +50,7 @@ def _cannot_import(data: bytes) -> bool:
 # Extensions, by the content a loader expects behind them.
 _EXT_KIND = {
     ".safetensors": "safetensors", ".gguf": "gguf", ".onnx": "onnx", ".ort": "onnx",
-    ".npy": "npy", ".npz": "zip", ".pt2": "zip", ".ptl": "zip", ".mar": "zip", ".zip": "zip",
+    ".npy": "npy", ".npz": "zip", ".pt2": "zip", ".skops": "zip", ".ptl": "zip", ".mar": "zip", ".zip": "zip",
     ".pt": "torch", ".pth": "torch", ".bin": "torch", ".ckpt": "torch", ".tar": "torch",
     ".pkl": "pickle", ".pickle": "pickle", ".joblib": "pickle", ".dat": "pickle",
     ".data": "pickle", ".p": "pickle", ".distcp": "zip", ".metadata": "pickle",
@@ -117,6 +117,7 @@ class _Ctx:
         self.known_data = False                # raw data a model file points at (ONNX external data)
         self.data_files: set[str] = set()      # files this model's tensors live in
         self.keras = False                     # a Keras archive: its loader is Keras, not ours
+        self.layout: str | None = None         # a known non-model layout (TorchServe, skops, text zip)
         self.code_chars = torchscript.CODE_CHARS_PER_FILE  # Python text still to tokenize
 
     def add(self, rule: str, message: str, member: str | None = None, offset: int | None = None,
@@ -224,7 +225,8 @@ def _scan_file(ctx: _Ctx, src: ByteSource, explicit: bool, model=None) -> bool:
     expected_model = explicit or ext in _EXT_KIND
     if src.size == 0:
         if expected_model:
-            ctx.fail("the file is empty")
+            ctx.add("file.empty", "empty file: nothing to load (torch.load and pickle.load raise "
+                    "on it)")
             return True
         return False
 
@@ -332,6 +334,28 @@ def _scan_file(ctx: _Ctx, src: ByteSource, explicit: bool, model=None) -> bool:
 
     _check_extension(ctx, ext, kind, model)
     return True
+
+
+def _onnx_local_function_domains(meta: dict) -> dict[str, set[str]]:
+    """Domains whose ops are all model-local functions: {domain: function names}. An op counted
+    in the model that is neither a local function nor a standard ONNX operator could be a custom
+    op of that domain, so then no domain is exempt (``op_counts`` does not say each op's domain)."""
+    funcs = meta.get("functions") or []
+    by_domain: dict[str, set[str]] = {}
+    for f in funcs if isinstance(funcs, list) else ():
+        if isinstance(f, dict) and f.get("domain") and f.get("name"):
+            by_domain.setdefault(str(f["domain"]), set()).add(str(f["name"]))
+    if not by_domain:
+        return {}
+    names = set().union(*by_domain.values())
+    try:
+        from onnx import defs
+    except ImportError:
+        return {}
+    for op in (meta.get("op_counts") or {}):
+        if op not in names and not defs.has(str(op)):
+            return {}
+    return by_domain
 
 
 def _referenced_by_onnx(path: str) -> bool:
@@ -443,6 +467,8 @@ def _parser_error_finding(ctx: _Ctx, err: BaseException, understood: bool, kind:
         return  # no parser claims it: the byte-level view decides (unknown content fails there)
     if ctx.keras:
         return  # a Keras archive: Keras loads it, not a loader tensorscope models
+    if ctx.layout is not None:
+        return  # a known layout judged as its own loader reads it (TorchServe, skops, text zip)
     what = "parser" if isinstance(err, TensorscopeError) else type(err).__name__
     if understood and kind in ("zip", "empty-zip", "pickle", "tar", "npy"):
         # every pickle was read at byte level; the loader still refuses the file
@@ -531,8 +557,17 @@ def judge_model_evidence(ctx: _Ctx, model) -> None:
             torchscript.check_code(ctx, member, text)
     meta = model.metadata if isinstance(model.metadata, dict) else {}
     if model.format == "onnx":
-        # Only domains a node uses: an opset import nobody uses loads no custom-op library.
+        # Only domains a node uses: an opset import nobody uses loads no custom-op library; and
+        # a domain whose every op is a FunctionProto the model defines (torch.onnx.export's
+        # export_modules_as_functions) is expanded by the runtime, not loaded from a library.
+        local = _onnx_local_function_domains(meta)
         for d in meta.get("node_domains", meta.get("domains")) or ():
+            if d in local:
+                ctx.add("onnx.local-functions",
+                        f"domain {d!r} holds only functions defined in the model "
+                        f"({', '.join(sorted(local[d])[:5])}): runtimes inline them, no "
+                        "custom-op library is loaded", trigger=str(d))
+                continue
             if d not in policy.STANDARD_ONNX_DOMAINS:
                 ctx.add("onnx.custom-domain",
                         f"operators from custom domain {d!r}: runtimes load a native custom-op "
@@ -658,10 +693,70 @@ def _scan_zip(ctx: _Ctx, src: ByteSource, prefix: str | None, absolute: bool, de
         elif isinstance(pids, set):
             referenced |= pids
     torchscript.check_sources(ctx, sources)
+    if prefix is None and ok:
+        _known_zip_layout(ctx, archive, members)
     return ok
 
 
 _LOCAL = struct.Struct("<4sHHHHHIIIHH")   # a zip local file header (30 bytes)
+
+# TorchServe's built-in handlers (ts/torch_handler/*.py, model-archiver README): a .mar naming one
+# of these carries no handler code of its own; TorchServe imports ts.torch_handler.<name>.
+TORCHSERVE_BUILTIN_HANDLERS = frozenset({"image_classifier", "object_detector", "text_classifier",
+                                         "image_segmenter", "base_handler", "dali_image_classifier",
+                                         "vision_handler", "text_handler"})
+
+
+def _member_head(archive, m) -> bytes:
+    """The first 4 KiB of a member (b"\\0" when it cannot be read: not text)."""
+    try:
+        if m.is_stored:
+            return bytes(archive.data(m)[:4096])
+        return archive.read_bytes(m, 1 << 20)[:4096]
+    except (FormatError, LimitExceeded):
+        return b"\0"
+
+
+def _known_zip_layout(ctx: _Ctx, archive, members) -> None:
+    """A zip that is not a torch/NumPy archive but a layout with a loader of its own: a TorchServe
+    .mar (MAR-INF/MANIFEST.json), a skops file (schema.json), or a zip of text files only."""
+    import json
+    names = {m.name: m for m in members}
+    manifest = names.get("MAR-INF/MANIFEST.json")
+    if manifest is not None:
+        ctx.layout = "torchserve"
+        try:
+            doc = json.loads(bytes(archive.read_bytes(manifest, 1 << 20)).decode("utf-8"))
+            handler = str(((doc.get("model") or {}).get("handler")) or "")
+        except (ValueError, FormatError, LimitExceeded, AttributeError):
+            ctx.add("archive.torchserve-handler", "TorchServe archive whose MAR-INF/MANIFEST.json "
+                    "does not parse: the handler TorchServe would import is unknown",
+                    "MAR-INF/MANIFEST.json")
+            return
+        module = handler.split(":", 1)[0]
+        if module in TORCHSERVE_BUILTIN_HANDLERS:
+            ctx.add("archive.torchserve-handler",
+                    f"TorchServe archive with the built-in handler {handler!r} "
+                    f"(ts.torch_handler.{module}): TorchServe loads the serialized model with "
+                    "it, no handler code ships in the archive", "MAR-INF/MANIFEST.json",
+                    trigger=handler, variant="builtin")
+        else:
+            ctx.add("archive.torchserve-handler",
+                    f"TorchServe archive whose handler {handler!r} is code of the archive or of "
+                    "the server's environment: TorchServe imports it to serve the model",
+                    "MAR-INF/MANIFEST.json", trigger=handler)
+        return
+    if "schema.json" in names and any(n.endswith(".npy") for n in names) or \
+            set(names) == {"schema.json"}:
+        from . import skops_layout
+        if skops_layout.judge(ctx, archive, names["schema.json"]):
+            ctx.layout = "skops"
+            return
+    if members and len(members) <= 256 and all(_text_member(m.name, _member_head(archive, m))
+                                               for m in members):
+        ctx.layout = "text"
+        ctx.add("file.not-a-model", f"a zip of {len(members)} text files: no loader unpickles "
+                "or runs anything in it")
 
 
 # =================================================================================================
@@ -815,10 +910,27 @@ def scan_blob(ctx: _Ctx, data: memoryview, member: str | None, base: int, absolu
         # a record that may or may not be a pickle but holds no opcode that imports anything
         # (GLOBAL 'c', INST 'i', STACK_GLOBAL, EXT1/2/4): it cannot make a loader run code
         return True
+    # A text member that no loader unpickles (requirements.txt starting with 'c', a handler's
+    # 'import torch' read as INST) is text: a pickle only when it is one whole, as top-level text.
+    text = strict and member is not None and _text_member(member, head)
     keys: set[str] = set()
     is_pickle, ok = pickles.scan_stream(ctx, data, member, base, absolute, depth, lenient=not strict,
-                                      keys=keys)
+                                      keys=keys, require_stop=text)
     return keys if ok else False
+
+
+def _text_member(member: str, head: bytes) -> bool:
+    """A member whose loader reads it as text: text content under a name that no unpickling
+    loader reads (torch.load's data.pkl, joblib, pickle suffixes are never text here)."""
+    name = member.rsplit("!", 1)[-1].rsplit("/", 1)[-1].lower()
+    if name.endswith(_PICKLE_MEMBER_SUFFIXES) or name in ("data.pkl", "pickle", "sys_info"):
+        return False
+    return _is_text(head) and (os.path.splitext(name)[1] in _TEXT_EXTS or "." not in name or
+                               name in _TEXT_NAMES)
+
+
+_TEXT_NAMES = frozenset({"requirements.txt", "manifest.json", "dockerfile", "license", "readme",
+                         "version", "byteorder", ".data/version", ".format_version"})
 
 
 
@@ -882,6 +994,7 @@ def _scan_tar(ctx: _Ctx, data, member: str | None, depth: int, base: int = 0,
     tar reader; member data are zero-copy slices."""
     from ..parsers.torch_legacy import tar_entries
     ok = True
+    sources: list[tuple[str, str]] = []
     try:
         entries = list(tar_entries(ByteSource.from_bytes(data, name=ctx.path)))
     except FormatError as e:
@@ -905,10 +1018,14 @@ def _scan_tar(ctx: _Ctx, data, member: str | None, depth: int, base: int = 0,
             ok &= _scan_legacy_records(ctx, raw, name, mbase, absolute, depth, "storages")
         elif entry == "tensors":
             ok &= _scan_legacy_records(ctx, raw, name, mbase, absolute, depth, "tensors")
+        elif entry.endswith(".py") and _is_text(bytes(raw[:4096])):
+            # SageMaker's code/inference.py, a NeMo archive's sources: imported by the loader
+            sources.append((name, bytes(raw[:torchscript.MAX_CODE_CHARS]).decode("utf-8", "replace")))
         else:
             res = scan_blob(ctx, raw, name, mbase, absolute, depth + 1,
                             strict=entry not in ("pickle", "sys_info"))
             ok &= res is not False
+    torchscript.check_sources(ctx, sources)
     return ok
 
 

@@ -91,6 +91,9 @@ def scan_stream(ctx: "loader._Ctx", data, member: str | None, base: int, absolut
     r = cached if cached is not None else vm_run(ctx, data, 0, member, base)
     if r.error is not None:
         _check_long_frame(ctx, data, r, member, base, offset_base)
+    if require_stop and not r.stopped and any(
+            policy.classify(g.module, g.name).category == policy.DENIED for g in r.globals[:64]):
+        require_stop = False   # text that still imports a code-running global before it breaks
     if not _looks_like_pickle(r) or (require_stop and not r.stopped) or \
             (not lenient and not (r.stopped or r.globals)):
         if r.opcodes >= 1 and lenient and len(data) < (1 << 20) and r.error is not None and \
@@ -189,12 +192,15 @@ def judge_result(ctx: "loader._Ctx", r, member: str | None, base: int, offset_ba
     plain: dict[int, bool] = {}
     to_judge = []
     mutated = []
+    handed: list[tuple] = []   # (callee Global, the call that hands it, args it is called with)
     for c in r.calls:
         f = c.func
         if type(f) is Global:
             if c.opcode in _CONTAINER_OPS:
                 mutated.append(c)   # BUILD/SETITEM on an imported object, not on one built here
                 continue
+            if f.name in _CALLS_ARGUMENT_NAMES:
+                _handed_callables(c, handed)
             p = plain.get(id(f))
             if p is None:
                 p = plain[id(f)] = _plain_callable(f.module, f.name)
@@ -217,6 +223,11 @@ def judge_result(ctx: "loader._Ctx", r, member: str | None, base: int, offset_ba
             if _call_facts(f.module, f.name)[0]:
                 if c.args and isinstance(c.args[0], Global):
                     uses.setdefault(c.args[0].pos, []).append(_Instantiate(c.pos))
+
+    # an allowlisted callable that calls what it is handed (_rebuild_from_type_v2 calls func(*args),
+    # numpy's __generator_ctor calls bit_generator_ctor(name)): the handed global is called
+    for g, carrier, args in handed:
+        uses.setdefault(g.pos, []).append(_Handed(carrier.pos, args, carrier.func.dotted))
 
     # 1. globals
     per_name: dict[str, list] = {}
@@ -248,30 +259,53 @@ def judge_result(ctx: "loader._Ctx", r, member: str | None, base: int, offset_ba
         calls = [c for _, cs in occurrences for c in cs]
         if category == policy.FRAMEWORK:
             out.append(("pickle.framework-class",
-                        f"names {dotted}{times}: {reason}", at, dotted))
+                        f"names {dotted}{times}: {reason}; known inert, but "
+                        f"{_weights_only_hint(dotted)}", at, dotted))
             continue
+        handed_to = next((c for c in calls if isinstance(c, _Handed)), None)
+        family = policy.library_of(dotted)
         string_call = next((c for c in calls if not isinstance(c, _Instantiate) and _has_string(c)), None)
-        if string_call is not None:
+        evidence = (f" (handed to {handed_to.carrier}, which calls it"
+                    f"{_usage_text([handed_to])})") if handed_to is not None else ""
+        if family is not None and handed_to is None and _value_class_use(dotted, calls):
+            # Enum members, dtypes and value classes of a known library: Cls('steps')
+            out.append(("pickle.library-class",
+                        f"loading builds {dotted}{_usage_text(calls[:1]) if calls else ''}{times}, "
+                        f"{_class_family(dotted, calls)} of {family}: its code runs, none the file "
+                        f"wrote; {_weights_only_hint(dotted)}",
+                        at, dotted))
+        elif string_call is not None:
             out.append(("pickle.unknown-call-string",
-                        f"calls {dotted} (outside the allowlist) with a string from the file"
-                        f"{_usage_text([string_call])}{times}", base + string_call.pos, dotted))
-        elif calls and all(isinstance(c, _Instantiate) or not c.args and not c.kwargs for c in calls):
+                        f"calls {dotted} (outside the allowlist"
+                        + (f", code of {family}" if family else "") + ") with a string from the file"
+                        f"{_usage_text([string_call])}{times}{evidence}", base + string_call.pos,
+                        dotted))
+        elif family is None and calls and \
+                all(isinstance(c, _Instantiate) or not c.args and not c.kwargs for c in calls):
             out.append(("pickle.user-class",
                         f"loading imports user code: {dotted} is instantiated{times} (a class "
-                        "outside torch and the allowlist)", at, dotted))
+                        f"outside torch and the allowlist); {_weights_only_hint(dotted)}", at,
+                        dotted))
         elif calls:
             out.append(("pickle.unknown-call",
-                        f"calls {dotted} (outside the allowlist){_usage_text(calls[:1])}{times}",
+                        f"calls {dotted} (outside the allowlist"
+                        + (f", code of {family}" if family else "") + ")"
+                        f"{_usage_text(calls[:1]) if handed_to is None else ''}{times}{evidence}",
                         base + calls[0].pos, dotted))
-        elif _is_user_module(dotted):
+        elif family is None:
             out.append(("pickle.user-class",
                         f"loading imports user code: module {dotted.rsplit('.', 1)[0]} is imported "
-                        f"for {dotted}{times} (its top-level code runs on import)", at, dotted))
+                        f"for {dotted}{times} (its top-level code runs on import); "
+                        f"{_weights_only_hint(dotted)}", at, dotted))
         else:
             out.append(("pickle.unknown-import",
-                        f"imports {dotted} (outside the allowlist) without calling it{times}",
-                        at, dotted))
+                        f"imports {dotted} (code of {family}, not known inert) without calling "
+                        f"it{times}: {_weights_only_hint(dotted)}", at, dotted))
 
+    # only a pickle that imports something that makes size (range, bytes, repeat, mul, pow ...)
+    # can be a resource bomb: the pass over every call (one per tensor) is skipped otherwise
+    if any(g.name in _BOMB_MAKERS and g.module in _BOMB_MODULES for g in r.globals):
+        out.extend(_resource_bombs(r.calls, base))
     for c in mutated[:_MUTATION_CAP]:
         g = c.func
         out.append(("pickle.global-mutation",
@@ -361,6 +395,93 @@ def judge_result(ctx: "loader._Ctx", r, member: str | None, base: int, offset_ba
     return ok
 
 
+# =================================================================================================
+# Denial of service through allowlisted builtins: judged by the work or memory a call would cause
+
+_WORK_LIMIT = 10 ** 8          # elements a load would iterate over
+_MEMORY_LIMIT = 1 << 31        # bytes a load would allocate
+_BOMB_MODULES = frozenset({"builtins", "__builtin__", "operator", "_operator", "itertools",
+                           "collections", "math", "numpy", "_codecs", "codecs"})
+# Callables that iterate over their whole argument (or build a container from it).
+_CONSUMERS = frozenset({"builtins.sum", "builtins.min", "builtins.max", "builtins.sorted",
+                        "builtins.list", "builtins.tuple", "builtins.set", "builtins.frozenset",
+                        "builtins.all", "builtins.any", "builtins.bytes", "builtins.bytearray",
+                        "builtins.dict", "builtins.str.join", "builtins.bytes.join",
+                        "collections.Counter", "collections.deque", "collections.OrderedDict",
+                        "math.prod", "math.fsum", "numpy.array", "numpy.fromiter"})
+_BOMB_MAKERS = frozenset({"range", "bytes", "bytearray", "repeat", "count", "mul", "imul", "__mul__",
+                          "pow", "ipow", "lshift", "ilshift"})
+_REPEATERS = frozenset({"operator.mul", "operator.imul", "operator.__mul__", "operator.repeat"})
+
+
+def _dotted_call(c) -> str | None:
+    from ..parsers.pickle_vm import Global
+    f = c.func
+    if type(f) is not Global or f.module not in _BOMB_MODULES:
+        return None
+    return ".".join(policy.normalize(f.module, f.name)).replace("_operator.", "operator.")
+
+
+def _elements(v, depth: int = 0):
+    """How many elements iterating ``v`` yields, when the pickle built it lazily (a range, an
+    itertools.repeat/count); None when unknown or small."""
+    from ..parsers.pickle_vm import Call
+    if depth > 4 or type(v) is not Call:
+        return None
+    d = _dotted_call(v)
+    args = v.args if type(v.args) is tuple else ()
+    ints = [a for a in args if type(a) is int]
+    if d == "builtins.range" and len(ints) == len(args) and 1 <= len(args) <= 3:
+        start, stop, step = (0, ints[0], 1) if len(ints) == 1 else (ints + [1])[:3]
+        if step == 0:
+            return None
+        return max(0, (stop - start + step - (1 if step > 0 else -1)) // step)
+    if d == "itertools.repeat" and len(args) == 2 and type(args[1]) is int:
+        return max(0, args[1])
+    if d == "itertools.count":
+        return float("inf")
+    if d in ("builtins.reversed", "builtins.enumerate", "builtins.iter") and args:
+        return _elements(args[0], depth + 1)
+    return None
+
+
+def _resource_bombs(calls, base: int) -> list[tuple]:
+    out = []
+    for c in calls:
+        if len(out) >= 16:
+            break
+        d = _dotted_call(c)
+        if d is None:
+            continue
+        args = c.args if type(c.args) is tuple else ()
+        what = None
+        if d in ("builtins.bytes", "builtins.bytearray") and len(args) == 1 and \
+                type(args[0]) is int and args[0] >= _MEMORY_LIMIT:
+            what = f"allocates {_approx(args[0])} bytes ({d}({_approx(args[0])}))"
+        elif d in _CONSUMERS and args:
+            n = _elements(args[0])
+            if n is not None and n >= _WORK_LIMIT:
+                what = (f"iterates over {'an endless iterator' if n == float('inf') else _approx(n) + ' elements'}"
+                        f" ({d}({short_repr(args[0])}))")
+        elif d in _REPEATERS and len(args) == 2:
+            seq, n = (args if type(args[1]) is int else args[::-1])
+            if type(n) is int and isinstance(seq, (str, bytes, tuple, list)) and \
+                    len(seq) * n >= _MEMORY_LIMIT:
+                what = f"builds a sequence of {_approx(len(seq) * n)} items ({d} of {len(seq)} by {_approx(n)})"
+        elif d in ("operator.pow", "operator.ipow", "builtins.pow", "operator.lshift",
+                   "operator.ilshift") and len(args) >= 2 and all(type(a) is int for a in args[:2]):
+            a, b = args[0], args[1]
+            bits = b if "shift" in d else (b * max(1, abs(a).bit_length()) if b > 0 else 0)
+            if bits >= 8 * _MEMORY_LIMIT:
+                what = f"computes an integer of about {_approx(bits // 8)} bytes ({d}({a}, {_approx(b)}))"
+        if what is not None:
+            out.append(("pickle.resource-bomb",
+                        f"loading {what}: every callable involved may be on the allowlist, and the "
+                        "load never finishes or exhausts memory (denial of service)",
+                        base + c.pos, d))
+    return out
+
+
 _REBUILD = "rebuild"  # a truthy marker: torch's rebuild functions and OrderedDict, one per tensor
 
 
@@ -429,6 +550,86 @@ def _module_pid_class(f):
     return None
 
 
+# Allowlisted or known-inert callables that call an argument: dotted -> (index of the callable,
+# how the args it is called with are found). torch/_tensor.py _rebuild_from_type_v2(func,
+# new_type, args, state) runs func(*args); numpy/random/_pickle.py __generator_ctor(name, ctor)
+# and __randomstate_ctor(name, ctor) run ctor(name).
+_CALLS_ARGUMENT: dict[str, tuple[int, str]] = {
+    "torch._tensor._rebuild_from_type_v2": (0, "args2"),
+    "numpy.random._pickle.__generator_ctor": (1, "arg0"),
+    "numpy.random._pickle.__randomstate_ctor": (1, "arg0"),
+}
+_CALLS_ARGUMENT_NAMES = frozenset(k.rsplit(".", 1)[1] for k in _CALLS_ARGUMENT)
+_BENIGN_HANDED = frozenset({"numpy.random._pickle.__bit_generator_ctor", "torch._utils._rebuild_tensor_v2",
+                            "torch._utils._rebuild_parameter", "torch._utils._rebuild_tensor"})
+
+
+def _handed_callables(c, out: list) -> None:
+    from ..parsers.pickle_vm import Global
+    f = c.func
+    spec = _CALLS_ARGUMENT.get(f"{policy.normalize(f.module, f.name)[0]}.{f.name}")
+    if spec is None or type(c.args) is not tuple or len(c.args) <= spec[0]:
+        return
+    g = c.args[spec[0]]
+    if not isinstance(g, Global) or f"{g.module}.{g.name}" in _BENIGN_HANDED:
+        return
+    if spec[1] == "args2":
+        args = c.args[2] if len(c.args) > 2 and type(c.args[2]) is tuple else ()
+    else:
+        args = c.args[:1]
+    out.append((g, c, args))
+
+
+class _Handed:
+    """A global handed to a callable that calls it (see _CALLS_ARGUMENT)."""
+
+    __slots__ = ("pos", "args", "carrier")
+    kwargs = None
+
+    def __init__(self, pos: int, args: tuple, carrier: str):
+        self.pos, self.args, self.carrier = pos, args, carrier
+
+
+def _weights_only_hint(dotted: str) -> str:
+    """What a weights-only load does with a global outside its allowlist, and the safe way."""
+    short = dotted.rsplit(".", 1)[-1]
+    return (f"torch.load(weights_only=True) refuses it; load safely with "
+            f"torch.serialization.safe_globals([{short}]) once you trust it, or keep tensors only")
+
+
+def _value_class_use(dotted: str, calls) -> bool:
+    """The use of a library class that builds a value: imported, instantiated, or called with one
+    scalar (an Enum member ``IntervalStrategy('steps')``, a dtype ``StringDtype('python')``)."""
+    last = dotted.rsplit(".", 1)[-1]
+    if not last.lstrip("_")[:1].isupper() and not last.startswith(("_new_", "_unpickle", "__pyx_unpickle")):
+        return False
+    for c in calls:
+        if isinstance(c, _Instantiate):
+            continue
+        args = c.args if type(c.args) is tuple else ()
+        if c.kwargs or len(args) > 4:
+            return False
+        # a value class takes scalars (IntervalStrategy('steps'), StringDtype('python', nan))
+        if not all(a is None or type(a) in (str, int, float, bool) for a in args) and \
+                any(isinstance(a, str) for a in args) and \
+                not last.startswith(("_new_", "_unpickle", "__pyx_unpickle")):
+            return False
+    return True
+
+
+def _class_family(dotted: str, calls) -> str:
+    last = dotted.rsplit(".", 1)[-1]
+    one = [c for c in calls if not isinstance(c, _Instantiate) and type(c.args) is tuple
+           and len(c.args) == 1 and isinstance(c.args[0], (str, int))]
+    if one and len(one) == len(calls) and not last.startswith("_"):
+        return "an Enum member or value class"
+    if "Dtype" in last or "DType" in last:
+        return "a dtype"
+    if last.startswith(("_new_", "_unpickle", "__pyx_unpickle")):
+        return "a reconstructor"
+    return "a class"
+
+
 class _Instantiate:
     """A use of a class through copyreg._reconstructor / __newobj__ (an instantiation)."""
 
@@ -438,18 +639,6 @@ class _Instantiate:
 
     def __init__(self, pos: int):
         self.pos = pos
-
-
-# Top-level packages whose import runs only library code (a LOW finding when merely imported).
-_KNOWN_PACKAGES = frozenset({"torch", "numpy", "scipy", "pandas", "sklearn", "transformers",
-                             "safetensors", "onnx", "ml_dtypes", "collections", "typing"})
-
-
-def _is_user_module(dotted: str) -> bool:
-    import sys
-    root = dotted.split(".", 1)[0]
-    return root not in sys.stdlib_module_names and root not in _KNOWN_PACKAGES and \
-        root not in ("builtins", "__builtin__", "copy_reg")
 
 
 def _has_string(c) -> bool:
@@ -468,6 +657,8 @@ def _usage_text(calls) -> str:
     for c in calls:
         if isinstance(c, _Instantiate):
             return " (instantiated)"
+        if isinstance(c, _Handed):
+            return f" with ({', '.join(short_repr(a) for a in c.args[:3])})"
         parts = []
         for a in (c.args if isinstance(c.args, tuple) else ())[:3]:
             parts.append(short_repr(a))

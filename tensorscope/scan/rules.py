@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 
 from .report import Severity
 
-__all__ = ["Rule", "RULES", "ANOMALIES", "severity_of", "anomaly_rule"]
+__all__ = ["Rule", "RULES", "ANOMALIES", "SEVERITY_MEANING", "severity_of", "anomaly_rule"]
 
 C, H, M, L, I = Severity.CRITICAL, Severity.HIGH, Severity.MEDIUM, Severity.LOW, Severity.INFO
 
@@ -23,6 +23,19 @@ _PICKLESCAN = "https://github.com/mmaitre314/picklescan/security/advisories"
 _WEIGHTS_ONLY = "https://github.com/pytorch/pytorch/blob/main/torch/_weights_only_unpickler.py"
 _PICKLE = "https://docs.python.org/3/library/pickle.html"
 _FICKLING = "https://github.com/trailofbits/fickling"
+
+
+# What each severity means: what loading the file would do. One table, shown by --list-rules.
+SEVERITY_MEANING: dict[Severity, str] = {
+    C: "loading runs code the file chose (a code-running global imported, a second stage, a "
+       "template or config that reaches the interpreter)",
+    H: "loading runs code outside the framework that is not known inert, or the file could not "
+       "be read completely (never called clean)",
+    M: "loading builds classes a weights-only load refuses, or imports library/user code "
+       "(review; the message says the safe way to load)",
+    L: "evidence: a detail worth knowing that runs nothing",
+    I: "evidence: known-inert content, layout notes",
+}
 
 
 @dataclass(frozen=True)
@@ -69,8 +82,11 @@ _rule("pickle.torch-storage-bytes", L, "torch's own pickling of a tensor (pickle
       "checkpoint that was scanned completely and found clean. LOW: it still needs "
       "weights_only=False.")
 _rule("pickle.unknown-call-string", H, "A call of a global outside the allowlist with a string",
-      "Strings from the file handed to an unknown callable are how commands and paths reach code; "
-      "not proven dangerous, so HIGH rather than CRITICAL.")
+      "Strings from the file handed to an unknown callable (called by the pickle, or by an "
+      "allowlisted caller it is handed to: _rebuild_from_type_v2 runs func(*args)) are how "
+      "commands and paths reach code; loading runs code outside the framework that is not known "
+      "inert, but not proven dangerous, so HIGH rather than CRITICAL. Enum members and value "
+      "classes of known libraries are pickle.library-class instead.")
 _rule("pickle.indirect-call", H, "The pickle calls the result of another call",
       "getattr chains and methodcaller gadgets call something no name in the file names.",
       _PICKLESCAN)
@@ -78,21 +94,38 @@ _rule("pickle.parse-error", H, "The pickle is broken",
       "Loaders run every opcode before the break, so what precedes it counts, and what follows it "
       "was not read: never reported clean.")
 _rule("pickle.user-class", M, "Loading instantiates or imports user code",
-      "A class outside torch and the allowlist (whole-module pickles, sklearn estimators): importing "
-      "its module runs that module's top-level code.")
+      "A class or module of user code, outside the known libraries and the allowlist "
+      "(whole-module torch.save(model), a training script's classes): importing its module runs "
+      "that module's top-level code, and torch.load(weights_only=True) refuses it. Library "
+      "classes (sklearn estimators, transformers enums) are pickle.library-class.")
 _rule("pickle.unknown-call", M, "The pickle calls a global outside the allowlist",
       "Not known to be dangerous and not known to be safe: review before loading.", _WEIGHTS_ONLY)
 _rule("pickle.multiple-streams", M, "Another pickle follows STOP",
       "pickle.load reads only the first stream; torch's legacy reader and other consumers read on. "
       "Each stream found after STOP, wherever it starts, is also judged on its own.", _FICKLING)
-_rule("pickle.unknown-import", L, "The pickle imports a global outside the allowlist without calling it",
-      "An import runs the module's top-level code only for user modules (reported as user-class); "
-      "a library name merely imported is a note.")
+_rule("pickle.unknown-import", M, "The pickle imports a library global that is not known inert",
+      "Judged on its own, as torch's weights-only allowlist judges it: neither code-running nor "
+      "known inert, so at least MEDIUM whether or not a call on it is seen (a global can be "
+      "reached later through BUILD, a caller that calls its arguments, or __reduce__ chains). "
+      "User modules are reported as pickle.user-class.", _WEIGHTS_ONLY)
+_rule("pickle.library-class", M, "Loading builds a class of a known library (review)",
+      "An Enum member, dtype or value class of transformers, accelerate, pandas, scikit-learn, "
+      "NumPy, Lightning or the standard library (TrainingArguments' IntervalStrategy('steps'), "
+      "pandas.StringDtype): that library's constructor and __setstate__ run, nothing the file "
+      "wrote, but torch.load(weights_only=True) refuses it. MEDIUM at most; the message names the "
+      "class family and the safe way to load.", _WEIGHTS_ONLY)
+_rule("pickle.resource-bomb", H, "An allowlisted builtin is asked for a huge amount of work or memory",
+      "sum(range(10**18)), bytes(10**12), bytearray, a huge repetition: every callable is on the "
+      "allowlist, and loading still never finishes or exhausts memory (denial of service). "
+      "Reported with the size or work it would cause, like reference bombs.", _PICKLE)
 _rule("pickle.trailing-data", L, "Bytes follow the pickle's STOP that are not a pickle",
       "pickle.load ignores them and no pickle stream was found anywhere in them; kept as a note "
       "because a consumer may read them.")
-_rule("pickle.framework-class", I, "The pickle names a torch framework class",
-      "nn modules, TorchScript classes, DCP metadata: torch's own code.")
+_rule("pickle.framework-class", I, "The pickle names a known-inert framework class",
+      "torch nn modules, TorchScript classes, DCP metadata, torch.Generator and NumPy random "
+      "state, pathlib paths: constructing them and their __setstate__ run nothing the file "
+      "chose. INFO; the message says that torch.load(weights_only=True) still refuses them and "
+      "how to load safely.", _WEIGHTS_ONLY)
 _rule("pickle.object-array", I, "A NumPy object array",
       "np.load needs allow_pickle=True and unpickles its data; that pickle is scanned.")
 _rule("pickle.reference-bomb", H, "Shared references expand to a huge object (billion laughs)",
@@ -140,6 +173,19 @@ _rule("file.not-a-model", I, "A text file that is not a pickle",
 _rule("file.symlink-outside", L, "A symlink leaving the scanned tree",
       "It was not followed; a link inside a tar is MEDIUM (extracting it writes outside the folder).",
       link_in_tar=M)
+_rule("archive.torchserve-handler", M, "A TorchServe .mar names the handler that serves it",
+      "MAR-INF/MANIFEST.json's handler is what TorchServe imports to load and run the model: a "
+      "built-in handler (image_classifier, text_classifier ...) is TorchServe's own code (LOW: "
+      "a known layout); any other handler is code of the archive (judged as "
+      "archive.python-source) or of the server's environment (MEDIUM).",
+      "https://github.com/pytorch/serve/blob/master/model-archiver/README.md", builtin=L)
+_rule("skops.untrusted-type", M, "A skops archive builds a type skops does not trust by default",
+      "skops.io.load refuses types outside its trusted set unless the caller passes them in "
+      "trusted=[...] (skops.io.get_untrusted_types lists them): review before trusting. "
+      "CRITICAL when the type is code-running.",
+      "https://skops.readthedocs.io/en/stable/persistence.html", denied=C)
+_rule("file.empty", M, "An empty file",
+      "Nothing to load: torch.load and pickle.load raise on it. Not code, but not a model either.")
 _rule("file.unreadable", H, "The file or folder could not be opened",
       "Not read, so not known to be safe.")
 
@@ -269,6 +315,10 @@ _rule("onnx.custom-domain", M, "ONNX nodes use operators from a non-standard dom
       "Runtimes load native custom-op libraries to run them. Only domains that a node uses count: "
       "an opset import nobody uses loads nothing.")
 
+_rule("onnx.local-functions", I, "ONNX nodes call functions the model defines",
+      "FunctionProtos in the model (torch.onnx.export(export_modules_as_functions=...)) are "
+      "expanded by the runtime from the model itself: no custom-op library is loaded.",
+      "https://onnx.ai/onnx/repo-docs/IR.html#functions")
 _rule("zip.hidden-local-entry", H, "A zip entry only streaming readers see carries findings",
       "Local file headers before the first listed member are skipped by zipfile and miniz but read "
       "first by streaming unzippers; their content is scanned and this says where it hides.",
