@@ -44,6 +44,7 @@ from tensorscope.source import ByteSource
 from . import compression, pickle_vm, torch_pickle
 from .joblib_arrays import InlineArray, build_hooks
 from .pickle_vm import Call, Global
+from .truncation import cut_short, is_truncation
 from .torch_pickle import StorageRef, TensorRef
 
 __all__ = ["FORMAT", "sniff", "open_source", "cut_short"]
@@ -71,22 +72,6 @@ _BYTES_OPS = {"BINBYTES": 4, "SHORT_BINBYTES": 1, "BINBYTES8": 8, "BYTEARRAY8": 
 
 
 # -- sniffing -------------------------------------------------------------------------------------
-def _truncation(err) -> bool:
-    reason = getattr(err, "reason", "")
-    return "remain" in reason or "data ends" in reason or "ran out of data" in reason
-
-
-def cut_short(result, src: ByteSource) -> FormatError | None:
-    """The error for a pickle run that failed because the FILE ends before the pickle does (a cut
-    download): ``truncated: <the VM's reason>; the file ends at <size>``. None otherwise (and for
-    in-memory blobs, whose end is not the file's)."""
-    err = result.error
-    if err is None or result.stopped or not _truncation(err) or src.path == "<memory>":
-        return None
-    return FormatError(f"truncated: {err.reason}; the file ends at {src.size}", format=err.format,
-                       file=err.file or src.path, member=err.member, offset=err.offset)
-
-
 def sniff(head: bytes, size: int) -> bool:
     """A pickle head: PROTO 2..5, or protocol 0/1 opcodes that decode for a while."""
     if not head:
@@ -96,7 +81,7 @@ def sniff(head: bytes, size: int) -> bool:
     result = pickle_vm.run(head, limits=_SNIFF_LIMITS, build_hooks=build_hooks(head))
     if result.stopped or isinstance(result.error, LimitExceeded):
         return True
-    if _truncation(result.error):
+    if is_truncation(result.error):
         # The head is a prefix of the file: a cut argument (a FRAME bigger than the head) is fine.
         need = 1 if head[0] == 0x80 else SNIFF_MIN_OPCODES
         return result.opcodes >= need
@@ -318,7 +303,7 @@ def _sibling_array(call: Call, src: ByteSource, model: ModelFile, copies: "_Copi
     the wrapper's ``state`` is the array's (version, shape, dtype, fortran): read as a copy."""
     import os
 
-    from . import numpy_fmt
+    from . import npy_header  # numpy: only these old joblib dumps need it
     func = call.func
     if type(func) is not Global or (func.module, func.name) not in _SIBLING_WRAPPERS:
         return False
@@ -344,7 +329,7 @@ def _sibling_array(call: Call, src: ByteSource, model: ModelFile, copies: "_Copi
         return _zf_sibling(call, state, path, model, copies, unread)
     try:
         sib = model.source(path)
-        h = numpy_fmt.parse_header(sib.view(0, sib.size), file=path)
+        h = npy_header.parse_header(sib.view(0, sib.size), file=path)
     except (OSError, FormatError) as e:
         return unread(f"which cannot be read ({e})")
     if h.layout != "plain" or h.data_nbytes > sib.size - h.data_start:
