@@ -1,0 +1,144 @@
+"""A new user's first day (issue 27): each stumble, through the CLI as the user typed it.
+
+Files are made by the real libraries (safetensors, onnx, gguf, h5py where present) in tmp dirs;
+the figures are compared with numpy's own over the same values.
+"""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from tensorscope.render import plural
+
+safetensors_numpy = pytest.importorskip("safetensors.numpy")
+
+ATTN = ("q_proj", "k_proj", "v_proj", "o_proj")
+
+
+def _llama_like(path, layers=3, seed=0):
+    rng = np.random.default_rng(seed)
+    sd = {f"model.layers.{i}.self_attn.{p}.weight": rng.standard_normal((4, 4)).astype(np.float32)
+          for i in range(layers) for p in ATTN}
+    sd["model.norm.weight"] = np.ones(4, dtype=np.float32)
+    safetensors_numpy.save_file(sd, str(path))
+    return sd
+
+
+# -- --filter: a substring, a glob when it has glob characters, and a word when nothing matched --
+
+def test_filter_is_a_substring_like_the_tuis(tmp_path, cli):
+    sd = _llama_like(tmp_path / "m.safetensors")
+    code, out, err = cli("inspect", tmp_path / "m.safetensors", "--filter", "q_proj", "--no-group")
+    assert code == 0 and err == ""
+    listed = [line.split()[0] for line in out.splitlines()[1:] if line.startswith("model.")]
+    assert sorted(listed) == sorted(k for k in sd if "q_proj" in k)
+
+
+def test_filter_with_glob_characters_is_a_glob(tmp_path, cli):
+    sd = _llama_like(tmp_path / "m.safetensors")
+    code, out, _ = cli("inspect", tmp_path / "m.safetensors", "--json",
+                       "--filter", "model.layers.[01].*.weight")
+    names = [t["name"] for t in json.loads(out)["tensors"]]
+    assert code == 0 and sorted(names) == sorted(k for k in sd if k.startswith(("model.layers.0.", "model.layers.1.")))
+
+
+def test_filter_that_matches_nothing_says_so(tmp_path, cli):
+    _llama_like(tmp_path / "m.safetensors")
+    code, out, err = cli("inspect", tmp_path / "m.safetensors", "--filter", "gate_proj")
+    assert code == 1
+    assert "no tensor name matches --filter 'gate_proj' (of 13 tensors)" in err
+    assert "tensors 0 of 13" in out
+
+
+# -- --stats on a grouped view: per-group statistics, the group's values as one population ------
+
+def test_grouped_stats_are_per_group(tmp_path, cli):
+    sd = _llama_like(tmp_path / "m.safetensors", layers=5)
+    code, out, _ = cli("inspect", tmp_path / "m.safetensors", "--group", "--stats", "--json")
+    assert code == 0
+    groups = {g["pattern"]: g for g in json.loads(out)["groups"]}
+    for p in ATTN:
+        values = np.concatenate([v.ravel() for k, v in sd.items() if p in k]).astype(np.float64)
+        s = groups[f"model.layers.#.self_attn.{p}.weight"]["stats"]
+        assert s["numel"] == values.size and s["nan"] == 0 and s["inf"] == 0
+        assert s["min"] == pytest.approx(values.min()) and s["max"] == pytest.approx(values.max())
+        assert s["mean"] == pytest.approx(values.mean(), abs=1e-6)
+        assert s["std"] == pytest.approx(values.std(), rel=1e-5)
+    code, out, _ = cli("inspect", tmp_path / "m.safetensors", "--group", "--stats")
+    header = out.splitlines()[0].split()
+    assert header[-6:] == ["min", "max", "mean", "std", "nan", "inf"]
+    row = next(line for line in out.splitlines() if "q_proj.weight ×5" in line)
+    q = np.concatenate([v.ravel() for k, v in sd.items() if "q_proj" in k])
+    assert f"{q.min():.4g}" in row and f"{q.max():.4g}" in row
+    assert "statistics are of each group's values together" in out
+
+
+# -- metadata as a table a person reads ----------------------------------------------------------
+
+def test_onnx_metadata_reads_as_a_table(tmp_path, cli):
+    onnx = pytest.importorskip("onnx")
+    from onnx import TensorProto, helper
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 4])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT16, ["batch", 4])
+    w = helper.make_tensor("w", TensorProto.FLOAT, [4], [1.0, 2.0, 3.0, 4.0])
+    graph = helper.make_graph([helper.make_node("Mul", ["x", "w"], ["y"])], "g", [x], [y], [w])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 20),
+                                                    helper.make_opsetid("ai.onnx.ml", 3)])
+    onnx.save(model, str(tmp_path / "m.onnx"))
+    code, out, _ = cli("inspect", tmp_path / "m.onnx")
+    assert code == 0
+    rows = {line.split(maxsplit=1)[0]: line.split(maxsplit=1)[1] for line in out.splitlines()
+            if line and line.split()[0] in ("opsets", "inputs", "outputs", "op_counts")}
+    assert rows == {"opsets": "ai.onnx 20, ai.onnx.ml 3", "inputs": "x: float32[batch, 4]",
+                    "outputs": "y: float16[batch, 4]", "op_counts": "Mul 1"}
+    assert "{'name'" not in out and "opset_import." not in out
+
+
+def test_gguf_chat_template_in_full_with_show(tmp_path, cli):
+    gguf = pytest.importorskip("gguf")
+    template = ("{% for message in messages %}\n{{ '<|im_start|>' + message['role'] + '\\n' }}"
+                + "{# padding #}" * 40 + "\n{% endfor %}")
+    w = gguf.GGUFWriter(str(tmp_path / "m.gguf"), "llama")
+    w.add_chat_template(template)
+    w.add_tensor("w", np.ones((2, 2), dtype=np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    code, out, _ = cli("inspect", tmp_path / "m.gguf")
+    row = next(line for line in out.splitlines() if "tokenizer.chat_template" in line)
+    assert code == 0 and "…" in row and "(--show gguf.kv.tokenizer.chat_template)" in row
+    for key in ("tokenizer.chat_template", "gguf.kv.tokenizer.chat_template"):
+        code, out, _ = cli("inspect", tmp_path / "m.gguf", "--show", key)
+        assert code == 0 and out.rstrip("\n") == template
+    code, out, err = cli("inspect", tmp_path / "m.gguf", "--show", "chat")
+    assert code == 2 and "no metadata key 'chat' (try: gguf.kv.tokenizer.chat_template" in err
+
+
+# -- plural forms ----------------------------------------------------------------------------------
+
+def test_plural_forms():
+    assert [plural(n, "tensor") for n in (0, 1, 2, 1000)] == [
+        "0 tensors", "1 tensor", "2 tensors", "1,000 tensors"]
+    assert plural(1, "anomaly", "anomalies") == "1 anomaly"
+
+
+def test_one_tensor_is_one_tensor(tmp_path, cli):
+    safetensors_numpy.save_file({"w": np.ones(3, dtype=np.float32)}, str(tmp_path / "one.safetensors"))
+    code, out, _ = cli("inspect", tmp_path / "one.safetensors", "--group")
+    assert code == 0
+    assert "1 tensor in 1 group: --no-group lists every tensor" in out
+    assert "float32: 1 tensor 12 B" in out and "1 tensors" not in out
+
+
+# -- a Keras .h5 is named, and scan is where to go ---------------------------------------------------
+
+def test_keras_h5_is_named_and_points_to_scan(cli):
+    from torch_oracle import FIXTURES
+    path = FIXTURES / "keras" / "benign.h5"
+    code, out, err = cli("inspect", path)
+    assert code == 2 and out == ""
+    assert err.count("\n") == 1 and "an HDF5 file (a Keras .h5 model" in err
+    assert "`tensorscope scan`" in err
