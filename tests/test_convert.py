@@ -745,9 +745,10 @@ def test_arguments_are_checked_before_the_input_is_read(tmp_path, monkeypatch, c
     src = str(FIXTURES / "torch" / "tied.bin")
     existing = tmp_path / "out.safetensors"
     existing.write_bytes(b"previous")
+    (tmp_path / "afile").write_bytes(b"")
     cases = [([str(existing)], "exists; pass --force"),
-             ([str(tmp_path / "out.bin")], "must be a .safetensors file or an existing folder"),
-             ([str(tmp_path / "no" / "out.safetensors")], "does not exist"),
+             ([str(tmp_path / "out.bin")], "must be a .safetensors file or a folder (end it with /"),
+             ([str(tmp_path / "afile" / "out.safetensors")], "cannot be made: "),
              ([str(tmp_path / "x.safetensors"), "--max-shard-size", "5XB"], "--max-shard-size")]
     for extra, message in cases:
         assert main(["convert", src, *extra]) == 2

@@ -142,3 +142,42 @@ def test_keras_h5_is_named_and_points_to_scan(cli):
     assert code == 2 and out == ""
     assert err.count("\n") == 1 and "an HDF5 file (a Keras .h5 model" in err
     assert "`tensorscope scan`" in err
+
+
+# -- convert makes its output folder ------------------------------------------------------------
+
+def test_convert_makes_the_output_folder(tmp_path, cli):
+    from torch_oracle import FIXTURES
+    src = FIXTURES / "torch" / "nested.pth"
+    code, out, err = cli("convert", src, str(tmp_path / "out" / "sub") + "/")
+    assert code == 0, err
+    made = tmp_path / "out" / "sub" / "model.safetensors"
+    with safetensors_numpy.safe_open(str(made), "np") as f:
+        assert len(list(f.keys())) == 19
+    code, _, err = cli("convert", src, tmp_path / "new" / "m.safetensors")
+    assert code == 0 and (tmp_path / "new" / "m.safetensors").is_file()
+
+
+def test_convert_that_fails_leaves_no_folder(tmp_path, cli):
+    evil = tmp_path / "evil.pkl"
+    evil.write_bytes(b"cos\nsystem\n(S'echo hi'\ntR.")
+    code, _, err = cli("convert", evil, str(tmp_path / "out") + "/")
+    assert code == 1 and "refused" in err and not (tmp_path / "out").exists()
+
+
+# -- each command's argument errors are its own --------------------------------------------------
+
+@pytest.mark.parametrize("argv, line", [
+    (["inspect", "--bogus", "x"], "tensorscope inspect: error: unrecognized arguments: --bogus"),
+    (["diff", "a", "b", "--atol", "abc"], "tensorscope diff: error: argument --atol: invalid float value: 'abc'"),
+    (["scan"], None),
+    (["convert", "in.pt"], "tensorscope convert: error: the following arguments are required: OUT"),
+])
+def test_argument_errors_are_one_line_and_a_hint(argv, line, cli):
+    code, out, err = cli(*argv)
+    if line is None:   # scan with no path: its own error, the same form
+        assert code == 2 and err.startswith("tensorscope scan: error: ")
+        return
+    assert code == 2 and out == ""
+    assert err.splitlines() == [line, f"  (`tensorscope {argv[0]} --help` lists the arguments)"]
+    assert "usage:" not in err

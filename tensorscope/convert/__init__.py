@@ -85,7 +85,7 @@ from .plan import (SAFETENSORS_DTYPES, STATE_DICT_ROLES, ConversionPlan, Convers
                    PlannedTensor, Unconvertible, UnsafeSource, plan)
 from .report import SCHEMA, ConvertReport, _listing
 from .sharding import _input_files, _layout, _write_index, parse_size
-from .arguments import _check_targets, check_arguments
+from .arguments import _check_targets, check_arguments, make_folders, remove_folders
 from .writer import (_SHA_PLACEHOLDER, _data_order, _fsync_dir, _fsync_file, _Hasher, _patch_hash,
                      _releaser, _write_file)
 
@@ -233,6 +233,7 @@ def convert(src: str | os.PathLike, out: str | os.PathLike, *, max_shard_size: i
         hash_it = meta.get("source_sha256") == _SHA_PLACEHOLDER
         hasher = _Hasher(_input_files(model, src)) if hash_it else None
         temps: list[str] = []
+        made = make_folders(paths + ([index] if index else []))
         try:
             if hasher is not None:
                 hasher.start()
@@ -270,6 +271,7 @@ def convert(src: str | os.PathLike, out: str | os.PathLike, *, max_shard_size: i
                     pass
             if hasher is not None:
                 hasher.cancel()
+            remove_folders(made)
             raise
 
         # Still inside ``with model`` and the collector's pause (see above).
