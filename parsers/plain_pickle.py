@@ -50,6 +50,7 @@ from .torch_pickle import StorageRef, TensorRef
 __all__ = ["FORMAT", "sniff", "open_source", "cut_short"]
 
 FORMAT = "pickle"
+JOBLIB = "joblib"   # the same reader, for what joblib.dump wrote (`joblib_fmt.FORMAT`)
 SNIFF_OPCODES = 64       # opcodes the sniffer runs over the head
 SNIFF_MIN_OPCODES = 3    # a protocol 0/1 head must decode at least this many
 _SNIFF_LIMITS = pickle_vm.Limits(max_opcodes=SNIFF_OPCODES)
@@ -264,9 +265,12 @@ def open_source(src: ByteSource) -> ModelFile:
                 _numpy_tensor(call, src, locator, model, copies)
         return arrays[id(call)]
 
+    # a pickle holding joblib's NumpyArrayWrapper is what joblib.dump writes: named as the
+    # compressed dumps are (`joblib_fmt`), whatever the compression
+    fmt = model.format = JOBLIB if joblib_arrays else FORMAT
     tensors = []
     for path, raw_path, ref in torch_pickle.named_tensors(result.value, leaf=leaf):
-        info = torch_pickle.to_tensor_info(path, raw_path, ref, fmt=FORMAT, file=src.path)
+        info = torch_pickle.to_tensor_info(path, raw_path, ref, fmt=fmt, file=src.path)
         tensors.append(info)
         reader = copies.reader(ref, info)
         if reader is not None:
@@ -281,7 +285,23 @@ def open_source(src: ByteSource) -> ModelFile:
                       "calls": len(result.calls), "root_type": _type_name(result.value)}
     if joblib_arrays:
         model.metadata["joblib_arrays"] = len(joblib_arrays)
+        _note_unlisted(model, joblib_arrays, src)
     return model
+
+
+def _note_unlisted(model: ModelFile, arrays: list[InlineArray], src: ByteSource) -> None:
+    """An array joblib wrote that is not a tensor (objects, strings, records) is said, never
+    dropped in silence: ``joblib.array_not_listed``."""
+    for a in arrays:
+        kind = a.typestr.lstrip("<>|=")[:1]
+        if not a.has_objects and NUMPY_DTYPES.get(f"{kind}{a.itemsize}") and kind in "fiucb":
+            continue
+        what = ("Python objects (dtype object): numeric arrays inside it are listed by their "
+                "place, the rest stays inert" if a.has_objects else
+                f"{a.typestr} values, which are not a tensor dtype: kept as an inert object")
+        model.evidence.add("joblib.array_not_listed", f"the joblib array at byte "
+                           f"{a.wrapper.pos} (shape {list(a.shape)}) holds {what}",
+                           file=src.path, offset=a.wrapper.pos)
 
 
 def _type_name(value) -> str:
