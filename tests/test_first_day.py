@@ -181,3 +181,87 @@ def test_argument_errors_are_one_line_and_a_hint(argv, line, cli):
     assert code == 2 and out == ""
     assert err.splitlines() == [line, f"  (`tensorscope {argv[0]} --help` lists the arguments)"]
     assert "usage:" not in err
+
+
+# -- scan: one count of files, --jsonl FILE quiet, --resume says what it skipped, SARIF lines ---
+
+def _folder(tmp_path):
+    from torch_oracle import FIXTURES
+    import shutil
+    d = tmp_path / "models"
+    shutil.copytree(FIXTURES / "realworld" / "hf" / "gpt2", d / "gpt2")
+    (d / "hparams.yaml").write_text("lr: 0.1\nbatch: 8\nmodel: !!python/object/apply:os.system ['id']\n")
+    return d
+
+
+def test_scan_counts_the_files_its_jsonl_records(tmp_path, cli):
+    d = _folder(tmp_path)
+    jsonl = tmp_path / "report.jsonl"
+    code, out, err = cli("scan", d, "--jsonl", jsonl)
+    records = [json.loads(line) for line in jsonl.read_text().splitlines()]
+    models = sum(r["scanned"] for r in records)
+    assert code == 1 and out == ""   # the records went to the file: stdout stays quiet
+    assert f"{len(records)} files scanned ({models} of them model files)" in " ".join(err.split())
+    code, out, _ = cli("scan", d, "--json")
+    doc = json.loads(out)
+    assert doc["files_read"] == len(records) and len(doc["files"]) == models
+    code, out, _ = cli("scan", d)
+    assert f"{len(records)} files scanned ({models} of them model files)" in " ".join(out.split())
+
+
+def test_scan_jsonl_file_with_table_asked(tmp_path, cli):
+    d = _folder(tmp_path)
+    code, out, err = cli("scan", d, "--jsonl", tmp_path / "r.jsonl", "--table")
+    assert "config.yaml-python-tag" in out or "hparams.yaml" in out
+    assert err == ""
+
+
+def test_resume_says_what_it_skipped(tmp_path, cli):
+    d = _folder(tmp_path)
+    jsonl = tmp_path / "report.jsonl"
+    cli("scan", d, "--jsonl", jsonl)
+    n = len(jsonl.read_text().splitlines())
+    (d / "hparams.yaml").write_text("lr: 0.2\n")     # one file changed
+    code, out, err = cli("scan", d, "--jsonl", jsonl, "--resume", jsonl)
+    said = " ".join(err.split())
+    assert f": 1 scanned, {n - 1} unchanged since {jsonl} (not read again" in said
+    assert code == 0
+
+
+def test_sarif_regions_carry_the_line(tmp_path, cli):
+    d = _folder(tmp_path)
+    code, out, _ = cli("scan", d / "hparams.yaml", "--sarif")
+    results = json.loads(out)["runs"][0]["results"]
+    tagged = [r for r in results if "(line 3)" in r["message"]["text"]]
+    assert tagged, [r["message"]["text"] for r in results]
+    for r in tagged:
+        assert r["locations"][0]["physicalLocation"]["region"]["startLine"] == 3
+
+
+def test_a_finding_that_knows_its_line_says_it_in_sarif():
+    from tensorscope.scan.report import Finding, ScanReport, Severity
+    f = Finding(Severity.HIGH, "config.hydra-target", "a quoted (line 9) then ours (line 4)", "c.yaml",
+                line=7, column=3)
+    g = Finding(Severity.HIGH, "config.hydra-target", "a quoted (line 9) then ours (line 4)", "c.yaml")
+    regions = [r["locations"][0]["physicalLocation"]["region"]
+               for r in ScanReport([f, g], ["c.yaml"]).to_sarif()["runs"][0]["results"]]
+    assert regions == [{"startLine": 7, "startColumn": 3}, {"startLine": 4}]
+    assert Finding.from_dict(f.to_dict()) == f and "line" not in g.to_dict()
+
+
+# -- joblib: arrays listed whatever the compression, never dropped in silence, one name ----------
+
+@pytest.mark.parametrize("compress", [0, 3, ("gzip", 3), ("xz", 3), ("bz2", 3)])
+def test_joblib_dumps_list_the_same_whatever_the_compression(tmp_path, cli, compress):
+    joblib = pytest.importorskip("joblib")
+    data = {"coef": np.arange(12.0).reshape(3, 4), "ragged": np.array([np.arange(3), np.arange(5)],
+                                                                      dtype=object),
+            "labels": np.array(["cat", "dog"]), "mixed": np.array(["a", 1], dtype=object)}
+    joblib.dump(data, tmp_path / "m.joblib", compress=compress)
+    code, out, _ = cli("inspect", tmp_path / "m.joblib", "--json")
+    doc = json.loads(out)
+    assert code == 0 and doc["summary"]["format"] == "joblib"
+    assert sorted(t["name"] for t in doc["tensors"]) == ["coef", "ragged.4.0", "ragged.4.1"]
+    unlisted = [a for a in doc["anomalies"] if a["kind"] == "joblib.array_not_listed"]
+    assert len(unlisted) == 3   # ragged (its numbers are listed), labels, mixed
+    assert doc["metadata"]["joblib_arrays"] == 4
