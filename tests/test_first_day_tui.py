@@ -101,3 +101,30 @@ def test_nothing_of_opening_is_left_on_the_terminal(tmp_path):
     assert rest and "opening " not in before and "opening " not in after
     at = before.find("reading ")   # a slow open's notice is wiped before the app draws
     assert at < 0 or "\x1b[2K" in before[at:], before[at:at + 200]
+
+
+@run_async
+async def test_values_grid_shows_the_columns_that_fit_whole(tmp_path):
+    from tensorscope.tui.screens.values import ValuesScreen
+    rng = np.random.default_rng(1)
+    arr = (rng.standard_normal((8, 128)) * 1000).astype(np.float32)
+    safetensors_numpy.save_file({"w": arr}, str(tmp_path / "m.safetensors"))
+    app = make_app(tmp_path / "m.safetensors", scan=False)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await settle(pilot)
+        await pilot.press("v")
+        await pilot.pause()
+        screen = app.screen
+        assert isinstance(screen, ValuesScreen)
+        table = screen.query_one("#values")
+        shown_cols = len(table.columns) - 1
+        status = " ".join(screen.query_one("#values-status").content.plain.split())
+        assert f"cols 0–{shown_cols - 1} of 128" in status and 1 < shown_cols < 20
+        text = screen_text(app)
+        first = [str(c) for c in table.get_row_at(0)[1:]]
+        row = next(line for line in text.splitlines() if line.lstrip().startswith("0 ") and first[0] in line)
+        assert first[-1] in row   # the last column's number is whole on the screen
+        await pilot.press("right_curly_bracket")
+        await pilot.pause()
+        status = " ".join(screen.query_one("#values-status").content.plain.split())
+        assert f"cols {shown_cols}–" in status   # the next page starts after the last shown
