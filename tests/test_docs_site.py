@@ -76,3 +76,25 @@ def test_readme_dependency_table_is_pyproject():
         listed |= {n.strip().lower().replace("_", "-") for n in row.split(",")}
     listed -= {"dependency", "---"}
     assert listed == names
+
+
+def _readme_examples():
+    block = README.split("## Commands", 1)[1].split("```sh", 1)[1].split("```", 1)[0]
+    return [line.split("#", 1)[0].split() for line in block.strip().splitlines()]
+
+
+@pytest.mark.parametrize("argv", _readme_examples(), ids=lambda a: a[1])
+def test_readme_examples_are_commands_as_written(argv):
+    """Each example line parses as the CLI would parse it (its files are the reader's own)."""
+    import shlex
+    assert argv[0] == "tensorscope"
+    args = [a for a in argv[1:] if not (a.startswith("[") and a.endswith("]"))]  # [optional]
+    if args[0] not in cli.COMMANDS:
+        pytest.skip(f"`tensorscope {args[0]}` is not registered on this branch")
+    parsed, extra = cli.build_parser().parse_known_args(shlex.split(" ".join(args)))
+    assert parsed.command == args[0] and extra == []
+
+
+def test_readme_shows_every_command_once_in_its_examples():
+    names = [argv[1] for argv in _readme_examples()]
+    assert set(cli.COMMANDS) <= set(names) and len(names) == len(set(names))

@@ -265,3 +265,15 @@ def test_joblib_dumps_list_the_same_whatever_the_compression(tmp_path, cli, comp
     unlisted = [a for a in doc["anomalies"] if a["kind"] == "joblib.array_not_listed"]
     assert len(unlisted) == 3   # ragged (its numbers are listed), labels, mixed
     assert doc["metadata"]["joblib_arrays"] == 4
+
+
+def test_cost_line_counts_in_the_singular_too():
+    from tensorscope import remote
+    remote.reset_totals()
+    try:
+        remote.add_totals(1, 1, 1)
+        assert remote.cost_line() == "fetched 1 byte in 1 request from 1 remote object"
+        remote.add_totals(99, 2, 1)
+        assert remote.cost_line() == "fetched 100 bytes in 3 requests from 2 remote objects"
+    finally:
+        remote.reset_totals()
