@@ -67,7 +67,7 @@ import os
 import re
 import stat
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator, NamedTuple
+from typing import Any, Callable, Iterator
 
 import numpy as np
 
@@ -79,36 +79,15 @@ from tensorscope.remote import dirname as remote_dirname
 from tensorscope.remote import join as remote_join
 from tensorscope.source import ByteSource, whole
 
+from . import protowire
+# the wire reader's names, as the walker (and code that reads ONNX through this module) uses them
+from .protowire import (EGROUP, I32, I64, LEN, SGROUP, VARINT, WireField,  # noqa: F401
+                        _peek_varint, _table, _text, _WIRE_NAMES)
+
 __all__ = ["FORMAT", "sniff", "open_source", "Limits", "DEFAULT_LIMITS", "OnnxFormatError",
            "ONNX_DTYPES", "MESSAGES", "WireField", "decode_varints"]
 
 FORMAT = "onnx"
-
-# -- protobuf wire types (protobuf encoding guide, "Message Structure") -------------------------
-VARINT, I64, LEN, SGROUP, EGROUP, I32 = 0, 1, 2, 3, 4, 5
-_WIRE_NAMES = {VARINT: "varint", I64: "fixed64", LEN: "length-delimited", SGROUP: "start-group",
-               EGROUP: "end-group", I32: "fixed32"}
-_MAX_VARINT_BYTES = 10
-_U64 = (1 << 64) - 1
-
-
-class WireField(NamedTuple):
-    """One known field: its name and wire type; ``packable`` repeated scalars also accept LEN."""
-
-    name: str
-    wire: int
-    packable: bool = False
-
-
-def _table(**fields: tuple) -> dict[int, WireField]:
-    out: dict[int, WireField] = {}
-    for name, spec in fields.items():
-        number, wire, *rest = spec
-        if number in out:  # checked at import time, as pickletools checks its opcode table
-            raise RuntimeError(f"duplicate field number {number} ({out[number].name}, {name})")
-        out[number] = WireField(name, wire, bool(rest and rest[0]))
-    return out
-
 
 # The onnx.proto messages this walker reads (onnx 1.23.2). tests/test_onnx.py checks every
 # entry against onnx's generated descriptors: same names, numbers and wire types.
@@ -223,142 +202,21 @@ def _err(reason: str, offset: int | None = None, **kw) -> OnnxFormatError:
     return OnnxFormatError(reason, format=FORMAT, offset=offset, **kw)
 
 
-# -- the wire reader ------------------------------------------------------------------------------
+# -- the wire reader, raising ONNX's error ------------------------------------------------------
 def _varint(buf, pos: int, end: int, what: str) -> tuple[int, int]:
-    """Decode one varint at ``pos`` (before ``end``); returns (value, next position).
-
-    >>> _varint(b"\\xac\\x02", 0, 2, "x")
-    (300, 2)
-    """
-    value = shift = 0
-    start = pos
-    while True:
-        if pos >= end:
-            raise _err(f"truncated varint ({what}): {pos - start} bytes before the end at "
-                       f"byte {end}", start)
-        b = buf[pos]
-        pos += 1
-        value |= (b & 0x7F) << shift
-        if b < 0x80:
-            return value & _U64, pos
-        shift += 7
-        if pos - start >= _MAX_VARINT_BYTES:
-            raise _err(f"varint ({what}) longer than {_MAX_VARINT_BYTES} bytes", start)
+    return protowire._varint(buf, pos, end, what, _err)
 
 
 def _fields(buf, start: int, end: int, message: str) -> Iterator[tuple[int, int, int, int, int]]:
-    """Yield ``(number, wire, a, b, tag_offset)`` for each field of one message in ``[start, end)``.
-
-    varint: ``a`` = value; fixed32/fixed64/length-delimited: ``[a, b)`` = payload. Known fields
-    must have their declared wire type (packable repeated scalars: also LEN). Unknown fields are
-    yielded too (callers skip them), groups inside them skipped.
-    """
-    table = MESSAGES[message]
-    pos = start
-    while pos < end:
-        tag_at = pos
-        tag, pos = _varint(buf, pos, end, f"{message} field tag")
-        number, wire = tag >> 3, tag & 7
-        if number == 0 or wire > 5 or wire == EGROUP:
-            raise _err(f"invalid field tag 0x{tag:x} in {message} (field {number}, wire type "
-                       f"{wire})", tag_at)
-        known = table.get(number)
-        if known is not None and wire != known.wire and not (known.packable and wire == LEN):
-            raise _err(f"{message}.{known.name} (field {number}) has wire type "
-                       f"{_WIRE_NAMES[wire]}, expected {_WIRE_NAMES[known.wire]}", tag_at)
-        if wire == VARINT:
-            value, pos = _varint(buf, pos, end, f"{message} field {number}")
-            yield number, wire, value, pos, tag_at
-            continue
-        if wire == LEN:
-            length, pos = _varint(buf, pos, end, f"{message} field {number} length")
-        elif wire == SGROUP:
-            pos = _skip_group(buf, pos, end, number, message)
-            yield number, wire, pos, pos, tag_at
-            continue
-        else:
-            length = 8 if wire == I64 else 4
-        if length > end - pos:
-            name = f"{message}.{known.name}" if known else f"{message} field {number}"
-            raise _err(f"{name} wants {length} bytes at byte {pos}, {end - pos} remain before "
-                       f"the end of its message at byte {end}", tag_at)
-        yield number, wire, pos, pos + length, tag_at
-        pos += length
-
-
-def _skip_group(buf, pos: int, end: int, number: int, message: str) -> int:
-    """Skip an (obsolete) group of an unknown field, nested groups included, iteratively."""
-    open_groups = [number]
-    while open_groups:
-        tag_at = pos
-        tag, pos = _varint(buf, pos, end, f"{message} group tag")
-        num, wire = tag >> 3, tag & 7
-        if wire == EGROUP:
-            if num != open_groups.pop():
-                raise _err(f"unbalanced end-group tag for field {num} in {message}", tag_at)
-        elif wire == SGROUP:
-            if len(open_groups) >= 64:
-                raise LimitExceeded("group nesting", 64, format=FORMAT, offset=tag_at)
-            open_groups.append(num)
-        elif wire == VARINT:
-            _, pos = _varint(buf, pos, end, f"{message} group field")
-        elif wire in (I64, I32, LEN):
-            n = 8 if wire == I64 else 4
-            if wire == LEN:
-                n, pos = _varint(buf, pos, end, f"{message} group field length")
-            if n > end - pos:
-                raise _err(f"group field in {message} wants {n} bytes, {end - pos} remain", tag_at)
-            pos += n
-        else:
-            raise _err(f"invalid wire type {wire} in a group of {message}", tag_at)
-    return pos
-
-
-def _text(buf, a: int, b: int, limit: int | None = None) -> str:
-    """A protobuf string field (UTF-8; proto2 does not enforce it, so undecodable bytes are
-    replaced rather than rejected, as onnx's C++ side would carry them)."""
-    if limit is not None and b - a > limit:
-        return bytes(buf[a:a + limit]).decode("utf-8", "replace") + "..."
-    return bytes(buf[a:b]).decode("utf-8", "replace")
+    """`protowire._fields` over the ONNX message ``message`` (its table in `MESSAGES`)."""
+    return protowire._fields(buf, start, end, message, MESSAGES[message], _err)
 
 
 def decode_varints(payload) -> np.ndarray:
-    """Decode a packed run of varints into uint64 (vectorised; a copy).
-
-    >>> decode_varints(b"\\x01\\xac\\x02\\xff\\xff\\xff\\xff\\x0f").tolist()
-    [1, 300, 4294967295]
-    """
-    b = np.frombuffer(payload, dtype=np.uint8)
-    if b.size == 0:
-        return np.zeros(0, dtype=np.uint64)
-    ends = np.flatnonzero(b < 0x80)
-    if ends.size == 0 or ends[-1] != b.size - 1:
-        raise _err("packed varints end inside a varint")
-    starts = np.empty_like(ends)
-    starts[0] = 0
-    starts[1:] = ends[:-1] + 1
-    lengths = ends - starts + 1
-    if int(lengths.max()) > _MAX_VARINT_BYTES:
-        raise _err(f"packed varint longer than {_MAX_VARINT_BYTES} bytes")
-    index = np.arange(b.size, dtype=np.int64) - np.repeat(starts, lengths)
-    parts = (b & 0x7F).astype(np.uint64) << (index * 7).astype(np.uint64)
-    return np.bitwise_or.reduceat(parts, starts)
+    return protowire.decode_varints(payload, _err)
 
 
 # -- sniffing -------------------------------------------------------------------------------------
-def _peek_varint(buf, pos: int, end: int) -> tuple[int, int] | None:
-    value = shift = 0
-    for i in range(_MAX_VARINT_BYTES):
-        if pos + i >= end:
-            return None
-        b = buf[pos + i]
-        value |= (b & 0x7F) << shift
-        if b < 0x80:
-            return value, pos + i + 1
-        shift += 7
-    return -1, pos  # too long: never valid
-
-
 def _sniff_message(head: bytes, start: int, end: int, message: str, file_end: int,
                    depth: int = 0) -> tuple[bool, set[int]]:
     """Check that ``head[start:end]`` is a prefix of valid ``message`` fields: known numbers,

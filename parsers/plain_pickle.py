@@ -44,11 +44,13 @@ from tensorscope.source import ByteSource
 from . import compression, pickle_vm, torch_pickle
 from .joblib_arrays import InlineArray, build_hooks
 from .pickle_vm import Call, Global
+from .truncation import cut_short, is_truncation
 from .torch_pickle import StorageRef, TensorRef
 
 __all__ = ["FORMAT", "sniff", "open_source", "cut_short"]
 
 FORMAT = "pickle"
+JOBLIB = "joblib"   # the same reader, for what joblib.dump wrote (`joblib_fmt.FORMAT`)
 SNIFF_OPCODES = 64       # opcodes the sniffer runs over the head
 SNIFF_MIN_OPCODES = 3    # a protocol 0/1 head must decode at least this many
 _SNIFF_LIMITS = pickle_vm.Limits(max_opcodes=SNIFF_OPCODES)
@@ -71,22 +73,6 @@ _BYTES_OPS = {"BINBYTES": 4, "SHORT_BINBYTES": 1, "BINBYTES8": 8, "BYTEARRAY8": 
 
 
 # -- sniffing -------------------------------------------------------------------------------------
-def _truncation(err) -> bool:
-    reason = getattr(err, "reason", "")
-    return "remain" in reason or "data ends" in reason or "ran out of data" in reason
-
-
-def cut_short(result, src: ByteSource) -> FormatError | None:
-    """The error for a pickle run that failed because the FILE ends before the pickle does (a cut
-    download): ``truncated: <the VM's reason>; the file ends at <size>``. None otherwise (and for
-    in-memory blobs, whose end is not the file's)."""
-    err = result.error
-    if err is None or result.stopped or not _truncation(err) or src.path == "<memory>":
-        return None
-    return FormatError(f"truncated: {err.reason}; the file ends at {src.size}", format=err.format,
-                       file=err.file or src.path, member=err.member, offset=err.offset)
-
-
 def sniff(head: bytes, size: int) -> bool:
     """A pickle head: PROTO 2..5, or protocol 0/1 opcodes that decode for a while."""
     if not head:
@@ -96,7 +82,7 @@ def sniff(head: bytes, size: int) -> bool:
     result = pickle_vm.run(head, limits=_SNIFF_LIMITS, build_hooks=build_hooks(head))
     if result.stopped or isinstance(result.error, LimitExceeded):
         return True
-    if _truncation(result.error):
+    if is_truncation(result.error):
         # The head is a prefix of the file: a cut argument (a FRAME bigger than the head) is fine.
         need = 1 if head[0] == 0x80 else SNIFF_MIN_OPCODES
         return result.opcodes >= need
@@ -279,9 +265,12 @@ def open_source(src: ByteSource) -> ModelFile:
                 _numpy_tensor(call, src, locator, model, copies)
         return arrays[id(call)]
 
+    # a pickle holding joblib's NumpyArrayWrapper is what joblib.dump writes: named as the
+    # compressed dumps are (`joblib_fmt`), whatever the compression
+    fmt = model.format = JOBLIB if joblib_arrays else FORMAT
     tensors = []
     for path, raw_path, ref in torch_pickle.named_tensors(result.value, leaf=leaf):
-        info = torch_pickle.to_tensor_info(path, raw_path, ref, fmt=FORMAT, file=src.path)
+        info = torch_pickle.to_tensor_info(path, raw_path, ref, fmt=fmt, file=src.path)
         tensors.append(info)
         reader = copies.reader(ref, info)
         if reader is not None:
@@ -296,7 +285,23 @@ def open_source(src: ByteSource) -> ModelFile:
                       "calls": len(result.calls), "root_type": _type_name(result.value)}
     if joblib_arrays:
         model.metadata["joblib_arrays"] = len(joblib_arrays)
+        _note_unlisted(model, joblib_arrays, src)
     return model
+
+
+def _note_unlisted(model: ModelFile, arrays: list[InlineArray], src: ByteSource) -> None:
+    """An array joblib wrote that is not a tensor (objects, strings, records) is said, never
+    dropped in silence: ``joblib.array_not_listed``."""
+    for a in arrays:
+        kind = a.typestr.lstrip("<>|=")[:1]
+        if not a.has_objects and NUMPY_DTYPES.get(f"{kind}{a.itemsize}") and kind in "fiucb":
+            continue
+        what = ("Python objects (dtype object): numeric arrays inside it are listed by their "
+                "place, the rest stays inert" if a.has_objects else
+                f"{a.typestr} values, which are not a tensor dtype: kept as an inert object")
+        model.evidence.add("joblib.array_not_listed", f"the joblib array at byte "
+                           f"{a.wrapper.pos} (shape {list(a.shape)}) holds {what}",
+                           file=src.path, offset=a.wrapper.pos)
 
 
 def _type_name(value) -> str:
@@ -318,7 +323,7 @@ def _sibling_array(call: Call, src: ByteSource, model: ModelFile, copies: "_Copi
     the wrapper's ``state`` is the array's (version, shape, dtype, fortran): read as a copy."""
     import os
 
-    from . import numpy_fmt
+    from . import npy_header  # numpy: only these old joblib dumps need it
     func = call.func
     if type(func) is not Global or (func.module, func.name) not in _SIBLING_WRAPPERS:
         return False
@@ -344,7 +349,7 @@ def _sibling_array(call: Call, src: ByteSource, model: ModelFile, copies: "_Copi
         return _zf_sibling(call, state, path, model, copies, unread)
     try:
         sib = model.source(path)
-        h = numpy_fmt.parse_header(sib.view(0, sib.size), file=path)
+        h = npy_header.parse_header(sib.view(0, sib.size), file=path)
     except (OSError, FormatError) as e:
         return unread(f"which cannot be read ({e})")
     if h.layout != "plain" or h.data_nbytes > sib.size - h.data_start:

@@ -42,7 +42,8 @@ from tensorscope.source import ByteSource
 
 from . import pickle_vm, torch_pickle
 from .pickle_vm import Global
-from .torch_pickle import StorageRef, TensorRef
+from .torch_pickle import StorageRef, TensorRef, build_tensor_list, install_byteswap_readers
+from .truncation import cut_short
 
 __all__ = ["FORMAT", "sniff", "open_source", "MAGIC_NUMBER", "PROTOCOL_VERSION", "open_stream"]
 
@@ -112,7 +113,6 @@ def _run(src: ByteSource, start: int, *, end: int | None = None, persistent_load
                            limits=limits or pickle_vm.DEFAULT_LIMITS, file=src.path,
                            member=member, base_offset=base)
     if end is None and member is None:   # the pickle runs to the end of the file: a cut one says so
-        from .plain_pickle import cut_short
         cut = cut_short(result, src)
         if cut is not None:
             raise cut from None
@@ -196,10 +196,9 @@ def open_stream(src: ByteSource, *, fmt: str = FORMAT, role_prefix: str = "legac
         "sys_info": _jsonable(info), "pickle_protocol": main.protocol,
         "storages": len(keys), "data_offset": base + data_start,
     }
-    from .torch_zip import build_tensor_list
     model.tensors = build_tensor_list(main.value, fmt, src.path, model)
     if swapped:
-        _install_byteswap_readers(model)
+        install_byteswap_readers(model)
     return model
 
 
@@ -340,7 +339,7 @@ def _jsonable(value, depth: int = 0):
 
 
 def _install_byteswap_readers(model: ModelFile) -> None:
-    from .torch_zip import _install_byteswap_readers as install
+    install = install_byteswap_readers
     install(model)
 
 
@@ -476,7 +475,6 @@ def _open_tar(src: ByteSource) -> ModelFile:
     model.objects = main.value
     model.metadata.update({"container": "tar", "pickle_protocol": main.protocol,
                            "members": {k: {"offset": o, "size": s} for k, (o, s) in members.items()}})
-    from .torch_zip import build_tensor_list
     model.tensors = build_tensor_list(main.value, FORMAT, src.path, model)
     return model
 

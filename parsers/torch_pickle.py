@@ -26,8 +26,9 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator
 
+from tensorscope.dtypes import is_unknown
 from tensorscope.errors import FormatError, brief
-from tensorscope.model import FrozenDict, TensorInfo
+from tensorscope.model import FrozenDict, ModelFile, TensorInfo
 
 from . import pickle_vm
 from .pickle_vm import Call, Global
@@ -741,3 +742,60 @@ def _span(shape, stride) -> int | None:
             return None
         last += (d - 1) * st
     return last
+
+
+# -- records: the tensors of an unpickled checkpoint, checked against their storages -------------
+def build_tensor_list(root, fmt: str, file: str, model: ModelFile, consume: bool = False) -> list:
+    """Name every tensor in ``root`` and check each against its storage record (``consume``:
+    see `named_tensors`)."""
+    tensors: list = []
+    unknown: dict[str, bool] = {}     # dtype -> is_unknown (a checkpoint has a handful)
+    if consume and pickle_vm._STEP is not None and is_flat_state_dict(root):
+        # The compiled step makes the records of the plain tensors (what `to_tensor_info`'s first
+        # branch makes, when the tensor fits its storage and its dtype has whole bytes per
+        # element) and hands back each other item, which is made here as below, in its place.
+        infos, itemsizes, at = pickle_vm._STEP.infos, whole_byte_itemsizes(), 0
+        while (left := infos(root, at, tensors, fmt, file, itemsizes, True)) is not None:
+            at, key, ref = left
+            root[key] = None
+            path = (key,)
+            _add_records(tensors, model, ((path, path, ref),), fmt, file, unknown)
+        return tensors
+    _add_records(tensors, model, named_tensors(root, consume=consume), fmt, file,
+                 unknown)
+    return tensors
+
+
+def _add_records(tensors: list, model: ModelFile, named, fmt: str, file: str,
+                 unknown: dict[str, bool]) -> None:
+    """Append the record of each ``(path, raw_path, TensorRef)``, with the anomalies its storage
+    shows."""
+    append = tensors.append
+    for path, raw, ref in named:
+        info = to_tensor_info(path, raw, ref, fmt=fmt, file=file)
+        s = ref.storage
+        if s is not None and s.error:
+            model.evidence.add("torch.storage_unreadable", f"tensor {info.name!r}: {s.error}",
+                               file=s.file, member=s.member)
+        elif not tensor_fits(ref):
+            model.evidence.add(
+                "torch.tensor_out_of_storage",
+                f"tensor {info.name!r} addresses bytes past the end of its storage record "
+                f"({s.nbytes} bytes)", file=s.file, member=s.member)
+        dtype = info.dtype
+        u = unknown.get(dtype)
+        if u is None:
+            u = unknown[dtype] = is_unknown(dtype)
+        if u:
+            note_unknown_dtype(model, info)
+        append(info)
+
+
+def install_byteswap_readers(model: ModelFile) -> None:
+    """Big-endian archives: reads return a byte-swapped copy in native order (documented copy)."""
+    from tensorscope.reader import strided_view
+    for info in model.tensors:
+        def reader(info=info):
+            view = strided_view(model, info)
+            return view.byteswap() if view.dtype.itemsize > 1 else view
+        model.custom_readers[info.name] = reader

@@ -23,7 +23,7 @@ from tensorscope.model import ModelFile, PickleRecord
 from tensorscope.source import ByteSource
 
 from . import pickle_vm, torch_pickle, zip_dispatch, zipfmt
-from .torch_pickle import StorageRef
+from .torch_pickle import StorageRef, build_tensor_list, install_byteswap_readers
 from .zipfmt import METHOD_STORED, ZipArchive
 
 __all__ = ["FORMAT", "open_zip", "archive_metadata", "load_pickle_member", "SMALL_RECORD_MAX"]
@@ -223,62 +223,5 @@ def open_zip(src: ByteSource, archive: ZipArchive) -> ModelFile:
         model.objects = result.value
         model.tensors = build_tensor_list(result.value, FORMAT, src.path, model)
     if model.metadata.get("byteorder", "little") not in ("little",):
-        _install_byteswap_readers(model)
+        install_byteswap_readers(model)
     return model
-
-
-def build_tensor_list(root, fmt: str, file: str, model: ModelFile, consume: bool = False) -> list:
-    """Name every tensor in ``root`` and check each against its storage record (``consume``:
-    see `torch_pickle.named_tensors`)."""
-    tensors: list = []
-    unknown: dict[str, bool] = {}     # dtype -> is_unknown (a checkpoint has a handful)
-    if consume and pickle_vm._STEP is not None and torch_pickle.is_flat_state_dict(root):
-        # The compiled step makes the records of the plain tensors (what `to_tensor_info`'s first
-        # branch makes, when the tensor fits its storage and its dtype has whole bytes per
-        # element) and hands back each other item, which is made here as below, in its place.
-        infos, itemsizes, at = pickle_vm._STEP.infos, torch_pickle.whole_byte_itemsizes(), 0
-        while (left := infos(root, at, tensors, fmt, file, itemsizes, True)) is not None:
-            at, key, ref = left
-            root[key] = None
-            path = (key,)
-            _add_records(tensors, model, ((path, path, ref),), fmt, file, unknown)
-        return tensors
-    _add_records(tensors, model, torch_pickle.named_tensors(root, consume=consume), fmt, file,
-                 unknown)
-    return tensors
-
-
-def _add_records(tensors: list, model: ModelFile, named, fmt: str, file: str,
-                 unknown: dict[str, bool]) -> None:
-    """Append the record of each ``(path, raw_path, TensorRef)``, with the anomalies its storage
-    shows."""
-    append = tensors.append
-    to_tensor_info, tensor_fits = torch_pickle.to_tensor_info, torch_pickle.tensor_fits
-    for path, raw, ref in named:
-        info = to_tensor_info(path, raw, ref, fmt=fmt, file=file)
-        s = ref.storage
-        if s is not None and s.error:
-            model.evidence.add("torch.storage_unreadable", f"tensor {info.name!r}: {s.error}",
-                               file=s.file, member=s.member)
-        elif not tensor_fits(ref):
-            model.evidence.add(
-                "torch.tensor_out_of_storage",
-                f"tensor {info.name!r} addresses bytes past the end of its storage record "
-                f"({s.nbytes} bytes)", file=s.file, member=s.member)
-        dtype = info.dtype
-        u = unknown.get(dtype)
-        if u is None:
-            u = unknown[dtype] = is_unknown(dtype)
-        if u:
-            torch_pickle.note_unknown_dtype(model, info)
-        append(info)
-
-
-def _install_byteswap_readers(model: ModelFile) -> None:
-    """Big-endian archives: reads return a byte-swapped copy in native order (documented copy)."""
-    from tensorscope.reader import strided_view
-    for info in model.tensors:
-        def reader(info=info):
-            view = strided_view(model, info)
-            return view.byteswap() if view.dtype.itemsize > 1 else view
-        model.custom_readers[info.name] = reader

@@ -388,6 +388,5 @@ def open_zip(src: ByteSource, archive: ZipArchive) -> ModelFile:
         meta["bytecode_version"] = bytecode_version
     model.metadata = meta
     if meta.get("byteorder", "little") != "little":
-        from .torch_zip import _install_byteswap_readers
-        _install_byteswap_readers(model)
+        torch_pickle.install_byteswap_readers(model)
     return model

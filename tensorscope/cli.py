@@ -27,10 +27,19 @@ def _command_modules():
 
 
 class _Parser(argparse.ArgumentParser):
-    def error(self, message):  # usage errors exit 2 with one line, like the rest
-        self.print_usage(sys.stderr)
+    def error(self, message):
+        """An argument error: exit 2 with the command's own one line, like every other error, and
+        where to look (not a usage block the line would drown in)."""
         print(f"{self.prog}: error: {message}", file=sys.stderr)
+        print(f"  (`{self.prog} --help` lists the arguments)", file=sys.stderr)
         raise SystemExit(EXIT_ERROR)
+
+
+def _subcommand(parser: argparse.ArgumentParser, name: str | None):
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            return action.choices.get(name)
+    return None
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -53,7 +62,10 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     try:
-        args = parser.parse_args(argv)
+        args, extra = parser.parse_known_args(argv)
+        if extra:   # said by the command they were given to, not by the top-level parser
+            owner = _subcommand(parser, getattr(args, "command", None)) or parser
+            owner.error(f"unrecognized arguments: {' '.join(extra)}")
     except SystemExit as e:
         return int(e.code or 0)
     if not getattr(args, "_run", None):

@@ -164,7 +164,6 @@ from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator, Sequence
 
-import ml_dtypes
 import numpy as np
 
 from . import dtypes
@@ -910,7 +909,12 @@ def _blas_single_thread() -> None:
 # fp8 and other one-byte float dtypes convert through a 256-entry table (ml_dtypes' own casts go
 # element by element); filled on first use.
 _TABLES: dict[str, np.ndarray] = {}
-_BF16 = np.dtype(ml_dtypes.bfloat16)
+
+
+def _is_ml(dt: np.dtype, name: str) -> bool:
+    """``dt`` is ml_dtypes' ``name`` (bfloat16, float8_*), told by name so that ml_dtypes (~0.5 s
+    to import) is imported only by the reader of such values."""
+    return dt.name == name and dt.type.__module__ == "ml_dtypes"
 
 
 def _table(piece: np.ndarray) -> np.ndarray:
@@ -926,7 +930,7 @@ def _to_float(piece: np.ndarray, out: np.ndarray, scratch: np.ndarray) -> None:
     bfloat16 is float32's upper half (a shift), one-byte floats go through a table, the rest through
     numpy's own cast (float16 is converted in hardware where numpy can)."""
     dt = piece.dtype
-    if dt == _BF16:
+    if _is_ml(dt, "bfloat16"):
         u = scratch[: piece.size]
         np.left_shift(piece.view(np.uint16), 16, out=u, dtype=np.uint32)
         np.copyto(out, u.view(np.float32))
@@ -945,10 +949,10 @@ _F16 = np.dtype(np.float16)
 # as its uint16 bits (numpy cannot export ml_dtypes' types through the buffer protocol).
 KERNEL_ABI = 6   # what `_diffkernel.c` must say it is (a stale build is ignored, not called)
 _KERNEL = optional_extension("_diffkernel", KERNEL_ABI)
-_KERNEL_CODES = {_F16: "e", _BF16: "b", np.dtype(np.float32): "f", np.dtype(np.float64): "d",
+_KERNEL_CODES = {_F16: "e", np.dtype(np.float32): "f", np.dtype(np.float64): "d",
                  np.dtype(np.int8): "c", np.dtype(np.uint8): "B", np.dtype(np.int16): "h",
-                 np.dtype(np.int32): "i", np.dtype(ml_dtypes.float8_e5m2): "E",
-                 np.dtype(ml_dtypes.float8_e4m3fn): "F"}
+                 np.dtype(np.int32): "i"}
+_ML_KERNEL_CODES = {"bfloat16": "b", "float8_e5m2": "E", "float8_e4m3fn": "F"}  # see `_is_ml`
 _KERNEL_VIEW = {"e": np.uint16, "b": np.uint16, "f": np.float32, "d": np.float64, "c": np.int8,
                 "B": np.uint8, "h": np.int16, "i": np.int32, "t": np.uint8, "E": np.uint8,
                 "F": np.uint8}
@@ -957,7 +961,8 @@ _KERNEL_VIEW = {"e": np.uint16, "b": np.uint16, "f": np.float32, "d": np.float64
 def _kernel_code(dt: np.dtype) -> str | None:
     """The kernel's code for a dtype: float8_e5m2 and float8_e4m3fn by their bits, the other
     one-byte floats through `_table` as in `_to_float`."""
-    code = _KERNEL_CODES.get(dt)
+    code = (_ML_KERNEL_CODES.get(dt.name) if dt.type.__module__ == "ml_dtypes"
+            else _KERNEL_CODES.get(dt))
     if code is None and dt.itemsize == 1 and dt.kind not in "iub":
         return "t"
     return code

@@ -200,6 +200,11 @@ def open_model_source(src, path: str, *, format: str | None = None) -> ModelFile
         return _open_source(src, path, format, owned=False)
 
 
+# HDF5 superblock signature, at 0 or after a user block of 512 * 2^k bytes (HDF5 spec, "Format
+# Signature"): Keras .h5 files. Named in the error, since a user holding one wants to know why.
+HDF5_SIGNATURE = b"\x89HDF\r\n\x1a\n"
+
+
 def _open_source(src, path: str, format: str | None, *, owned: bool = True) -> ModelFile:
     advise = getattr(src, "advise", None)   # a local map (a remote source fetches by range)
     if advise is not None:
@@ -226,6 +231,10 @@ def _open_source(src, path: str, format: str | None, *, owned: bool = True) -> M
                 reason = cut(head, src.size) if cut is not None else None
                 if reason:
                     raise FormatError(reason, format=mod.FORMAT, file=path, offset=src.size)
+        if any(head[at:at + 8] == HDF5_SIGNATURE for at in (0, 512, 1024, 2048)):
+            raise UnknownFormat(f"{path}: an HDF5 file (a Keras .h5 model, or other HDF5 data): "
+                                "this tool does not list HDF5 datasets; `tensorscope scan` "
+                                "judges a Keras model's config without loading it")
         raise UnknownFormat(f"{path}: not a model file this tool recognises "
                             f"(starts with {head[:8]!r}, {src.size} bytes)")
     except BaseException:

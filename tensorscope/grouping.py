@@ -49,6 +49,12 @@ def group_key(name: str, path: tuple[str, ...] = ()) -> str:
     return ".#".join(_split(name, path)[::2])[1:]
 
 
+def pattern_of(t) -> str:
+    """The pattern `GroupCollector` files a `TensorInfo` under (its path's dotted text)."""
+    path = t.path
+    return _pattern(path[0] if len(path) == 1 else (".".join(path) if path else t.name))[0]
+
+
 def group_indices(name: str, path: tuple[str, ...] = ()) -> tuple[int, ...]:
     """The numeric components of a name, in order (``(3, 17)`` for the example above)."""
     return tuple(map(int, _split(name, path)[1::2]))

@@ -786,5 +786,7 @@ def cost_line() -> str | None:
     cost = totals()
     if not cost["objects"]:
         return None
-    return (f"fetched {cost['bytes']} bytes in {cost['requests']} requests from "
-            f"{cost['objects']} remote object{'s' if cost['objects'] != 1 else ''}")
+    def n(count: int, word: str) -> str:   # "1 request", "2 requests"
+        return f"{count} {word}{'s' if count != 1 else ''}"
+    return (f"fetched {n(cost['bytes'], 'byte')} in {n(cost['requests'], 'request')} from "
+            f"{n(cost['objects'], 'remote object')}")

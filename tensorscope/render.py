@@ -109,6 +109,11 @@ def human_bytes(n: int | None) -> str:
     return f"{n} B"
 
 
+def plural(n: int, word: str, words: str | None = None) -> str:
+    """``1 tensor``, ``2 tensors``, ``1,024 anomalies`` (``words``: an irregular plural)."""
+    return f"{n:,} {word if n == 1 else (words or word + 's')}"
+
+
 def human_count(n: int) -> str:
     for unit, scale in (("T", 10**12), ("B", 10**9), ("M", 10**6), ("K", 10**3)):
         if abs(n) >= scale:

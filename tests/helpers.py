@@ -5,6 +5,10 @@
 - `audited_open(path)`: `tensorscope.open` under `audit()` (after one unarmed open that warms our
   own lazy imports).
 - `settle(pilot)`: wait until a Textual app has parsed, scanned and finished its workers.
+- `run_cli(capsys, *argv)`: ``tensorscope ARGS...`` in this process -> (exit code, stdout, stderr)
+  (the ``cli`` fixture of conftest.py wraps it).
+- `PEAK_KB`: source text of ``peak_kb()`` (this process image's peak RSS, in KiB) for the
+  subprocess probes that measure memory.
 - `assert_mutants_fail_cleanly(open_source, paths, seed)`: random byte flips, cuts and insertions
   near a fixture's header give a FormatError or a clean listing whose reads stay in the buffer,
   never an IndexError/struct.error/UnicodeDecodeError.
@@ -18,6 +22,21 @@ import sys
 import tensorscope
 from tensorscope.errors import FormatError
 from tensorscope.source import ByteSource
+
+def run_cli(capsys, *argv) -> tuple[int, str, str]:
+    from tensorscope.cli import main
+    code = main([str(a) for a in argv])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+# VmHWM, not ru_maxrss: Linux carries the parent's peak across exec into ru_maxrss.
+PEAK_KB = """
+def peak_kb():
+    with open("/proc/self/status") as f:
+        return int(next(l for l in f if l.startswith("VmHWM:")).split()[1])
+"""
+
 
 # -- the one audit hook ---------------------------------------------------------------------------
 # Events that mean code ran or the outside world was touched; any of them while armed is a failure.

@@ -21,6 +21,7 @@ from safetensors.torch import load_file, save_file
 import tensorscope
 from tensorscope import TensorscopeError
 from tensorscope import convert as convert_mod
+from tensorscope.convert import writer as convert_writer
 from tensorscope.cli import main
 from tensorscope.convert import UnsafeSource, Unconvertible, convert, parse_size, plan
 from tensorscope.model import Chunk, ModelFile, TensorInfo
@@ -519,7 +520,7 @@ def test_chunked_tensor_is_assembled_in_c_order(tmp_path):
                                                         chunks=tuple(chunks))])
     try:
         for chunk_bytes in (20, 64, 1 << 20):  # one row per block, a few rows, everything
-            got = np.concatenate(list(convert_mod._chunked_pieces(model, model.tensors[0], chunk_bytes)))
+            got = np.concatenate(list(convert_writer._chunked_pieces(model, model.tensors[0], chunk_bytes)))
             assert got.tobytes() == full.tobytes()
         p = plan(model)
         assert [t.name for t in p.tensors] == ["w"]
@@ -579,7 +580,7 @@ def test_malicious_source_converts_without_executing_when_allowed(tmp_path):
 
 def test_failure_mid_write_leaves_nothing(tmp_path, monkeypatch):
     out = tmp_path / "out.safetensors"
-    real = convert_mod._Sink._account
+    real = convert_writer._Sink._account
     calls = {"n": 0}
 
     def failing(self, n):  # every write and kernel copy is accounted here
@@ -588,7 +589,7 @@ def test_failure_mid_write_leaves_nothing(tmp_path, monkeypatch):
             raise OSError("disk on fire")
         real(self, n)
 
-    monkeypatch.setattr(convert_mod._Sink, "_account", failing)
+    monkeypatch.setattr(convert_writer._Sink, "_account", failing)
     with pytest.raises(OSError, match="disk on fire"):
         convert(FIXTURES / "torch" / "nested.pth", out)
     assert list(tmp_path.iterdir()) == []
@@ -608,13 +609,13 @@ def test_both_copy_paths_give_the_same_file(tmp_path, monkeypatch, kernel_copy):
     ENOSYS) the bytes go through the memory map; small ones are gathered by pread into batched
     writes (here flushed every 100 bytes): the file is the same."""
     if kernel_copy == "gathered":
-        monkeypatch.setattr(convert_mod._Sink, "GATHER_STEP", 100)
+        monkeypatch.setattr(convert_writer._Sink, "GATHER_STEP", 100)
     else:
-        monkeypatch.setattr(convert_mod._Sink, "GATHER_BELOW", 0)
+        monkeypatch.setattr(convert_writer._Sink, "GATHER_BELOW", 0)
     if not kernel_copy:
         def refuse(*a, **kw):
             raise OSError(18, "Invalid cross-device link")
-        monkeypatch.setattr(convert_mod.os, "copy_file_range", refuse, raising=False)
+        monkeypatch.setattr(convert_writer.os, "copy_file_range", refuse, raising=False)
     src = FIXTURES / "torch" / "nested.pth"
     out = tmp_path / "out.safetensors"
     convert(src, out, record_source=False, metadata={"format": "pt"}, verify=True)
@@ -714,7 +715,7 @@ def test_cli_refuse_on_lowers_the_threshold(tmp_path, capsys):
 def test_thousands_of_small_tensors_equal_save_file(tmp_path, monkeypatch):
     """A MoE-shaped state dict (2,400 small tensors of mixed dtypes and one large one): gathered
     writes flushed every few KiB, byte-identical to safetensors' own writer."""
-    monkeypatch.setattr(convert_mod._Sink, "GATHER_STEP", 4096)
+    monkeypatch.setattr(convert_writer._Sink, "GATHER_STEP", 4096)
     torch.manual_seed(0)
     sd = {}
     for layer in range(4):
@@ -744,9 +745,10 @@ def test_arguments_are_checked_before_the_input_is_read(tmp_path, monkeypatch, c
     src = str(FIXTURES / "torch" / "tied.bin")
     existing = tmp_path / "out.safetensors"
     existing.write_bytes(b"previous")
+    (tmp_path / "afile").write_bytes(b"")
     cases = [([str(existing)], "exists; pass --force"),
-             ([str(tmp_path / "out.bin")], "must be a .safetensors file or an existing folder"),
-             ([str(tmp_path / "no" / "out.safetensors")], "does not exist"),
+             ([str(tmp_path / "out.bin")], "must be a .safetensors file or a folder (end it with /"),
+             ([str(tmp_path / "afile" / "out.safetensors")], "cannot be made: "),
              ([str(tmp_path / "x.safetensors"), "--max-shard-size", "5XB"], "--max-shard-size")]
     for extra, message in cases:
         assert main(["convert", src, *extra]) == 2
@@ -790,10 +792,10 @@ def test_per_tensor_bounds_check_agrees_with_the_reader(tmp_path):
         except FormatError as e:
             refused.append(info.name)
             with pytest.raises(FormatError) as got:
-                convert_mod._plain_range(model, info)
+                convert_writer._plain_range(model, info)
             assert str(got.value) == str(e)
         else:
-            assert convert_mod._plain_range(model, info) == (str(f), info.byte_offset)
+            assert convert_writer._plain_range(model, info) == (str(f), info.byte_offset)
     assert refused == ["past_end", "past_record"]
     model.close()
 
@@ -816,10 +818,10 @@ def test_header_is_the_whole_object_json(src):
     """The column-built header equals json.dumps of the whole header object, on every torch fixture."""
     with tensorscope.open(src) as m:
         p = plan(m, include_all=True, skip_unsupported=True)
-    ordered = convert_mod._data_order(p.tensors)
+    ordered = convert_writer._data_order(p.tensors)
     meta = {"format": "pt", "source_format": "x\"y\\z\n", "converted_by": "tensorscope \u2028é"}
-    assert convert_mod._header(ordered, meta) == _reference_header(ordered, meta)
-    assert convert_mod._header(ordered, {}) == _reference_header(ordered, {})
+    assert convert_writer._header(ordered, meta) == _reference_header(ordered, meta)
+    assert convert_writer._header(ordered, {}) == _reference_header(ordered, {})
 
 
 def test_names_that_json_escapes_equal_save_file(tmp_path):
@@ -834,5 +836,5 @@ def test_names_that_json_escapes_equal_save_file(tmp_path):
     save_file(sd, str(theirs), metadata={"format": "pt"})
     assert ours.read_bytes() == theirs.read_bytes()
     with tensorscope.open(src) as m:
-        ordered = convert_mod._data_order(plan(m).tensors)
-    assert convert_mod._header(ordered, None) == _reference_header(ordered, None)
+        ordered = convert_writer._data_order(plan(m).tensors)
+    assert convert_writer._header(ordered, None) == _reference_header(ordered, None)

@@ -292,6 +292,7 @@ print(mb("VmHWM") - base)
 """
 
 
+@pytest.mark.perf  # machine-dependent bound: its own step of .ci/run
 @pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="needs /proc")
 def test_large_q4_k_decodes_in_bounded_memory(tmp_path):
     import gguf

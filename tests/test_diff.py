@@ -16,10 +16,10 @@ import pytest
 import torch
 
 import tensorscope
-from tensorscope.cli import main
 from tensorscope.diffing import SCHEMA, detect_prefixes, diff_models
 from tensorscope.errors import FormatError, TensorscopeError
 from tensorscope.model import ModelFile, TensorInfo
+from helpers import run_cli
 
 ROOT = Path(__file__).resolve().parent.parent
 FIXTURES = ROOT / "fixtures" / "diff"
@@ -403,6 +403,7 @@ _RSS_SCRIPT = textwrap.dedent("""
 """)
 
 
+@pytest.mark.perf  # machine-dependent bound: its own step of .ci/run
 @pytest.mark.parametrize("perturb", [False, True])
 def test_peak_memory_stays_flat(tmp_path, perturb):
     n = 96 << 20
@@ -492,9 +493,7 @@ def test_fixture_details():
 # ------------------------------------------------------------------------------------------------
 
 def _cli(capsys, *argv):
-    code = main(["diff", *map(str, argv)])
-    out, err = capsys.readouterr()
-    return code, out, err
+    return run_cli(capsys, "diff", *argv)
 
 
 def _needs(*names):

@@ -16,8 +16,8 @@ import torch
 from hypothesis import HealthCheck, example, given, settings, strategies as st
 
 from tensorscope import diffing, grouping, safetext
-from tensorscope.cli import main
 from tensorscope.diffing import diff_models, group_changes
+from helpers import run_cli
 
 from test_diff import NP_NAMES, check_against, oracle, raw_model, to_torch
 
@@ -392,9 +392,7 @@ def test_identical_tensors_count_in_the_denominator_only_with_norms(tmp_path):
 
 
 def _cli(capsys, *argv):
-    code = main(["diff", *map(str, argv)])
-    out = capsys.readouterr()
-    return code, out.out, out.err
+    return run_cli(capsys, "diff", *argv)
 
 
 def test_cli_by_layer_top_json(tmp_path, capsys):

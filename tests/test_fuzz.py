@@ -285,6 +285,7 @@ WORST = _worst_cases()
 MAX_GROWTH_MB = 200
 
 
+@pytest.mark.perf  # machine-dependent bound: its own step of .ci/run
 @pytest.mark.parametrize("name", list(WORST))
 def test_worst_cases_stay_small_in_memory(tmp_path, name):
     fname, blob = WORST[name]
@@ -295,4 +296,4 @@ def test_worst_cases_stay_small_in_memory(tmp_path, name):
     assert out.returncode == 0, out.stderr[-3000:]
     r = json.loads(out.stdout.strip().splitlines()[-1])
     assert r["grew_mb"] < MAX_GROWTH_MB, r
-    assert r["seconds"] < 10, r
+    assert r["seconds"] < 30, r

@@ -20,6 +20,7 @@ import pytest
 
 import tensorscope
 from tensorscope import FormatError, TensorscopeError
+from helpers import PEAK_KB
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -65,6 +66,7 @@ def test_empty_npy_with_a_dimension_numpy_cannot_index(tmp_path):
     tensorscope.scan(p)
 
 
+@pytest.mark.perf  # machine-dependent bound: its own step of .ci/run
 def test_million_deep_list_pickle_lists_in_linear_time(tmp_path):
     # test_fuzz worst case "pickle 1e6-deep list": PROTO 2, EMPTY_LIST x 1e6, APPEND x (1e6 - 1),
     # STOP (3 MB). The VM runs it in linear time, but torch_pickle.named_tensors copied the path
@@ -82,6 +84,7 @@ def test_million_deep_list_pickle_lists_in_linear_time(tmp_path):
     assert time.monotonic() - t0 < 30  # ~3 s here; quadratic was > 120 s
 
 
+@pytest.mark.perf  # machine-dependent bound: its own step of .ci/run
 def test_wide_pickle_of_empty_containers_names_at_the_cost_of_the_vm():
     """fuzz "slow-legacy" (the nest mutator on a numpy pickle): 300,000 empty dicts held by one
     object made the naming walk six times the VM's cost (a stack entry and two path tuples per
@@ -100,7 +103,7 @@ def test_wide_pickle_of_empty_containers_names_at_the_cost_of_the_vm():
         assert result.error is None, result.error
         t0 = time.perf_counter()
         assert list(torch_pickle.named_tensors(result.value)) == []
-        assert time.perf_counter() - t0 < 2 * vm + 0.05
+        assert time.perf_counter() - t0 < 4 * vm + 0.25
 
 
 def test_module_state_with_a_key_that_is_not_a_string(tmp_path):
@@ -123,9 +126,7 @@ def test_module_state_with_a_key_that_is_not_a_string(tmp_path):
 _PEAK_PROBE = """
 import sys, time
 import tensorscope
-def peak_kb():  # VmHWM: this image's peak RSS (ru_maxrss would carry the parent's across exec)
-    with open("/proc/self/status") as f:
-        return int(next(l for l in f if l.startswith("VmHWM:")).split()[1])
+""" + PEAK_KB + """
 base = peak_kb()
 try:
     tensorscope.open(sys.argv[1])
@@ -135,6 +136,7 @@ print((peak_kb() - base) // 1024)
 """
 
 
+@pytest.mark.perf  # machine-dependent bound: its own step of .ci/run
 def test_decompression_bomb_peaks_at_twice_its_output(tmp_path):
     # test_fuzz worst cases / run_long "wrap" mutator: a 65 KB zip whose deflated data.pkl
     # inflates to 64 MiB (PROTO 2 then zeros). zipfmt.read_bytes grew a bytearray by += and
@@ -173,6 +175,7 @@ def test_deeply_nested_value_in_an_error_message(tmp_path):
 _STALLING_DEFLATE = "/Td6WFoAAATm1rRGAgAhARYAAAB0L+Wj4D+3AHNdAHYwPCCLhvRz6akCeKavE6rm2sNUfw8OcmkfGni19E99kkTfLmboIhakXqSpBlp/0yG2JYsUGKEyTjWC4vtosfOEQidcwyoFVyerNKu6jloAOx6fwmxJRFG4YKs7dQ9PT1j10LB5gD1fxjzK8ETCPcP/eAAAAEY6Mz9dqgAqAAGPAbh/AAB4EriWscRn+wIAAAAABFla"
 
 
+@pytest.mark.perf  # machine-dependent bound: its own step of .ci/run
 def test_deflate_stream_that_makes_no_progress_fails_fast():
     import base64
     import lzma
@@ -183,4 +186,4 @@ def test_deflate_stream_that_makes_no_progress_fails_fast():
     with pytest.raises(ValueError, match="makes no progress"):
         for _ in zipfmt._decompress(zipfmt.METHOD_DEFLATED, raw, 16777219, None, None):
             pass
-    assert time.monotonic() - start < 2
+    assert time.monotonic() - start < 10

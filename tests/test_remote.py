@@ -301,7 +301,8 @@ def test_inspect_json_and_verbose_say_what_it_cost(fixtures_server, capsys):
     assert doc["fetched"]["bytes"] == os.path.getsize(os.path.join(FIX, rel))
     assert doc["fetched"]["requests"] >= 1 and doc["fetched"]["objects"] == 1
     assert [t["name"] for t in doc["tensors"]] == [t["name"] for t in local["tensors"]]
-    assert f"fetched {doc['fetched']['bytes']} bytes in {doc['fetched']['requests']} requests" in out.err
+    n = doc["fetched"]["requests"]
+    assert f"fetched {doc['fetched']['bytes']} bytes in {n} request{'s' if n != 1 else ''}" in out.err
 
 
 def test_diff_and_convert_take_urls(fixtures_server, tmp_path, capsys):

@@ -99,6 +99,7 @@ def test_sharded_safetensors_list_what_safe_open_reads(checkpoint):
         assert not model.evidence.anomalies
 
 
+@pytest.mark.perf  # machine-dependent bound: its own step of .ci/run
 @pytest.mark.parametrize("kind", ["torch", "safetensors"])
 def test_metadata_memory_per_tensor_is_bounded(checkpoint, kind):
     root, _ = checkpoint

@@ -215,7 +215,8 @@ def test_severity_and_exit_codes():
 
 def test_json_schema_is_stable():
     d = _report().to_dict()
-    assert set(d) == {"schema", "files", "errors", "severity", "unsafe", "counts", "findings"}
+    assert set(d) == {"schema", "files", "files_read", "errors", "severity", "unsafe", "counts",
+                      "findings"}
     assert d["schema"] == "tensorscope.scan/1" and d["severity"] == "critical"
     assert d["findings"][0] == {"severity": "critical", "rule": "pickle.dangerous-global",
                                 "message": "calls os.system", "file": "m.pt",

@@ -193,7 +193,7 @@ def test_hostile_names_in_an_auto_map_stay_inside_and_print_clean(tmp_path, caps
 
 
 def _grows_linearly(fn, unit: str, n: int = 4000) -> bool:
-    """fn on 4x the input costs under 8x (quadratic is 16x): best of three, one process."""
+    """fn on 4x the input costs under 10x (quadratic is 16x): best of three, one process."""
     import time
 
     def cost(k):
@@ -204,9 +204,10 @@ def _grows_linearly(fn, unit: str, n: int = 4000) -> bool:
             best = min(best, time.perf_counter() - t0)
         return best
     small, large = cost(n), cost(4 * n)
-    return large < 8 * small + 0.01
+    return large < 10 * small + 0.05
 
 
+@pytest.mark.perf  # machine-dependent bound: its own step of .ci/run
 @pytest.mark.parametrize("what, unit", [
     ("from_os_lines", "\n"),           # `^\s*` under re.M rescanned every following blank line
     ("relative_lines", "\n"),

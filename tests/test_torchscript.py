@@ -286,6 +286,7 @@ def test_inspect_json(capsys):
     assert "conv.weight" in [t["name"] for t in doc["tensors"]]
 
 
+@pytest.mark.perf  # machine-dependent bound: its own step of .ci/run
 def test_shared_attribute_values_are_walked_once(tmp_path):
     """Hostile: 2000 attributes share one list of 20000 items (one BINGET each). A walk per
     reference would cost 4e7 steps; the listing stays linear."""
@@ -316,4 +317,4 @@ def test_shared_attribute_values_are_walked_once(tmp_path):
     t0 = time.perf_counter()
     with tensorscope.open(path) as model:
         assert model.tensors == [] and model.evidence.anomalies == []
-    assert time.perf_counter() - t0 < 5
+    assert time.perf_counter() - t0 < 15  # a walk per attribute: 4e7 steps, minutes

@@ -10,7 +10,7 @@ import torch
 
 from tensorscope.parsers import zipfmt
 from tensorscope.source import ByteSource
-from torch_oracle import FIXTURES
+from torch_oracle import FIXTURES, torch_archive
 
 ZIPS = sorted(p for p in FIXTURES.rglob("*") if p.is_file() and p.read_bytes()[:4] == b"PK\x03\x04")
 
@@ -29,10 +29,7 @@ def _picture(data: bytes, fast: bool, monkeypatch):
             arc.miniz_error
 
 
-def _torch_archive() -> bytes:
-    buf = io.BytesIO()
-    torch.save({f"w{i}": torch.full((3,), float(i)) for i in range(6)}, buf)
-    return buf.getvalue()
+_torch_archive = torch_archive
 
 
 def _damaged():

@@ -16,13 +16,12 @@ import zlib
 from pathlib import Path
 
 import pytest
-import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tensorscope.parsers import zipfmt
 from tensorscope.source import ByteSource
-from torch_oracle import FIXTURES
+from torch_oracle import FIXTURES, torch_archive
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import make_attack_corpus  # noqa: E402
@@ -60,13 +59,7 @@ def _same_every_way(data: bytes, monkeypatch, label="", **kw):
     return compiled
 
 
-def _torch_archive(n: int = 6, empty: bool = False) -> bytes:
-    buf = io.BytesIO()
-    sd = {f"w{i}": torch.full((i % 5 + 1,), float(i)) for i in range(n)}
-    if empty:
-        sd["e"] = torch.empty(0)
-    torch.save(sd, buf)
-    return buf.getvalue()
+_torch_archive = torch_archive
 
 
 TORCH = _torch_archive()

@@ -61,3 +61,14 @@ def stored_bytes(t: torch.Tensor) -> bytes:
 
 def our_bytes(arr: np.ndarray) -> bytes:
     return np.ascontiguousarray(arr).tobytes()
+
+
+def torch_archive(n: int = 6, empty: bool = False) -> bytes:
+    """The bytes of ``torch.save`` of ``n`` small tensors (one empty tensor more with ``empty``)."""
+    import io
+    buf = io.BytesIO()
+    sd = {f"w{i}": torch.full((i % 5 + 1,), float(i)) for i in range(n)}
+    if empty:
+        sd["e"] = torch.empty(0)
+    torch.save(sd, buf)
+    return buf.getvalue()

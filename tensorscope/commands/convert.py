@@ -45,7 +45,7 @@ _SHOWN = 10  # names listed per section in the human summary
 
 def add_arguments(p):
     p.add_argument("input", metavar="IN", help="model file or folder to convert")
-    p.add_argument("output", metavar="OUT", help="output .safetensors file (or an existing folder)")
+    p.add_argument("output", metavar="OUT", help="output .safetensors file, or a folder (made if missing: end it with /)")
     p.add_argument("--max-shard-size", metavar="SIZE", default=None,
                    help="split the output into shards of at most SIZE (5GB, 500MiB, bytes); "
                         "default: one file, or the input's sharding")

@@ -13,10 +13,10 @@ from operator import attrgetter
 from .. import open as open_model
 from ..errors import TensorscopeError
 from ..model import TensorInfo, json_texts
-from ..grouping import GroupCollector, describe_ranges, range_labels
+from ..grouping import GroupCollector, describe_ranges, pattern_of, range_labels
 from ..remote import with_cost
-from ..render import (TextTable, emit_json_stream, human_bytes, human_count, opening, progress,
-                      stdout_console)
+from ..render import (TextTable, emit_json_stream, human_bytes, human_count, opening, plural,
+                      progress, stdout_console)
 from ..safetext import markup, shown
 
 HELP = "list the tensors of a model file (any format)"
@@ -30,7 +30,9 @@ index ranges seen); --no-group lists every tensor, --group groups a smaller file
 
 Example:
   tensorscope inspect model.pt
-  tensorscope inspect model.safetensors --filter '*.attn.*' --stats
+  tensorscope inspect model.safetensors --filter q_proj --stats
+  tensorscope inspect model.safetensors --filter '*.attn.*.weight'
+  tensorscope inspect model.gguf --show tokenizer.chat_template
   tensorscope inspect checkpoint/ --group
   tensorscope inspect moe-checkpoint/ --no-group | grep 'experts.17.'
   tensorscope inspect model.onnx --json
@@ -50,8 +52,12 @@ def _positive(text: str) -> int:
 def add_arguments(p):
     p.add_argument("path", help="model file or folder")
     p.add_argument("--json", action="store_true", help="machine-readable output (schema in README)")
-    p.add_argument("--filter", metavar="GLOB", action="append", default=[],
-                   help="only tensors whose name matches the glob (repeatable)")
+    p.add_argument("--filter", metavar="TEXT", action="append", default=[],
+                   help="only tensors whose name contains TEXT, or matches it as a glob when it "
+                        "has * ? or [ (repeatable: any of them)")
+    p.add_argument("--show", metavar="KEY", default=None,
+                   help="print one metadata value in full (a dotted key as the summary shows it, "
+                        "or a key inside it: tokenizer.chat_template) and exit")
     p.add_argument("--group", action=argparse.BooleanOptionalAction, default=None,
                    help="collapse repeated layers: model.layers.#.mlp.up_proj.weight ×32 "
                         f"(default: grouped above {GROUP_ABOVE:,} tensors; --no-group lists "
@@ -61,10 +67,23 @@ def add_arguments(p):
     p.add_argument("--limit", type=_positive, default=None, metavar="N", help="show at most N rows")
 
 
-def _selected(model, globs):
-    if not globs:
+_GLOB_CHARS = frozenset("*?[")
+
+
+def _matcher(patterns):
+    """A name test for ``--filter``: a substring (the TUI's filter), or a glob (anchored, as the
+    shell's) when the text has glob characters."""
+    subs = [p for p in patterns if not _GLOB_CHARS & set(p)]
+    globs = [p for p in patterns if _GLOB_CHARS & set(p)]
+    return lambda name: (any(p in name for p in subs)
+                         or any(fnmatch.fnmatchcase(name, g) for g in globs))
+
+
+def _selected(model, patterns):
+    if not patterns:
         return list(model.tensors)
-    return [t for t in model.tensors if any(fnmatch.fnmatchcase(t.name, g) for g in globs)]
+    match = _matcher(patterns)
+    return [t for t in model.tensors if match(t.name)]
 
 
 def _compute_stats(model, tensors):
@@ -88,14 +107,22 @@ def run(args) -> int:
         stack.enter_context(listing_only())     # no object tree, no call evidence
         with opening(shown(args.path)):
             model = stack.enter_context(open_model(args.path))
+        if args.show is not None:
+            return _show(model, args.show)
         tensors = _selected(model, args.filter)
         group = args.group if args.group is not None else len(tensors) > GROUP_ABOVE
         stats = _compute_stats(model, tensors) if args.stats else {}
-        groups = _groups(tensors) if group else None
+        groups = _groups(tensors, stats) if group else None
         if args.json:
             _emit_json(model, tensors, stats, groups)
         else:
             _print_human(model, tensors, stats, groups, args)
+        if args.filter and not tensors:
+            shown_filters = " ".join(f"--filter {shown(repr(f))}" for f in args.filter)
+            print(f"tensorscope inspect: no tensor name matches {shown_filters} (of "
+                  f"{plural(len(model.tensors), 'tensor')}); text without * ? [ matches anywhere "
+                  "in the name, a glob matches the whole name", file=sys.stderr)
+            return 1
     return 0
 
 
@@ -155,10 +182,12 @@ def outside_allowlist(model) -> list[tuple[str, str]]:
     return list(dict.fromkeys(found))
 
 
-def _groups(tensors) -> list[dict]:
-    """The groups of `tensorscope.grouping.GroupCollector`, with params and labelled ranges."""
+def _groups(tensors, stats=None) -> list[dict]:
+    """The groups of `tensorscope.grouping.GroupCollector`, with params and labelled ranges, and
+    with ``stats`` (per tensor name) the statistics of each group's values, merged exactly."""
     c = GroupCollector()
     c.add_tensors(tensors)
+    merged = _group_stats(tensors, stats) if stats else {}
     out = []
     for g in c.groups():
         numel = 1
@@ -167,7 +196,45 @@ def _groups(tensors) -> list[dict]:
         g["params"] = g["count"] * numel
         g["ranges"] = [{"label": label, "min": lo, "max": hi, "distinct": k}
                        for label, (lo, hi, k) in zip(range_labels(g["pattern"]), g["ranges"])]
+        if stats:
+            g["stats"] = merged.get((g["pattern"], g["dtype"], tuple(g["shape"])), {})
         out.append(g)
+    return out
+
+
+def _group_stats(tensors, stats) -> dict[tuple, dict]:
+    """Per (pattern, dtype, shape): the members' statistics merged as one population (Chan's
+    parallel update over the finite values; NaN, Inf and zero counts added)."""
+    acc: dict[tuple, list] = {}
+    for t in tensors:
+        s = stats.get(t.name)
+        if not s or "error" in s:
+            continue
+        key = (pattern_of(t), t.dtype, tuple(t.shape))
+        a = acc.get(key)
+        if a is None:   # numel, nan, inf, zeros, finite count, mean, M2, min, max
+            a = acc[key] = [0, 0, 0, 0, 0, 0.0, 0.0, math.inf, -math.inf]
+        nan, inf = s.get("nan") or 0, s.get("inf") or 0
+        a[0] += s.get("numel") or 0
+        a[1] += nan
+        a[2] += inf
+        a[3] += s.get("zeros") or 0
+        n = (s.get("numel") or 0) - nan - inf
+        if n <= 0 or s.get("mean") is None:
+            continue
+        delta = s["mean"] - a[5]
+        total = a[4] + n
+        a[5] += delta * n / total
+        a[6] += (s.get("std") or 0.0) ** 2 * n + delta * delta * a[4] * n / total
+        a[4] = total
+        a[7], a[8] = min(a[7], s["min"]), max(a[8], s["max"])
+    out = {}
+    for key, (numel, nan, inf, zeros, n, mean, m2, lo, hi) in acc.items():
+        finite = n > 0
+        out[key] = {"numel": numel, "nan": nan, "inf": inf, "zeros": zeros,
+                    "min": lo if finite else None, "max": hi if finite else None,
+                    "mean": mean if finite else None,
+                    "std": math.sqrt(m2 / n) if finite else None}
     return out
 
 
@@ -285,13 +352,18 @@ def _tensor_widths(tensors, several_files, stats):
     return widths
 
 
-def _group_rows(groups):
+def _group_rows(groups, stats=False):
     for g in groups:
         label = f"{g['pattern']} ×{g['count']:,}" if g["count"] > 1 else g["first"]
         ranges = describe_ranges(g["pattern"], [(r["min"], r["max"], r["distinct"])
                                                 for r in g["ranges"]]) if g["count"] > 1 else ""
-        yield [shown(label), shown(g["dtype"]), _fmt_shape(g["shape"]), f"{g['params']:,}",
+        row = [shown(label), shown(g["dtype"]), _fmt_shape(g["shape"]), f"{g['params']:,}",
                human_bytes(g["bytes"]), shown(ranges)]
+        if stats:
+            s = g.get("stats") or {}
+            row += [_num(s.get(k)) for k in ("min", "max", "mean", "std")]
+            row += [str(s.get("nan", "")), str(s.get("inf", ""))]
+        yield row
 
 
 def _print_human(model, tensors, stats, groups, args):
@@ -299,7 +371,10 @@ def _print_human(model, tensors, stats, groups, args):
     limit = args.limit
     if groups is not None:
         headers, aligns = ["name", "dtype", "shape", "params", "bytes", "indices"], "lllrrl"
-        rows = list(_group_rows(groups[:limit] if limit else groups))
+        if stats:
+            headers += ["min", "max", "mean", "std", "nan", "inf"]
+            aligns += "rrrrrr"
+        rows = list(_group_rows(groups[:limit] if limit else groups, bool(stats)))
         widths = [max((len(r[i]) for r in rows), default=0) for i in range(len(headers))]
         total_rows = len(groups)
     else:
@@ -324,9 +399,10 @@ def _print_human(model, tensors, stats, groups, args):
         console.print(f"… {total_rows - written:,} more rows (--limit)", markup=False)
     if groups is not None:
         why = ("" if args.group else f"; more than {GROUP_ABOVE:,} tensors")
-        console.print(f"{len(tensors):,} tensors in {len(groups):,} groups{why}: "
+        console.print(f"{plural(len(tensors), 'tensor')} in {plural(len(groups), 'group')}{why}: "
                       "--no-group lists every tensor"
-                      + (" (--stats values are per tensor)" if stats else ""), markup=False)
+                      + (" (statistics are of each group's values together)" if stats else ""),
+                      markup=False)
     _print_summary(console, model, tensors)
 
 
@@ -366,10 +442,9 @@ def _print_summary(console, model, tensors):
                          f"{human_bytes(v['bytes'])}" for k, v in s["by_dtype"].items())
     if by_dtype:
         console.print(f"[bold]by dtype[/] {markup(by_dtype)}")
-    for key, value in _flat_metadata(model.metadata):
-        console.print(f"[bold]{markup(key)}[/] {markup(value)}")
+    _print_metadata(console, model.metadata)
     if model.evidence.anomalies:
-        console.print(f"[yellow]{len(model.evidence.anomalies)} anomalies[/] "
+        console.print(f"[yellow]{plural(len(model.evidence.anomalies), 'anomaly', 'anomalies')}[/] "
                       "(run `tensorscope scan` for a safety verdict):")
         for a in model.evidence.anomalies[:10]:
             console.print(f"  {markup(a.kind)}: {markup(a)}")
@@ -403,11 +478,123 @@ def _num(v):
     return f"{v:.4g}"
 
 
-def _flat_metadata(meta, prefix="", depth=0):
+# -- metadata: a table of readable values -----------------------------------------------------------
+
+VALUE_CHARS = 100   # a longer value is cut in the table; --show KEY prints it whole
+META_ROWS = 60      # rows of the table at most; --json has every key
+_KEY_WIDTH = 32
+
+
+def _metadata_rows(meta, prefix="", depth=0):
+    """``(dotted key, readable text)``: nested dicts flattened (two levels), ONNX opsets as
+    ``ai.onnx 21``, graph inputs as ``x: float32[batch, 4]``, lists joined; empty values left out."""
     for key, value in meta.items():
         name = f"{prefix}{key}"
-        if isinstance(value, dict) and depth < 1 and len(value) <= 12:
-            yield from _flat_metadata(value, name + ".", depth + 1)
+        if key == "opset_import" and isinstance(value, dict):
+            yield "opsets", ", ".join(f"{d or 'ai.onnx'} {v}" for d, v in value.items())
+        elif key.endswith("_types") and isinstance(value, dict) and prefix:
+            continue   # GGUF's per-key value types: in --json
+        elif isinstance(value, dict) and set(value) == {"count", "items", "truncated"}:
+            items = ", ".join(map(str, value["items"]))
+            yield name, f"{value['count']:,} items: {items}" + (" …" if value["truncated"] else "")
+        elif isinstance(value, dict) and value and depth < 2 and not _scalar_dict(value):
+            yield from _metadata_rows(value, name + ".", depth + 1)
+        elif isinstance(value, dict):
+            if value:
+                yield name, ", ".join(f"{k} {_text(v)}" for k, v in value.items())
+        elif isinstance(value, (list, tuple)):
+            if value:
+                yield name, ", ".join(_io(v) if _is_io(v) else _text(v) for v in value)
         else:
-            text = str(value)
-            yield name, (text if len(text) <= 120 else text[:117] + "...")
+            yield name, _text(value)
+
+
+def _scalar_dict(d) -> bool:   # op counts, metadata_props: one row, "Add 2, Cast 2"
+    return len(d) <= 12 and all(isinstance(v, (int, float, str, bool)) and len(str(v)) <= 40
+                                for v in d.values()) and all(len(str(k)) <= 24 for k in d)
+
+
+def _is_io(v) -> bool:
+    return isinstance(v, dict) and "name" in v and ("elem_type" in v or "shape" in v)
+
+
+def _io(v) -> str:
+    """A graph input/output: ``name: dtype[dims]`` (symbolic dims by name)."""
+    shape = v.get("shape")
+    dims = "" if shape is None else "[" + ", ".join(str(d) for d in shape) + "]"
+    return f"{v['name']}: {v.get('elem_type') or v.get('kind') or '?'}{dims}"
+
+
+def _text(v) -> str:
+    return v if isinstance(v, str) else repr(v) if isinstance(v, bytes) else str(v)
+
+
+def _print_metadata(console, meta) -> None:
+    rows = list(_metadata_rows(meta))
+    if not rows:
+        return
+    width = min(_KEY_WIDTH, max(len(k) for k, _ in rows))
+    for key, value in rows[:META_ROWS]:
+        one_line = " ".join(value.split("\n"))
+        if len(one_line) > VALUE_CHARS:
+            one_line = one_line[:VALUE_CHARS - 1] + "…"
+            more = f"  [dim](--show {markup(shown(key))})[/]"
+        else:
+            more = ""
+        console.print(f"[bold]{markup(shown(key)).ljust(width)}[/] {markup(shown(one_line))}{more}")
+    if len(rows) > META_ROWS:
+        console.print(f"… {plural(len(rows) - META_ROWS, 'more key')} (--json lists them all)",
+                      markup=False)
+
+
+def _lookup(meta, key: str):
+    """The metadata value at ``key``: a dotted path through the nested dicts, where a component
+    may itself hold dots (GGUF keys: ``gguf.kv.tokenizer.chat_template``), or a key found at any
+    depth when it is found once. KeyError when there is none."""
+    def walk(node, rest):
+        if rest in node:
+            yield node[rest]
+        for k, v in node.items():
+            if isinstance(v, dict) and rest.startswith(f"{k}."):
+                yield from walk(v, rest[len(k) + 1:])
+
+    def anywhere(node):
+        for k, v in node.items():
+            if k == key:
+                yield v
+            if isinstance(v, dict):
+                yield from anywhere(v)
+    found = list(walk(meta, key)) or list(anywhere(meta))
+    if len(found) != 1:
+        raise KeyError(key)
+    return found[0]
+
+
+def _full_value(model, key: str):
+    """``key``'s value; GGUF key/values in full (the metadata cuts arrays to their first items)."""
+    fields = (model.extras or {}).get("gguf_kv") or {}
+    bare = key[len("gguf.kv."):] if key.startswith("gguf.kv.") else key
+    if bare in fields:
+        return fields[bare].value
+    return _lookup(model.metadata, key)
+
+
+def _show(model, key: str) -> int:
+    try:
+        value = _full_value(model, key)
+    except KeyError:
+        keys = [k for k, _ in _metadata_rows(model.metadata)]
+        near = [k for k in keys if key.lower() in k.lower()][:5] or keys[:5]
+        raise TensorscopeError(f"{model.path}: no metadata key {key!r} (try: "
+                               f"{', '.join(near)})") from None
+    if isinstance(value, str):
+        text = value
+    else:
+        import json
+        if hasattr(value, "tolist"):   # a GGUF array of numbers (a view over the file)
+            value = value.tolist()
+        text = json.dumps(value, indent=2, ensure_ascii=False, default=str)
+    # line by line: a template's line breaks are its layout; every other control stays escaped
+    stdout_console().print("\n".join(map(shown, text.split("\n"))), markup=False,
+                           highlight=False, soft_wrap=True)
+    return 0

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from ..remote import is_url, with_cost
-from ..render import emit_json, error_line, stdout_console
+from ..render import emit_json, error_line, plural, stderr_console, stdout_console
 from ..safetext import shown
 
 HELP = "statically scan model files for code that loading would run (nothing is executed)"
@@ -62,7 +62,10 @@ def add_arguments(p):
                             "needs tensorscope[distributed])")
     fleet.add_argument("--jsonl", metavar="FILE",
                        help="write one JSON object per file as it finishes ('-': stdout, "
-                            "instead of the table)")
+                            "instead of the table); to a FILE, stdout stays quiet (the summary "
+                            "line goes to stderr) unless --json, --sarif or --table asks")
+    fleet.add_argument("--table", action="store_true",
+                       help="with --jsonl FILE: print the findings table on stdout as well")
     fleet.add_argument("--resume", metavar="REPORT.jsonl",
                        help="skip files whose size and ETag/mtime equal their line in this "
                             "report (give the same FILE to --jsonl to append to it)")
@@ -95,15 +98,18 @@ def run(args) -> int:
         return error_line("scan", f"nothing to scan in {', '.join(args.paths)}: no model file "
                                   f"found{skipped}")
     fail_on = Severity.parse(args.fail_on)
-    if args.jsonl == "-":
-        # the JSON lines already written are the output
-        pass
-    elif args.json:
+    min_severity = Severity.parse(args.min_severity)
+    if args.json:
         emit_json(with_cost(report.to_dict()))
     elif args.sarif:
         emit_json(report.to_sarif())
+    elif args.jsonl == "-":
+        pass   # the JSON lines already written are the output
+    elif args.jsonl and not args.table:
+        # the records went to the file; a person still hears how it went, on stderr
+        stderr_console().print(_summary(report, min_severity, args))
     else:
-        _print_table(report, Severity.parse(args.min_severity))
+        _print_table(report, min_severity, args)
     return report.exit_code(fail_on)
 
 
@@ -134,7 +140,7 @@ def _list_rules(as_json: bool) -> int:
     return 0
 
 
-def _print_table(report, min_severity) -> None:
+def _print_table(report, min_severity, args=None) -> None:
     from rich.table import Table
     from rich.text import Text
 
@@ -155,9 +161,26 @@ def _print_table(report, min_severity) -> None:
             table.add_row(Text(sev, style=SEVERITY_STYLES.get(sev, "")), Text(f.rule),
                           Text(where), Text(shown(f.trigger or "")), Text(shown(f.message)))
         console.print(table)
-    n = len(report.files)
+    console.print(_summary(report, min_severity, args))
+
+
+def _summary(report, min_severity, args=None):
+    """One line: how many files (the same count as the --jsonl records), what was found, the
+    verdict."""
+    from rich.text import Text
+
+    rows = [f for f in report.findings if f.severity >= min_severity]
+    n, models = max(report.read, len(report.files)), len(report.files)
     summary = Text()
-    summary.append(f"{n} file{'s' if n != 1 else ''} scanned, ")
+    kinds = f" ({models:,} of them model file{'s' if models != 1 else ''})" if models != n else ""
+    if report.resumed:
+        since = shown(getattr(args, "resume", None) or "the --resume report")
+        summary.append(f"{plural(n, 'file')}{kinds}: {n - report.resumed:,} scanned, "
+                       f"{report.resumed:,} unchanged since {since} (not read again, their "
+                       "findings kept)")
+    else:
+        summary.append(f"{plural(n, 'file')} scanned{kinds}")
+    summary.append(", ")
     counts = report.counts()
     parts = [f"{counts[s]} {s}" for s in ("critical", "high", "medium", "low", "info") if counts[s]]
     summary.append(", ".join(parts) if parts else "no findings")
@@ -172,4 +195,4 @@ def _print_table(report, min_severity) -> None:
     hidden = len(report.findings) - len(rows)
     if hidden:
         summary.append(f" ({hidden} below {min_severity} hidden)", style="dim")
-    console.print(summary)
+    return summary

@@ -35,22 +35,22 @@ def add_arguments(p) -> None:
 
 
 def run(args) -> int:
-    import sys
-
     import tensorscope
 
+    from ..render import opening
     from ..safetext import shown
 
     # The input is checked before the full-screen app starts: a missing, empty, truncated or
     # unrecognised file fails here with one line and exit 2 (the CLI's boundary), like every
     # other command, instead of an app the user has to quit.
     paths = [args.path] + ([args.other] if args.other is not None else [])
-    if sys.stderr.isatty():
-        print(f"opening {' and '.join(shown(p) for p in paths)} …", file=sys.stderr, flush=True)
     models = []
     try:
-        for p in paths:
-            models.append(tensorscope.open(p))
+        # "reading … " while a slow open runs, wiped once it is done: nothing of it is left on
+        # the terminal when the app starts, nor after it quits
+        with opening(" and ".join(shown(p) for p in paths)):
+            for p in paths:
+                models.append(tensorscope.open(p))
     except BaseException:
         for m in models:
             m.close()

@@ -250,6 +250,7 @@ def scan_fleet(paths: Iterable[str | os.PathLike], *, recursive: bool = True, jo
     report = merge([FileReport(f.file, [f], False, f.rule == "file.unreadable")
                     for f in walk_findings] + [file_report(done[path]) for path, _ in order])
     ran = {p for p, _, _ in items}
+    report.resumed = len(order) - len(ran)   # vouched for by the --resume report
     if dask or (jobs > 1 and len(items) > 1):
         # the workers' counters are not this process's: fold them in for --json and -v
         remote.add_totals(*(sum((done[p].get("fetched") or {}).get(k, 0) for p in ran)

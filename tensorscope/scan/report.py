@@ -4,7 +4,9 @@ JSON and SARIF forms.
 JSON schema (`ScanReport.to_dict`, stable; new keys may be added, none removed)::
 
     {"schema": "tensorscope.scan/1",
-     "files": [str, ...],                 # files scanned
+     "files": [str, ...],                 # model files scanned
+     "files_read": int,                   # every file read: these, and configs and text judged or
+                                          # skipped (as many as the --jsonl records)
      "errors": int,                       # files that could not be read or parsed completely
      "severity": "critical"|...|null,     # worst finding
      "unsafe": bool,                      # any finding at HIGH or above
@@ -13,7 +15,8 @@ JSON schema (`ScanReport.to_dict`, stable; new keys may be added, none removed):
                    "member": str|null,   # archive member, "a.zip!inner.pt:archive/data.pkl" when nested
                    "offset": int|null,   # byte offset of the opcode/record
                    "offset_base": "file"|"member",  # absolute in file, or within the (decompressed) member
-                   "trigger": str|null}]}  # the global or call, e.g. "os.system"
+                   "trigger": str|null,  # the global or call, e.g. "os.system"
+                   "line": int, "column": int}]}  # where the finding is in a text (only when known)
 
 `FileReport.to_dict` is one file's part of it (schema ``tensorscope.scan-file/1``: ``file``,
 ``scanned``, ``error``, ``findings``), the unit a parallel or distributed scan streams.
@@ -21,6 +24,7 @@ JSON schema (`ScanReport.to_dict`, stable; new keys may be added, none removed):
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass, field
 from enum import IntEnum
 from typing import Any
@@ -59,6 +63,8 @@ class Finding:
         trigger: the global or call that triggered the rule (``os.system``), None otherwise.
         offset_base: ``file`` when ``offset`` is absolute in the file, ``member`` when it counts
             within the (decompressed or nested) member.
+        line, column: 1-based place in the text the finding is about (a config, TorchScript
+            code), when it has one; in SARIF ``region.startLine``/``startColumn``.
     """
 
     severity: Severity
@@ -69,6 +75,8 @@ class Finding:
     offset: int | None = None
     trigger: str | None = None
     offset_base: str = "file"
+    line: int | None = None
+    column: int | None = None
 
     def __str__(self) -> str:
         where = self.file + (f":{self.member}" if self.member else "")
@@ -77,14 +85,32 @@ class Finding:
         return f"{self.severity}: {where}: {self.message} [{self.rule}]"
 
     def to_dict(self) -> dict[str, Any]:
-        return {"severity": str(self.severity), "rule": self.rule, "message": self.message,
-                "file": self.file, "member": self.member, "offset": self.offset,
-                "offset_base": self.offset_base, "trigger": self.trigger}
+        d = {"severity": str(self.severity), "rule": self.rule, "message": self.message,
+             "file": self.file, "member": self.member, "offset": self.offset,
+             "offset_base": self.offset_base, "trigger": self.trigger}
+        if self.line is not None:   # new keys, present only when known (schema: keys are added)
+            d["line"] = self.line
+            if self.column is not None:
+                d["column"] = self.column
+        return d
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "Finding":
         return cls(Severity.parse(d["severity"]), d["rule"], d["message"], d["file"], d.get("member"),
-                   d.get("offset"), d.get("trigger"), d.get("offset_base", "file"))
+                   d.get("offset"), d.get("trigger"), d.get("offset_base", "file"),
+                   d.get("line"), d.get("column"))
+
+    @property
+    def place(self) -> tuple[int | None, int | None]:
+        """(line, column): the fields, or the ``(line N)`` the judges write at the end of their
+        own sentence (the last one in the message: text quoted from the file comes before it)."""
+        if self.line is not None:
+            return self.line, self.column
+        found = _LINE_IN_MESSAGE.findall(self.message)
+        if not found:
+            return None, None
+        line, column = found[-1]
+        return int(line), int(column) if column else None
 
 
 @dataclass
@@ -131,6 +157,9 @@ class ScanReport:
     findings: list[Finding] = field(default_factory=list)
     files: list[str] = field(default_factory=list)
     errors: int = 0
+    read: int = 0      # files the scan read: `files` plus those judged as text or skipped (one
+                       # count with the --jsonl records)
+    resumed: int = 0   # files a --resume report vouched for, not read again
 
     @property
     def severity(self) -> Severity | None:
@@ -153,6 +182,7 @@ class ScanReport:
     def to_dict(self) -> dict[str, Any]:
         sev = self.severity
         return {"schema": "tensorscope.scan/1", "files": list(self.files), "errors": self.errors,
+                "files_read": self.read,
                 "severity": str(sev) if sev is not None else None, "unsafe": self.unsafe,
                 "counts": self.counts(), "findings": [f.to_dict() for f in self.findings]}
 
@@ -183,8 +213,16 @@ class ScanReport:
         results = []
         for f in self.findings:
             loc: dict[str, Any] = {"physicalLocation": {"artifactLocation": {"uri": _uri(f.file)}}}
+            region: dict[str, int] = {}
             if f.offset is not None and f.offset_base == "file":
-                loc["physicalLocation"]["region"] = {"byteOffset": f.offset}
+                region["byteOffset"] = f.offset
+            line, column = f.place
+            if line is not None:
+                region["startLine"] = line
+                if column is not None:
+                    region["startColumn"] = column
+            if region:
+                loc["physicalLocation"]["region"] = region
             if f.member:
                 loc["logicalLocations"] = [{"name": f.member, "kind": "member"}]
             results.append({"ruleId": f.rule, "ruleIndex": index[f.rule], "level": _LEVEL[f.severity],
@@ -200,6 +238,8 @@ class ScanReport:
                           "artifacts": [{"location": {"uri": _uri(p)}} for p in self.files]}]}
 
 
+_LINE_IN_MESSAGE = re.compile(r"\(line (\d+)(?:, column (\d+))?\)")
+
 _LEVEL = {Severity.CRITICAL: "error", Severity.HIGH: "error", Severity.MEDIUM: "warning",
           Severity.LOW: "note", Severity.INFO: "note"}
 
@@ -214,12 +254,15 @@ def merge(reports) -> ScanReport:
     """One `ScanReport` from per-file reports (findings deduplicated, worst first)."""
     out = ScanReport()
     findings: list[Finding] = []
+    read: set[str] = set()
     for r in reports:
+        read.add(r.file)
         if r.scanned:
             out.files.append(r.file)
         out.errors += int(r.error)
         findings.extend(r.findings)
     out.findings = sort_findings(dedupe(findings))
+    out.read = len(read)
     return out
 
 

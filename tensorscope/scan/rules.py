@@ -423,6 +423,8 @@ _ANOMALY_TABLE: dict[str, tuple[Severity, str]] = {
     "pickle.numpy_size_mismatch": (M, f"array bytes do not match the shape: {_LOADER_FAILS}"),
     "pickle.nested_unreadable": (H, "a nested payload could not be read, so it is not scanned"),
     "pickle.numpy_unreadable": (L, "an array whose data the reader cannot locate (listed without it)"),
+    "joblib.array_not_listed": (I, "a joblib array of objects, strings or records, which is not "
+                                   "a tensor: said rather than dropped; its pickle is judged"),
     "joblib.sibling_array": (M, "a joblib < 0.10 sibling array file that is missing, compressed or "
                                 "outside the pickle's folder: joblib.load fails or reads elsewhere"),
     "torch.unknown_dtype": (I, "a dtype a newer torch writes, listed with its raw bytes"),

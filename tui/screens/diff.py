@@ -81,6 +81,7 @@ class DiffScreen(Screen):
     BINDINGS = [
         Binding("c", "toggle_changed", "Changed only"),
         Binding("l", "toggle_layers", "Layers"),
+        Binding("escape", "back", "Back", show=False),
         Binding("a", "browse(0)", "Browse A"),
         Binding("b", "browse(1)", "Browse B"),
     ]
@@ -205,7 +206,7 @@ class DiffScreen(Screen):
                           Text(bar(rel / top if rel and top else 0.0), style="yellow"),
                           key=f"g{i}")
         info = Text("relative change per layer: sqrt(Σ‖B−A‖²) / sqrt(Σ‖A‖²) over its tensors;"
-                    " l: back to the tensors", style="dim")
+                    " l or Esc: back to the tensors", style="dim")
         self.query_one("#dd-info", Static).update(info)
         self.query_one("#dd-hist", Static).update("")
 
@@ -219,6 +220,11 @@ class DiffScreen(Screen):
         self._columns()
         if self.result is not None:
             self.fill()
+
+    def action_back(self) -> None:
+        """Esc leaves the layer view (as it leaves every other sub-view)."""
+        if self.layers_view:
+            self.action_toggle_layers()
 
     @on(DataTable.RowHighlighted, "#diff-table")
     def _highlight(self, event: DataTable.RowHighlighted) -> None:

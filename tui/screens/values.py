@@ -54,6 +54,7 @@ class ValuesScreen(Screen):
         self.nrows = self.ncols = 0
         self.view_label = ""
         self.lead: tuple[int, ...] | None = None  # leading indices of the 2-D slice (ndim > 2)
+        self.page_cols = WINDOW_COLS  # columns shown (as many as fit); { } step by it
 
     def compose(self) -> ComposeResult:
         yield Static(id="titlebar")
@@ -98,12 +99,16 @@ class ValuesScreen(Screen):
             return
         rows, cols, cells = preview_window(self.arr, self.row0, self.col0, WINDOW_ROWS, WINDOW_COLS,
                                            self.lead)
+        texts = [[fmt_value(v) for v in line] for line in cells]
+        fit = self._columns_that_fit(rows, cols, texts)
+        cols, texts = cols[:fit], [line[:fit] for line in texts]
+        self.page_cols = max(1, fit)
         table.add_column("", key="_index")
         for c in cols:
             table.add_column(Text(str(c), justify="right"), key=f"c{c}")
-        for r, line in zip(rows, cells):
+        for r, line in zip(rows, texts):
             table.add_row(Text(str(r), style="dim"),
-                          *(Text(fmt_value(v), justify="right") for v in line), key=f"r{r}")
+                          *(Text(v, justify="right") for v in line), key=f"r{r}")
         r_end = self.row0 + len(rows)
         c_end = self.col0 + len(cols)
         keys = "[ ] rows, { } cols"
@@ -114,6 +119,22 @@ class ValuesScreen(Screen):
         status.update(Text(
             f"view {view} · rows {self.row0}–{r_end - 1} of {self.nrows} · "
             f"cols {self.col0}–{c_end - 1} of {self.ncols}   ({keys})", style="dim"))
+
+    def _columns_that_fit(self, rows: list[int], cols: list[int], texts: list[list[str]]) -> int:
+        """How many of ``cols`` fit the screen's width whole (a cell is its widest value or its
+        label, plus DataTable's padding of one cell on each side), never fewer than one."""
+        width = (self.size.width or self.app.size.width) - 2   # the vertical scrollbar
+        used = max((len(str(r)) for r in rows), default=1) + 2
+        for k, c in enumerate(cols):
+            cell = max([len(str(c))] + [len(line[k]) for line in texts if k < len(line)]) + 2
+            used += cell
+            if used > width:
+                return max(1, k)
+        return len(cols)
+
+    def on_resize(self) -> None:
+        if self.arr is not None:
+            self.render_window()
 
     def action_slice(self, step: int, axis: int | None = None) -> None:
         """Move to another 2-D slice of a tensor with more than two dimensions."""
@@ -132,7 +153,7 @@ class ValuesScreen(Screen):
             self.render_window()
 
     def action_cols(self, step: int) -> None:
-        new = self.col0 + step * WINDOW_COLS
+        new = self.col0 + step * self.page_cols
         if 0 <= new < max(self.ncols, 1):
             self.col0 = new
             self.render_window()

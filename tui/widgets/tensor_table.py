@@ -54,10 +54,52 @@ def fit(text: str, width: int, right: bool = False, middle: bool = False) -> str
         if width == 1:
             return "…"
         if middle and width >= 8:
+            short = shorten_name(text, width)
+            if short is not None:
+                return short.ljust(width)
             head = (width - 1) // 3
             return text[:head] + "…" + text[len(text) - (width - 1 - head):]
         return text[:width - 1] + "…"
     return text.rjust(width) if right else text.ljust(width)
+
+
+def shorten_name(name: str, width: int) -> str | None:
+    """A dotted name cut to ``width`` by leaving out whole components, those that tell rows apart
+    last: the layer indices (and their labels) and the leaf stay, so rows of different layers
+    never look alike (``…layers.3…down_proj.weight``). None when even that does not fit."""
+    parts = name.split(".")
+    n = len(parts)
+    if n < 3:
+        return None
+    index = {i for i, p in enumerate(parts) if p.isdigit()}
+    labels = {i - 1 for i in index if i - 1 not in index and i > 0}
+    # the order components go in: plain middle ones (left first), the first, the labels of
+    # indices, the one before the leaf; indices and the leaf never
+    middle = [i for i in range(1, n - 2) if i not in index and i not in labels]
+    order = middle + ([0] if 0 not in index | labels else []) + sorted(labels) + \
+        ([n - 2] if n - 2 not in index else [])
+    dropped: set[int] = set()
+    for i in order:
+        dropped.add(i)
+        text = _render(parts, dropped)
+        if len(text) <= width:
+            return text
+    return None
+
+
+def _render(parts: list[str], dropped: set[int]) -> str:
+    out, gap = [], False
+    for i, p in enumerate(parts):
+        if i in dropped:
+            if not gap:
+                out.append("…")
+            gap = True
+            continue
+        if out and not gap:
+            out.append(".")
+        out.append(p)
+        gap = False
+    return "".join(out)
 
 
 def fit_columns(columns: Sequence[Column], width: int, yield_order: Sequence[str] = ()
