@@ -102,9 +102,11 @@ class Pipeline:
                                [*judged.findings, *(f for f, _ in judged.suppressed)], ident)
             if self.args.sbom:
                 from ..scan.sbom import inventory_of, write_sbom
+                cache: dict = {}
                 for path in report.files:
                     if path not in self.inventories:   # resumed from a --jsonl report
-                        self.inventories[path] = _resumed_inventory(self.args.resume, path) \
+                        self.inventories[path] = _resumed_inventory(self.args.resume, path,
+                                                                    cache) \
                             or _fresh_inventory(path, inventory_of)
                 write_sbom(self.args.sbom, judged, self.inventories)
         except (TensorscopeError, OSError) as e:
@@ -123,16 +125,13 @@ class Pipeline:
         os.replace(tmp, self.args.output)
 
 
-_RESUMED: dict[str, dict] = {}
-
-
-def _resumed_inventory(resume: str | None, path: str):
+def _resumed_inventory(resume: str | None, path: str, cache: dict):
     if not resume:
         return None
-    if resume not in _RESUMED:
+    if "records" not in cache:
         from ..scan.fleet import load_resume
-        _RESUMED[resume] = load_resume(resume)
-    return (_RESUMED[resume].get(path) or {}).get("inventory")
+        cache["records"] = load_resume(resume)
+    return (cache["records"].get(path) or {}).get("inventory")
 
 
 def _fresh_inventory(path: str, inventory_of):
