@@ -137,6 +137,9 @@ def _metadata_records(meta: dict[str, Any]) -> dict[str, str]:
 # ---------------------------------------------------------------------------------------------
 # Model cards and configs
 
+_YAML_STR, _YAML_SEQ = "tag:yaml.org,2002:str", "tag:yaml.org,2002:seq"
+
+
 def model_card(folder: str) -> dict[str, Any]:
     """``license``, ``license_name``, ``base_model`` (list), ``library_name``, ``pipeline_tag``,
     ``datasets`` from ``folder/README.md``'s YAML front matter; {} when there is none or it does
@@ -151,12 +154,15 @@ def model_card(folder: str) -> dict[str, Any]:
         end = next(i for i in range(1, len(lines)) if lines[i].strip() in ("---", "..."))
     except StopIteration:
         return {}
-    import yaml
+    try:
+        import yaml
+    except ImportError:  # tensorscope[sbom] brings it
+        return {}
     try:
         root = yaml.compose("\n".join(lines[1:end]), Loader=yaml.SafeLoader)
     except yaml.YAMLError:
         return {}
-    if not isinstance(root, yaml.MappingNode):
+    if not isinstance(root, yaml.MappingNode) or root.tag != "tag:yaml.org,2002:map":
         return {}
     out: dict[str, Any] = {}
     for knode, vnode in root.value:
@@ -166,10 +172,12 @@ def model_card(folder: str) -> dict[str, Any]:
         if key not in ("license", "license_name", "license_link", "base_model", "library_name",
                        "pipeline_tag", "datasets"):
             continue
-        if isinstance(vnode, yaml.ScalarNode):
+        # plain data only: a node with an explicit tag (!!python/..., !custom) is not read
+        if isinstance(vnode, yaml.ScalarNode) and vnode.tag == _YAML_STR:
             vals = [vnode.value]
-        elif isinstance(vnode, yaml.SequenceNode):
-            vals = [n.value for n in vnode.value[:32] if isinstance(n, yaml.ScalarNode)]
+        elif isinstance(vnode, yaml.SequenceNode) and vnode.tag == _YAML_SEQ:
+            vals = [n.value for n in vnode.value[:32]
+                    if isinstance(n, yaml.ScalarNode) and n.tag == _YAML_STR]
         else:
             continue
         vals = [str(v)[:_META_VALUE_CHARS] for v in vals if str(v).strip()]
