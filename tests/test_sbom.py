@@ -242,3 +242,27 @@ def test_sbom_verdicts_equal_the_plain_scan(tmp_path, capsys):
     main(["scan", "--no-config", str(ROOT / "fixtures"), "--json", "--sbom", str(tmp_path / "b")])
     with_bom = json.loads(capsys.readouterr().out)
     assert with_bom["findings"] == plain["findings"] and with_bom["files"] == plain["files"]
+
+
+def test_url_components_carry_the_version_not_a_download(farm, tmp_path, capsys):
+    """A remote file is read by ranges as the scan reads it; its component names the object's
+    ETag instead of a hash that would need the whole object."""
+    import sys
+    sys.path.insert(0, str(Path(__file__).parent))
+    from http_server import Server
+    from tensorscope import remote
+    with Server(farm) as s:
+        url = s.url("hf/model.safetensors")
+        remote.reset_totals()
+        main(["scan", "--no-config", url, "--json"])
+        plain = json.loads(capsys.readouterr().out)
+        remote.reset_totals()
+        _, bom, report = sbom(tmp_path, capsys, url)
+        size = (farm / "hf" / "model.safetensors").stat().st_size
+    (c,) = bom["components"]
+    assert "hashes" not in c and prop(c, "tensorscope:version")
+    assert int(prop(c, "tensorscope:size")) == size
+    assert int(prop(c, "tensorscope:tensors")) == 28   # GPT-2 with 2 layers, tied head
+    # the inventory costs no byte and no request beyond the scan's own
+    assert report["fetched"]["bytes"] == plain["fetched"]["bytes"]
+    assert report["fetched"]["requests"] == plain["fetched"]["requests"]

@@ -51,11 +51,10 @@ def scan_with_inventory(path: str, *, explicit: bool = True, limits=None,
     from ..formats import open_model
     from .loader import scan_file, scan_model
     model = None
-    if not is_url(path):
-        try:
-            model = open_model(path)
-        except Exception:  # noqa: BLE001 — the scan below reports why (never clean)
-            model = None
+    try:
+        model = open_model(path)   # a URL: its headers by range, as the scan reads them
+    except Exception:  # noqa: BLE001 — the scan below reports why (never clean)
+        model = None
     try:
         if model is not None:
             report = scan_model(model, path=path, explicit=explicit, limits=limits,
@@ -77,8 +76,9 @@ def inventory_of(path: str, model=None, report: FileReport | None = None) -> dic
                            "parameters": None, "dtypes": [], "parts": [], "data_files": [],
                            "metadata": {}, "parsed": model is not None}
     if is_url(path):
+        from .. import remote
         from .fleet import identity
-        ident = identity(path)
+        ident = remote.seen(path) or identity(path)   # what the scan read: no new request
         inv["size"], inv["version"] = ident["size"], ident["version"]
     else:
         try:
@@ -99,15 +99,19 @@ def inventory_of(path: str, model=None, report: FileReport | None = None) -> dic
         if t.file:
             files.add(t.file)
     inv["tensors"], inv["parameters"], inv["dtypes"] = len(model.tensors), params, sorted(dtypes)
-    here = os.path.realpath(path)
-    others = [f for f in (model.files or ()) if os.path.realpath(f) != here]
-    data = sorted({os.path.realpath(f) for f in files if os.path.realpath(f) != here})
+    here = _real(path)
+    others = [f for f in (model.files or ()) if _real(f) != here]
+    data = sorted({_real(f) for f in files if _real(f) != here})
     if model.format == "sharded":
         inv["parts"] = others
     else:
         inv["data_files"] = data
     inv["metadata"] = _metadata_records(model.metadata)
     return inv
+
+
+def _real(path: str) -> str:
+    return path if is_url(path) else os.path.realpath(path)
 
 
 def _metadata_records(meta: dict[str, Any]) -> dict[str, str]:
@@ -245,7 +249,7 @@ def write_sbom(out_path: str, report, inventories: dict[str, dict[str, Any]]) ->
     tool = Component(type=ComponentType.APPLICATION, name="tensorscope", version=__version__,
                      bom_ref="tool:tensorscope")
     bom.metadata.tools.components.add(tool)
-    data_files = {os.path.realpath(d) for inv in inventories.values() for d in inv["data_files"]}
+    data_files = {_real(d) for inv in inventories.values() for d in inv["data_files"]}
     folders: dict[str, tuple[dict, dict]] = {}
     comps: dict[str, Component] = {}
     real_to_path: dict[str, str] = {}
@@ -254,9 +258,9 @@ def write_sbom(out_path: str, report, inventories: dict[str, dict[str, Any]]) ->
         if inv is None:
             continue
         local = not is_url(path)
-        real = os.path.realpath(path) if local else path
+        real = _real(path)
         real_to_path[real] = path
-        is_data = local and real in data_files
+        is_data = real in data_files
         props = [("tensorscope:format", inv["format"] or "unknown"),
                  ("tensorscope:size", inv["size"]), ("tensorscope:parsed", inv["parsed"])]
         if not is_data:
@@ -308,7 +312,7 @@ def write_sbom(out_path: str, report, inventories: dict[str, dict[str, Any]]) ->
         inv = inventories[path]
         deps = []
         for other in [*inv["parts"], *inv["data_files"]]:
-            p = real_to_path.get(os.path.realpath(other) if not is_url(other) else other)
+            p = real_to_path.get(_real(other))
             if p is not None and p in comps and p != path:
                 deps.append(comps[p])
         if deps:
