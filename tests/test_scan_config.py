@@ -146,6 +146,10 @@ def test_ignore_flag_with_and_without_glob(repo, capsys):
     code, doc, _ = scan_json(capsys, "models", "--ignore", LOW, "--ignore", f"{MED}:models/**/*.pkl")
     assert rules_of(doc["findings"]) == [CRIT] and rules_of(doc["suppressed"]) == sorted([LOW, MED])
     assert {f["suppression"]["kind"] for f in doc["suppressed"]} == {"command-line"}
+    # the file's reasons table gives a flag's ignore its reason
+    (repo / "tensorscope.toml").write_text('[scan]\nreasons = {"zip.comment" = "exporter"}\n')
+    code, doc, _ = scan_json(capsys, "models", "--ignore", LOW)
+    assert [f["suppression"]["reason"] for f in doc["suppressed"]] == ["exporter"]
     # a glob that matches nothing hides nothing
     code, doc, _ = scan_json(capsys, "models", "--ignore", f"{MED}:other/*.pkl")
     assert MED in rules_of(doc["findings"])

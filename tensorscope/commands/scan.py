@@ -32,6 +32,11 @@ Example:
   tensorscope scan registry/ --jobs 8 --jsonl report.jsonl
   tensorscope scan registry/ --jobs 8 --jsonl report.jsonl --resume report.jsonl
   tensorscope scan s3://bucket/models --dask tcp://scheduler:8786 --jsonl report.jsonl
+  tensorscope scan models/ --ignore pickle.user-class:models/sklearn/*.pkl --severity zip.comment=info
+  tensorscope scan models/ --write-baseline baseline.json; tensorscope scan models/ --baseline baseline.json
+  tensorscope scan models/ --sarif --output scan.sarif --sbom models.cdx.json
+Configuration ([tool.tensorscope.scan] in pyproject.toml, tensorscope.toml), suppressions,
+baselines and the SBOM: docs/scan-ci.md.
 """
 
 SEVERITY_STYLES = {"info": "dim", "low": "cyan", "medium": "yellow", "high": "bold red",

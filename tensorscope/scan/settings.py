@@ -89,29 +89,43 @@ class ScanSettings:
     fail_on: Severity | None = None
     suppressions: list[Suppression] = field(default_factory=list)
     severity: dict[str, tuple[Severity, str]] = field(default_factory=dict)  # rule -> (level, source)
+    reasons: dict[str, str] = field(default_factory=dict)   # the file's reasons table
 
 
 # ---------------------------------------------------------------------------------------------
 # Finding and reading the configuration
 
-def find_config(start: str) -> str | None:
+def find_config(start: str, _memo: dict | None = None) -> str | None:
     """The configuration that applies to ``start`` (a file or folder): the nearest folder, from
     ``start`` upwards, holding a ``tensorscope.toml`` or a ``pyproject.toml`` with
-    ``[tool.tensorscope.scan]``; None when there is none."""
+    ``[tool.tensorscope.scan]``; None when there is none. ``_memo`` (folder -> answer) spares
+    the walk for the many files of one folder (pre-commit passes each staged file)."""
+    memo = {} if _memo is None else _memo
     cur = os.path.abspath(start)
     if not os.path.isdir(cur):
         cur = os.path.dirname(cur)
+    seen = []
+    found = None
     while True:
+        if cur in memo:
+            found = memo[cur]
+            break
+        seen.append(cur)
         own = os.path.join(cur, "tensorscope.toml")
-        if os.path.isfile(own):
-            return own
         py = os.path.join(cur, "pyproject.toml")
+        if os.path.isfile(own):
+            found = own
+            break
         if os.path.isfile(py) and _has_scan_table(py):
-            return py
+            found = py
+            break
         parent = os.path.dirname(cur)
         if parent == cur:
-            return None
+            break
         cur = parent
+    for d in seen:
+        memo[d] = found
+    return found
 
 
 def _has_scan_table(path: str) -> bool:
@@ -173,7 +187,8 @@ def load_settings(*, paths: list[str], config: str | None = None, isolated: bool
     from .rules import RULES
     out = ScanSettings()
     if config is None and not isolated:
-        found = {find_config(p if not is_url(p) else os.getcwd()) for p in paths or ["."]}
+        memo: dict = {}
+        found = {find_config(p if not is_url(p) else os.getcwd(), memo) for p in paths or ["."]}
         found.discard(None)
         if len(found) > 1:
             raise SettingsError("the paths have different configurations ("
@@ -191,7 +206,7 @@ def load_settings(*, paths: list[str], config: str | None = None, isolated: bool
         _check_rule(rule, "--ignore", RULES)
         if _ and not glob:
             raise SettingsError(f"--ignore {text!r}: empty path after ':'")
-        reason = _reason_for(out, rule) or "accepted on the command line (--ignore)"
+        reason = out.reasons.get(rule) or "accepted on the command line (--ignore)"
         out.suppressions.append(Suppression(rule, glob or None, reason, "--ignore", cwd,
                                             "command-line"))
     for text in severities:
@@ -217,6 +232,7 @@ def _from_table(out: ScanSettings, table: dict, where: str, base: str, rules) ->
         _check_rule(rule, f"{where} reasons", rules)
         if not isinstance(text, str):
             raise SettingsError(f"{where} reasons.{rule}: expected a string")
+        out.reasons[rule] = text
     if "fail-on" in table:
         out.fail_on = _level(table["fail-on"], f"{where} fail-on")
 
@@ -256,13 +272,6 @@ def _from_table(out: ScanSettings, table: dict, where: str, base: str, rules) ->
     for rule, level in sev.items():
         _check_rule(rule, f"{where} severity", rules)
         out.severity[rule] = (_level(level, f"{where} severity.{rule}"), f"{where} severity")
-
-
-def _reason_for(out: ScanSettings, rule: str) -> str | None:
-    for s in out.suppressions:
-        if s.rule == rule and s.kind == "config" and not s.reason.startswith("accepted in "):
-            return s.reason
-    return None
 
 
 def _check_rule(rule, where: str, rules) -> None:
