@@ -14,7 +14,8 @@ a vulnerability whose id is the rule id (suppressed ones with the reason, as ``w
 The document is validated against the 1.6 schema by the library's own JSON validator before it
 is written.
 
-The hash reads every byte once, in 16 MiB blocks at disk speed (hashlib releases the GIL); the
+The hash reads every byte once, through a map 64 MiB at a time (`baseline.file_sha256`: no copy,
+flat memory; hashlib releases the GIL); the
 scan, which reads the same file's headers and pickles through its map, then finds those pages in
 the page cache. A remote file (URL) is not downloaded for a hash: its component carries the
 object's ETag/version instead.
