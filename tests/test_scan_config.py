@@ -215,3 +215,11 @@ def test_differing_configs_for_two_paths_are_an_error(repo, capsys):
     (repo / "tensorscope.toml").write_text("[scan]\n")
     code, _, err = scan(capsys, "models/sk", "models/c.pt")
     assert code == 2 and "--config" in err
+
+
+def test_refusal_warning_shows_hostile_names_escaped(repo, capsys):
+    hostile = repo / "models" / "x\x1b]0;owned\x07\u202e.pkl"
+    hostile.write_bytes(pickle.dumps(_Evil(), protocol=4))
+    code, doc, err = scan_json(capsys, "models", "--ignore", CRIT)
+    assert code == 1 and "does not hide a critical finding" in err
+    assert "\x1b" not in err and "\u202e" not in err and "\\x1b" in err and "\\u202e" in err

@@ -103,8 +103,9 @@ class Pipeline:
         from ..scan.settings import apply_settings
         judged = apply_settings(report, self.settings,
                                 accept=self.baseline.accept if self.baseline else None)
-        for line in judged.refused:
-            sys.stderr.write(f"tensorscope scan: warning: {line}\n")
+        from ..safetext import shown
+        for line in judged.refused:   # names files: hostile text, shown escaped
+            sys.stderr.write(f"tensorscope scan: warning: {shown(line)}\n")
         identities = {p: f"sha256:{inv['sha256']}" for p, inv in self.inventories.items()
                       if inv.get("sha256")}
         try:

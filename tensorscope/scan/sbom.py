@@ -90,15 +90,12 @@ def inventory_of(path: str, model=None, report: FileReport | None = None) -> dic
     if model is None:
         return inv
     inv["format"] = model.format
-    params, dtypes, files = 0, set(), set()
-    for t in model.tensors:
-        n = 1
-        for d in t.shape:
-            n *= int(d)
-        params += n
-        dtypes.add(str(t.dtype))
-        if t.file:
-            files.add(t.file)
+    import math
+    tensors = model.tensors
+    # once per tensor, at C speed: 10^6 tensors cost well under a second
+    params = sum(map(math.prod, (t.shape for t in tensors)))
+    dtypes = {str(d) for d in {t.dtype for t in tensors}}
+    files = {t.file for t in tensors if t.file}
     inv["tensors"], inv["parameters"], inv["dtypes"] = len(model.tensors), params, sorted(dtypes)
     here = _real(path)
     others = [f for f in (model.files or ()) if _real(f) != here]
