@@ -45,7 +45,6 @@ class Pipeline:
         self.settings = settings
         self.baseline = baseline
         self.inventories: dict[str, dict[str, Any]] = {}
-        self._warming = None
 
     @classmethod
     def prepare(cls, args) -> "Pipeline | int":
@@ -66,28 +65,13 @@ class Pipeline:
                                         "'tensorscope[sbom]'")
         except SettingsError as e:
             return error_line("scan", str(e))
-        pipe = cls(args, settings, baseline)
-        if args.sbom and args.jobs == 1 and not args.dask:
-            pipe._prewarm()
-        return pipe
-
-    def _prewarm(self) -> None:
-        """Import the SBOM writer and its schema validator (over a second of imports: jsonschema's
-        format checkers build grammars) on a thread, while the scan hashes: hashing releases the
-        GIL, so the two overlap instead of adding up. With --jobs it starts once the workers
-        exist (a fork with a second thread alive is unsafe, and the fleet then would not fork)."""
-        import threading
-        if self._warming is None:
-            self._warming = threading.Thread(target=_import_sbom_writer, daemon=True)
-            self._warming.start()
+        return cls(args, settings, baseline)
 
     @property
     def inventory(self) -> bool:
         return bool(self.args.sbom)
 
     def on_record(self, rec: dict[str, Any]) -> None:
-        if self.args.sbom:
-            self._prewarm()
         if rec.get("inventory") is not None:
             self.inventories[rec["path"]] = rec["inventory"]
 
@@ -140,14 +124,6 @@ class Pipeline:
         with open(tmp, "w", encoding="utf-8") as fh, contextlib.redirect_stdout(fh):
             yield
         os.replace(tmp, self.args.output)
-
-
-def _import_sbom_writer() -> None:
-    try:
-        import cyclonedx.output.json  # noqa: F401
-        import cyclonedx.validation.json  # noqa: F401
-    except ImportError:  # reported when the SBOM is written
-        pass
 
 
 def _resumed_inventory(resume: str | None, path: str, cache: dict):

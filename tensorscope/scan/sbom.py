@@ -14,10 +14,9 @@ a vulnerability whose id is the rule id (suppressed ones with the reason, as ``w
 The document is validated against the 1.6 schema by the library's own JSON validator before it
 is written.
 
-The hash reads every byte once, through a map 64 MiB at a time (`baseline.file_sha256`: no copy,
-flat memory; hashlib releases the GIL); the
-scan, which reads the same file's headers and pickles through its map, then finds those pages in
-the page cache. A remote file (URL) is not downloaded for a hash: its component carries the
+The hash reads every byte once, in 1 MiB blocks (`baseline.file_sha256`: flat memory, at the
+speed of a plain read-and-hash of the file); the scan, which reads the same file's headers and
+pickles through its map, finds those pages in the page cache. A remote file (URL) is not downloaded for a hash: its component carries the
 object's ETag/version instead.
 
 Model cards and configs are hostile text: the front matter is composed by PyYAML's SafeLoader
