@@ -266,3 +266,24 @@ def test_url_components_carry_the_version_not_a_download(farm, tmp_path, capsys)
     # the inventory costs no byte and no request beyond the scan's own
     assert report["fetched"]["bytes"] == plain["fetched"]["bytes"]
     assert report["fetched"]["requests"] == plain["fetched"]["requests"]
+
+
+def test_sbom_verdicts_equal_the_plain_scan_on_the_attack_corpus(tmp_path, capsys):
+    """The same over the attack corpus (tests/make_attack_corpus.py): the one parse shared with
+    the inventory judges every hostile file as the plain scan does."""
+    import sys
+    sys.path.insert(0, str(Path(__file__).parent))
+    import make_attack_corpus
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    assert len(make_attack_corpus.build(corpus)) > 250
+    main(["scan", "--no-config", str(corpus), "--json"])
+    plain = json.loads(capsys.readouterr().out)
+    main(["scan", "--no-config", str(corpus), "--json", "--sbom", str(tmp_path / "b.json")])
+    with_bom = json.loads(capsys.readouterr().out)
+    assert plain["counts"]["critical"] > 250
+    assert with_bom["findings"] == plain["findings"] and with_bom["files"] == plain["files"]
+    text = (tmp_path / "b.json").read_text()
+    assert JsonStrictValidator(SchemaVersion.V1_6).validate_str(text) is None
+    bom = json.loads(text)
+    assert len(bom["vulnerabilities"]) == len(plain["findings"])
