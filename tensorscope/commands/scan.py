@@ -4,6 +4,7 @@ from __future__ import annotations
 from ..remote import is_url, with_cost
 from ..render import emit_json, error_line, plural, stderr_console, stdout_console
 from ..safetext import shown
+from . import scan_pipeline
 
 HELP = "statically scan model files for code that loading would run (nothing is executed)"
 DESCRIPTION = """\
@@ -31,6 +32,11 @@ Example:
   tensorscope scan registry/ --jobs 8 --jsonl report.jsonl
   tensorscope scan registry/ --jobs 8 --jsonl report.jsonl --resume report.jsonl
   tensorscope scan s3://bucket/models --dask tcp://scheduler:8786 --jsonl report.jsonl
+  tensorscope scan models/ --ignore pickle.user-class:models/sklearn/*.pkl --severity zip.comment=info
+  tensorscope scan models/ --write-baseline baseline.json; tensorscope scan models/ --baseline baseline.json
+  tensorscope scan models/ --sarif --output scan.sarif --sbom models.cdx.json
+Configuration ([tool.tensorscope.scan] in pyproject.toml, tensorscope.toml), suppressions,
+baselines and the SBOM: docs/scan-ci.md.
 """
 
 SEVERITY_STYLES = {"info": "dim", "low": "cyan", "medium": "yellow", "high": "bold red",
@@ -46,9 +52,10 @@ def add_arguments(p):
     out.add_argument("--json", action="store_true",
                      help="machine-readable report (schema: tensorscope.scan/1)")
     out.add_argument("--sarif", action="store_true", help="SARIF 2.1.0 report (code scanning)")
-    p.add_argument("--fail-on", default="medium", metavar="SEVERITY",
+    p.add_argument("--fail-on", default=None, metavar="SEVERITY",
                    choices=["info", "low", "medium", "high", "critical"],
-                   help="exit 1 when a finding reaches this severity (default: medium)")
+                   help="exit 1 when a finding reaches this severity (default: the "
+                        "configuration's fail-on, else medium)")
     p.add_argument("--min-severity", default="low", metavar="SEVERITY",
                    choices=["info", "low", "medium", "high", "critical"],
                    help="hide findings below this severity in the table (default: low; "
@@ -69,6 +76,7 @@ def add_arguments(p):
     fleet.add_argument("--resume", metavar="REPORT.jsonl",
                        help="skip files whose size and ETag/mtime equal their line in this "
                             "report (give the same FILE to --jsonl to append to it)")
+    scan_pipeline.add_arguments(p)
 
 
 def run(args) -> int:
@@ -84,10 +92,14 @@ def run(args) -> int:
             return error_line("scan", f"{p}: no such file or directory")
     if args.jobs < 1:
         return error_line("scan", "--jobs must be at least 1")
-    if args.jobs > 1 or args.dask or args.jsonl or args.resume:
+    pipe = scan_pipeline.Pipeline.prepare(args)
+    if isinstance(pipe, int):
+        return pipe
+    if args.jobs > 1 or args.dask or args.jsonl or args.resume or pipe.inventory:
         from ..scan.fleet import scan_fleet
         report = scan_fleet(args.paths, recursive=not args.no_recursive, jobs=args.jobs,
-                            dask=args.dask, jsonl=args.jsonl, resume=args.resume)
+                            dask=args.dask, jsonl=args.jsonl, resume=args.resume,
+                            inventory=pipe.inventory, on_record=pipe.on_record)
     else:
         report = scan_paths(*args.paths, recursive=not args.no_recursive)
     if not report.files:
@@ -97,19 +109,23 @@ def run(args) -> int:
             + "; ".join(str(f) for f in report.findings[:3]) + ")"
         return error_line("scan", f"nothing to scan in {', '.join(args.paths)}: no model file "
                                   f"found{skipped}")
-    fail_on = Severity.parse(args.fail_on)
+    report = pipe.judge(report)   # suppressions, severities, baseline; writes baseline and SBOM
+    if isinstance(report, int):
+        return report
+    fail_on = Severity.parse(pipe.fail_on())
     min_severity = Severity.parse(args.min_severity)
-    if args.json:
-        emit_json(with_cost(report.to_dict()))
-    elif args.sarif:
-        emit_json(report.to_sarif())
-    elif args.jsonl == "-":
-        pass   # the JSON lines already written are the output
-    elif args.jsonl and not args.table:
-        # the records went to the file; a person still hears how it went, on stderr
-        stderr_console().print(_summary(report, min_severity, args))
-    else:
-        _print_table(report, min_severity, args)
+    with pipe.output():
+        if args.json:
+            emit_json(with_cost(report.to_dict()))
+        elif args.sarif:
+            emit_json(report.to_sarif())
+        elif args.jsonl == "-":
+            pass   # the JSON lines already written are the output
+        elif args.jsonl and not args.table and not args.output:
+            # the records went to the file; a person still hears how it went, on stderr
+            stderr_console().print(_summary(report, min_severity, args))
+        else:
+            _print_table(report, min_severity, args)
     return report.exit_code(fail_on)
 
 
@@ -195,4 +211,7 @@ def _summary(report, min_severity, args=None):
     hidden = len(report.findings) - len(rows)
     if hidden:
         summary.append(f" ({hidden} below {min_severity} hidden)", style="dim")
+    suppressed = len(getattr(report, "suppressed", ()))
+    if suppressed:
+        summary.append(f", {suppressed} suppressed", style="dim")
     return summary

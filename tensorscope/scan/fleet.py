@@ -53,14 +53,21 @@ def identity(path: str) -> dict[str, Any]:
 
 
 def scan_record(path: str, explicit: bool = True, limits: ScanLimits | None = None,
-                ident: dict | None = None) -> dict[str, Any]:
-    """Scan one file; the JSON-ready record (see the module doc). Pure and picklable."""
+                ident: dict | None = None, inventory: bool = False) -> dict[str, Any]:
+    """Scan one file; the JSON-ready record (see the module doc). Pure and picklable.
+    ``inventory``: also describe the file for an SBOM (``"inventory"``: `sbom.inventory_of`),
+    from the same parse, on the same worker."""
     start, cpu = time.perf_counter(), time.process_time()
     before = remote.totals()
     url = remote.is_url(path)
     if ident is None and not url:
         ident = identity(path)
-    r = scan_file(path, limits=limits or DEFAULT_SCAN_LIMITS, explicit=explicit)
+    inv = None
+    if inventory:
+        from .sbom import scan_with_inventory
+        r, inv = scan_with_inventory(path, limits=limits or DEFAULT_SCAN_LIMITS, explicit=explicit)
+    else:
+        r = scan_file(path, limits=limits or DEFAULT_SCAN_LIMITS, explicit=explicit)
     if ident is None:  # a URL: the version the scan itself read, no extra request
         got = remote.seen(path) or {"size": None, "version": None}
         ident = {"size": got["size"], "version": got["version"], "mtime_ns": None}
@@ -71,7 +78,8 @@ def scan_record(path: str, explicit: bool = True, limits: ScanLimits | None = No
             "findings": [f.to_dict() for f in sort_findings(r.findings)],
             "fetched": {k: after[k] - before[k] for k in ("bytes", "requests", "objects")},
             "seconds": round(time.perf_counter() - start, 6),
-            "cpu_seconds": round(time.process_time() - cpu, 6)}
+            "cpu_seconds": round(time.process_time() - cpu, 6),
+            **({"inventory": inv} if inventory else {})}
 
 
 def file_report(rec: dict[str, Any]) -> FileReport:
@@ -130,7 +138,8 @@ def _preload() -> None:
             pass
 
 
-def _run_processes(items, jobs: int, limits) -> Iterator[list[dict[str, Any]]]:
+def _run_processes(items, jobs: int, limits,
+                   inventory: bool = False) -> Iterator[list[dict[str, Any]]]:
     import gc
     import multiprocessing
     import threading
@@ -156,7 +165,7 @@ def _run_processes(items, jobs: int, limits) -> Iterator[list[dict[str, Any]]]:
         # the queue never holds the whole plan
         todo = iter(batches)
         try:
-            running = {pool.submit(_scan_batch, batch, limits) for batch in
+            running = {pool.submit(_scan_batch, batch, limits, inventory) for batch in
                        (b for _, b in zip(range(2 * jobs), todo))}
         finally:
             if method == "fork":
@@ -166,7 +175,7 @@ def _run_processes(items, jobs: int, limits) -> Iterator[list[dict[str, Any]]]:
             for fut in done:
                 nxt = next(todo, None)
                 if nxt is not None:
-                    running.add(pool.submit(_scan_batch, nxt, limits))
+                    running.add(pool.submit(_scan_batch, nxt, limits, inventory))
                 yield fut.result()
 
 
@@ -178,11 +187,13 @@ def _batches(items: list, workers: int) -> list[list]:
     return [items[i:i + size] for i in range(0, len(items), size)]
 
 
-def _scan_batch(batch, limits) -> list[dict[str, Any]]:
-    return [scan_record(path, explicit, limits, ident) for path, explicit, ident in batch]
+def _scan_batch(batch, limits, inventory: bool = False) -> list[dict[str, Any]]:
+    return [scan_record(path, explicit, limits, ident, inventory)
+            for path, explicit, ident in batch]
 
 
-def _run_dask(items, address: str, limits) -> Iterator[list[dict[str, Any]]]:
+def _run_dask(items, address: str, limits,
+              inventory: bool = False) -> Iterator[list[dict[str, Any]]]:
     try:
         from distributed import Client, LocalCluster, as_completed
     except ImportError:
@@ -198,7 +209,8 @@ def _run_dask(items, address: str, limits) -> Iterator[list[dict[str, Any]]]:
         client = Client(address)
     try:
         workers = max(1, len(client.scheduler_info().get("workers", {})))
-        futures = client.map(_scan_batch, _batches(items, workers), limits=limits, pure=False)
+        futures = client.map(_scan_batch, _batches(items, workers), limits=limits,
+                             inventory=inventory, pure=False)
         for fut in as_completed(futures):
             yield fut.result()
     finally:
@@ -210,10 +222,12 @@ def _run_dask(items, address: str, limits) -> Iterator[list[dict[str, Any]]]:
 def scan_fleet(paths: Iterable[str | os.PathLike], *, recursive: bool = True, jobs: int = 1,
                dask: str | None = None, jsonl: str | None = None, resume: str | None = None,
                limits: ScanLimits | None = None,
-               on_record: Callable[[dict[str, Any]], None] | None = None) -> ScanReport:
+               on_record: Callable[[dict[str, Any]], None] | None = None,
+               inventory: bool = False) -> ScanReport:
     """Scan files and folders on ``jobs`` processes (or the Dask cluster at ``dask``, ``"local"``
     for a LocalCluster), writing a JSON line per file to ``jsonl`` (``"-"``: stdout) as each
-    finishes; the `ScanReport` equals `scan_paths`' on the same input."""
+    finishes; the `ScanReport` equals `scan_paths`' on the same input. ``inventory``: each
+    record also describes its file for an SBOM (`scan_record`)."""
     order, walk_findings = plan(*paths, recursive=recursive)
     previous = load_resume(resume) if resume else {}
     done: dict[str, dict[str, Any]] = {}
@@ -231,11 +245,11 @@ def scan_fleet(paths: Iterable[str | os.PathLike], *, recursive: bool = True, jo
         out = open(jsonl, "a" if jsonl == resume else "w", encoding="utf-8")
     try:
         if dask:
-            batches = _run_dask(items, dask, limits)
+            batches = _run_dask(items, dask, limits, inventory)
         elif jobs > 1 and len(items) > 1:
-            batches = _run_processes(items, jobs, limits)
+            batches = _run_processes(items, jobs, limits, inventory)
         else:
-            batches = ([scan_record(p, e, limits, i)] for p, e, i in items)
+            batches = ([scan_record(p, e, limits, i, inventory)] for p, e, i in items)
         for rec in (rec for batch in batches for rec in batch):
             done[rec["path"]] = rec
             if out is not None:
