@@ -363,7 +363,8 @@ class JudgedReport(ScanReport):
         """SARIF with the suppressed findings as results carrying ``suppressions`` (what code
         scanning shows as dismissed, with the justification)."""
         every = ScanReport(findings=[*self.findings, *(f for f, _ in self.suppressed)],
-                           files=self.files, errors=self.errors)
+                           files=self.files, errors=self.errors, read=self.read,
+                           resumed=self.resumed)
         doc = every.to_sarif()
         results = doc["runs"][0]["results"]
         for res, (_, s) in zip(results[len(self.findings):], self.suppressed):
@@ -378,7 +379,8 @@ def apply_settings(report: ScanReport, settings: ScanSettings,
                    accept=None) -> JudgedReport:
     """The report with severities overridden and suppressions applied. ``accept(finding)``, when
     given, returns a `Suppression` for a finding accepted by other means (a baseline) or None."""
-    out = JudgedReport(files=list(report.files), errors=report.errors, config=settings.config)
+    out = JudgedReport(files=list(report.files), errors=report.errors, read=report.read,
+                       resumed=report.resumed, config=settings.config)
     by_rule: dict[str, list[Suppression]] = {}
     for s in [*settings.suppressions, *(extra or ())]:
         by_rule.setdefault(s.rule, []).append(s)
