@@ -51,6 +51,7 @@ class Node:
     module: str = ""                                       # the module that ran it
     subgraphs: list[str] = field(default_factory=list)
     flops_detail: dict | None = None                       # by kind, for a call (functions)
+    body_uncounted: dict | None = None                     # a call's body ops without formula
 
     def to_dict(self) -> dict:
         return {"graph": self.graph, "index": self.index, "name": self.name, "op": self.op,
@@ -102,6 +103,8 @@ def totals_of(nodes, numel: dict[str, int]) -> dict:
     for n in nodes:
         for p in n.parameters:
             used[p] = None
+        if n.body_uncounted:
+            uncounted.update(n.body_uncounted)
         if n.flops is None:
             uncounted[n.op] += 1
         else:

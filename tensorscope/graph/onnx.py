@@ -172,20 +172,24 @@ class _Builder:
             self.site_cache[key] = got = (None, f"function body not inferred: {type(e).__name__}",
                                           {})
             return got
-        total, why, kinds = 0, None, {}
+        total, kinds, uncounted = 0, {}, {}
         for n in fn.nodes:
             f, kind, reason = self.node_flops(n, lambda name: shapes.get(name), depth + 1)
-            if f is None:
-                why = why or f"{n.op} in the function body: {reason}"
-            else:
+            if kind == "function":
+                inner = self.site_kinds.get(self._last_site, {})
+                for k, v in inner.get("by_kind", {}).items():
+                    kinds[k] = kinds.get(k, 0) + v
+                for k, v in inner.get("uncounted", {}).items():
+                    uncounted[k] = uncounted.get(k, 0) + v
+            elif f is None:
+                uncounted[n.op] = uncounted.get(n.op, 0) + 1
+            elif kind != "none":
+                kinds[kind] = kinds.get(kind, 0) + f
+            if f is not None:
                 total += f
-                if kind == "function":
-                    for k, v in self.site_kinds.get(self._last_site, {}).items():
-                        kinds[k] = kinds.get(k, 0) + v
-                elif kind != "none":
-                    kinds[kind] = kinds.get(kind, 0) + f
-        self.site_cache[key] = got = (None if why else total, why, shapes)
-        self.site_kinds[key] = kinds
+        # ops of the body without a formula are listed (in the call's totals), not guessed
+        self.site_cache[key] = got = (total, None, shapes)
+        self.site_kinds[key] = {"by_kind": kinds, "uncounted": uncounted}
         self._last_site = key
         return got
 
@@ -287,7 +291,13 @@ class _Builder:
                     f, k, why = self.node_flops(n, shape_of)
                 node.flops, node.flops_kind, node.uncounted = f, k, why
                 if k == "function":
-                    node.flops_detail = dict(self.site_kinds.get(self._last_site, {}))
+                    site = self.site_kinds.get(self._last_site, {})
+                    node.flops_detail = dict(site.get("by_kind", {}))
+                    body = site.get("uncounted")
+                    if body:
+                        node.body_uncounted = dict(body)
+                        node.uncounted = "in the function body, uncounted: " + ", ".join(
+                            f"{op} ×{k}" for op, k in body.items())
                 out.nodes.append(node)
             out_graphs.append(out)
         self._order_check(out_graphs)
