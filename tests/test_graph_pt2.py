@@ -1,0 +1,70 @@
+"""`tensorscope graph` on torch.export archives: nodes equal torch.export.load's graph node for
+node, FLOPs equal FlopCounterMode's, parameters equal sum(p.numel())."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+import graph_models as gm
+import tensorscope
+from tensorscope.graph import build_graph
+
+CASES = ["mlp", "cnn", "transformer", "sdpa"]
+
+
+@pytest.fixture(scope="session")
+def exported(tmp_path_factory):
+    root = tmp_path_factory.mktemp("graph_pt2")
+    out = {}
+    for name in CASES:
+        if name == "sdpa":
+            torch.manual_seed(0)
+            module, inputs = gm.SDPA(), (torch.randn(2, 5, 32),)
+        else:
+            module, inputs = gm.build(name)
+        path = root / f"{name}.pt2"
+        gm.export_pt2(module, inputs, path)
+        out[name] = (module, inputs, path)
+    return out
+
+
+def _graph(path):
+    with tensorscope.open(str(path)) as m:
+        return build_graph(m)
+
+
+@pytest.mark.parametrize("name", CASES)
+def test_nodes_equal_torch_export_load(exported, name):
+    _, _, path = exported[name]
+    ep = torch.export.load(str(path))
+    want = [(n.name, f"torch.ops.{n.target}") for n in ep.graph.nodes if n.op == "call_function"]
+    g = _graph(path)
+    assert [(n.name, n.domain) for n in g.main.nodes] == want
+    placeholders = [n.name for n in ep.graph.nodes if n.op == "placeholder"]
+    assert [v.name for v in g.main.inputs] == placeholders
+    for ours, theirs in zip(g.main.nodes, [n for n in ep.graph.nodes if n.op == "call_function"]):
+        val = theirs.meta.get("val")
+        if isinstance(val, torch.Tensor):
+            assert ours.outputs[0].shape == tuple(val.shape)
+
+
+@pytest.mark.parametrize("name", CASES)
+def test_flops_and_params(exported, name):
+    module, inputs, path = exported[name]
+    want, _ = gm.flop_counter(module, inputs)
+    t = _graph(path).totals()
+    assert t["flop_counter_flops"] == want
+    assert t["params"] == sum(p.numel() for p in module.parameters())
+
+
+def test_parameters_linked_and_blocks(exported):
+    module, _, path = exported["transformer"]
+    g = _graph(path)
+    with tensorscope.open(str(path)) as m:
+        names = set(m.names)
+    linear = [n for n in g.main.nodes if n.op == "linear"]
+    assert linear[0].parameters == ["layers.0.attn.q_proj.weight", "layers.0.attn.q_proj.bias"]
+    assert {p for n in g.main.nodes for p in n.parameters} <= names
+    blocks = {b["pattern"]: b for b in g.blocks()}
+    layer = sum(p.numel() for p in module.layers[0].parameters())
+    assert blocks["layers.#"]["count"] == 3 and blocks["layers.#"]["params"] == 3 * layer
