@@ -16,6 +16,7 @@ initializers, and integer ones of rank 2 or more (quantized weights), count as p
 """
 from __future__ import annotations
 
+from collections import ChainMap
 from typing import Any
 
 from ..parsers.onnx_graph import OnnxGraph, read_graphs, structure_only
@@ -244,24 +245,17 @@ class _Builder:
             shapes_from = "file+inference" if self.inferred else "file"
 
         out_graphs: list[Graph] = []
-        for g in self.graphs:
-            scopes = []
-            h: OnnxGraph | None = g
-            while h is not None:   # a subgraph sees its enclosing graphs' values
-                scopes.append((file_shapes.get(h.path, {}), self.inferred.get(h.path, {})))
-                h = self.by_path.get(h.parent) if h.parent else None
-
-            def shape_of(name, scopes=scopes):
-                for fs, inf in scopes:
-                    got = fs.get(name)
-                    if got is not None and got[1] is not None:
-                        return got
-                    got2 = inf.get(name)
-                    if got2 is not None:
-                        return got2
-                    if got is not None:
-                        return got
-                return None
+        merged: dict[str, dict] = {}
+        for g in self.graphs:   # parents come before their subgraphs
+            # one lookup per value: the file's shape where it has one, else the inferred one
+            mine = dict(self.inferred.get(g.path, {}))
+            for k, v in file_shapes.get(g.path, {}).items():
+                if v[1] is not None or k not in mine:
+                    mine[k] = v
+            parent = merged.get(g.parent) if g.parent else None
+            # a subgraph sees its enclosing graphs' values (ONNX scoping)
+            merged[g.path] = ChainMap(mine, parent) if parent is not None else mine
+            shape_of = merged[g.path].get
 
             def value(name, shape_of=shape_of):
                 got = shape_of(name) if name else None
