@@ -175,7 +175,8 @@ def main(argv=None) -> int:
     print(f"| file | reader | parse | graph (beyond parsing) | JSON | nodes |")
     print("|---|---|---:|---:|---:|---:|")
     print(f"| {onnx_path.name} ({onnx_path.stat().st_size / 1e6:.1f} MB) | tensorscope | "
-          f"{ours_o['parse']:.3f} s | {ours_o['graph']:.3f} s | {ours_o['json']:.3f} s | {ours_o['nodes']:,} |")
+          f"{ours_o['parse']:.3f} s | {ours_o['graph']:.3f} s (+ import onnx "
+          f"{ours_o['onnx_import']:.3f} s) | {ours_o['json']:.3f} s | {ours_o['nodes']:,} |")
     print(f"| | onnx.load + node walk + infer_shapes | {peer_o['parse']:.3f} s | "
           f"{peer_o['graph'] + peer_o['infer']:.3f} s (walk {peer_o['graph']:.3f} + infer "
           f"{peer_o['infer']:.3f}) | - | {peer_o['nodes']:,} |")
