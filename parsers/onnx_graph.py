@@ -228,7 +228,11 @@ class _GraphReader(_Walker):
             elif num == 7:
                 got = lists.setdefault(7, [])
                 if len(got) < ATTRIBUTE_LIST_MAX:
-                    got.extend(np.frombuffer(bytes(buf[x:y]), "<f4").tolist()[:ATTRIBUTE_LIST_MAX])
+                    if wire == LEN and (y - x) % 4:
+                        raise _err(f"AttributeProto.floats holds {y - x} bytes, not a multiple "
+                                   "of 4", at)
+                    raw = bytes(buf[x:min(y, x + 4 * ATTRIBUTE_LIST_MAX)])
+                    got.extend(np.frombuffer(raw, "<f4").tolist())
             elif num == 8:
                 got = lists.setdefault(8, [])
                 if len(got) < ATTRIBUTE_LIST_MAX:

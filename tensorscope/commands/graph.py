@@ -56,6 +56,8 @@ def add_arguments(p):
                    help="only nodes whose op or name matches the glob (repeatable)")
     p.add_argument("--group", action=argparse.BooleanOptionalAction, default=None,
                    help=f"one row per module pattern and op (default above {GROUP_ABOVE:,} nodes)")
+    p.add_argument("--no-infer", dest="infer", action="store_false",
+                   help="ONNX: shapes from the file only, without onnx shape inference")
     p.add_argument("--limit", type=_positive, default=None, metavar="N", help="show at most N rows")
 
 
@@ -74,7 +76,7 @@ def run(args) -> int:
         stack.enter_context(listing_only())
         with opening(shown(args.path)):
             model = stack.enter_context(open_model(args.path))
-            gm = build_graph(model)
+            gm = build_graph(model, infer=args.infer)
         nodes = _selected(gm, args.filter)
         if args.json:
             _emit_json(gm.to_header(), nodes)

@@ -16,10 +16,12 @@ class NoGraph(TensorscopeError):
     """The file stores no computation graph (a state dict, safetensors, GGUF ...)."""
 
 
-def build_graph(model) -> GraphModel:
+def build_graph(model, *, infer: bool = True) -> GraphModel:
+    """The graph of an opened model. ``infer=False``: ONNX shapes from the file only (onnx's
+    shape inference, C++, is not run on the file's structure)."""
     if model.format == "onnx":
         from . import onnx
-        return onnx.build(model)
+        return onnx.build(model, infer=infer)
     if model.format == "pt2":
         from . import pt2
         return pt2.build(model)

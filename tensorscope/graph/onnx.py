@@ -91,6 +91,7 @@ class _Builder:
         self._last_site: tuple = ()
         self.numel: dict[str, int] = {}
         self.params_total = 0
+        self.allow_inference = True
         self._link_tensors()
 
     # -- parameters ---------------------------------------------------------------------------
@@ -164,6 +165,8 @@ class _Builder:
         got = self.site_cache.get(key)
         if got is not None:
             return got
+        if not self.allow_inference:
+            return None, "shape inference not run (--no-infer)", {}
         if len(self.site_cache) >= FUNCTION_SITES_MAX or depth > 16:
             return None, "too many distinct function call sites", {}
         shapes: dict[str, tuple] = {}
@@ -240,7 +243,9 @@ class _Builder:
         missing = any(o and o not in file_shapes[g.path] for g in self.graphs
                       if g.kind == "graph" for n in g.nodes for o in n.outputs)
         shapes_from = "file"
-        if missing:
+        if missing and not self.allow_inference:
+            self.notes.append("shape inference not run (--no-infer): shapes from the file only")
+        elif missing:
             self.infer()
             shapes_from = "file+inference" if self.inferred else "file"
 
@@ -316,5 +321,7 @@ class _Builder:
                 seen.update(v.name for v in n.outputs)
 
 
-def build(model) -> GraphModel:
-    return _Builder(model).build()
+def build(model, *, infer: bool = True) -> GraphModel:
+    b = _Builder(model)
+    b.allow_inference = infer
+    return b.build()
