@@ -31,18 +31,47 @@ __all__ = ["summarize", "describe"]
 
 CONFIG_MAX = 4 << 20
 
-_BLOCK = re.compile(r"(?:^|\.)(layers|h|layer|blocks|block)\.(\d+)\.")
+_BLOCK = re.compile(r"(?:^|\.)(layers|h|layer|blocks|block|blk)\.(\d+)\.")
 _EXPERT = re.compile(r"\.experts\.(\d+)\.")
+_GGUF_EXPERTS = re.compile(r"\.ffn_(up|gate|down)_exps\.")     # llama.cpp: [experts, rows, cols]
 _EMBED = re.compile(r"(embed_tokens|wte|wpe|word_embeddings|tok_embeddings|token_embd|"
                     r"embed_positions|embeddings?\.weight$)")
 _HEAD = re.compile(r"(^|\.)(lm_head|output|cls|score|classifier|head|pooler)\.")
 _NORM = re.compile(r"(norm|ln_|ln\d|layernorm|LayerNorm|ln_f)", re.I)
 _ATTN = re.compile(r"(attn|attention|self_attn|q_proj|k_proj|v_proj|o_proj)")
-_ROUTER = re.compile(r"(\.router\.|block_sparse_moe\.gate\.|mlp\.gate\.weight|shared_expert_gate)")
+_ROUTER = re.compile(r"(\.router\.|block_sparse_moe\.gate\.|mlp\.gate\.weight|shared_expert_gate|"
+                     r"ffn_gate_inp)")
 _MLP = re.compile(r"(mlp|feed_forward|ffn|intermediate|experts|shared_expert|\.output\.dense)")
 
 
+# llama.cpp's GGUF keys (``<arch>.<key>``) -> the config.json names this module reads
+_GGUF_KEYS = {"block_count": "num_hidden_layers", "embedding_length": "hidden_size",
+              "feed_forward_length": "intermediate_size",
+              "expert_feed_forward_length": "moe_intermediate_size",
+              "attention.head_count": "num_attention_heads",
+              "attention.head_count_kv": "num_key_value_heads",
+              "attention.key_length": "head_dim", "expert_count": "num_experts",
+              "expert_used_count": "num_experts_per_tok", "vocab_size": "vocab_size"}
+
+
+def _gguf_config(model) -> dict | None:
+    """A GGUF file's own metadata, as the config it stands for (``general.architecture``)."""
+    kv = (model.metadata.get("gguf") or {}).get("kv") if isinstance(model.metadata, dict) else None
+    if not isinstance(kv, dict) or not isinstance(kv.get("general.architecture"), str):
+        return None
+    arch = kv["general.architecture"]
+    cfg: dict = {"model_type": arch}
+    for key, name in _GGUF_KEYS.items():
+        v = kv.get(f"{arch}.{key}")
+        if isinstance(v, int) and not isinstance(v, bool):
+            cfg[name] = v
+    return cfg
+
+
 def _config(model) -> tuple[dict | None, str | None]:
+    if model.format == "gguf":
+        cfg = _gguf_config(model)
+        return cfg, ("gguf metadata" if cfg else None)
     files = [f for f in (model.files or [model.path]) if isinstance(f, str) and "://" not in f]
     if not files:
         return None, None
@@ -72,7 +101,7 @@ def _component(name: str) -> str:
     if _ATTN.search(name) and ".output.dense" not in name.replace("attention.output.dense", ""):
         return "attention"
     if _MLP.search(name):
-        return "experts" if _EXPERT.search(name) else "mlp"
+        return "experts" if _EXPERT.search(name) or _GGUF_EXPERTS.search(name) else "mlp"
     return "other"
 
 
@@ -135,25 +164,31 @@ def summarize(model) -> dict | None:
     block = max(layers.items(), key=lambda kv: len(kv[1]))[1] if layers else set()
     put("layers", _int(cfg, "num_hidden_layers", "n_layer", "num_layers"),
         len(block) if block else None)
-    emb = _first(tensors, r"(embed_tokens|wte|word_embeddings|tok_embeddings)\.weight$")
+    emb = _first(tensors, r"(embed_tokens|wte|word_embeddings|tok_embeddings|token_embd)\.weight$")
     put("hidden_size", _int(cfg, "hidden_size", "n_embd", "d_model"), emb.shape[1] if emb else None)
     put("vocab_size", _int(cfg, "vocab_size"), emb.shape[0] if emb else None)
     hidden = out["hidden_size"]
     heads_cfg = _int(cfg, "num_attention_heads", "n_head")
     head_dim = _int(cfg, "head_dim") or (hidden // heads_cfg if hidden and heads_cfg else None)
-    q = _first(tensors, r"(q_proj|self\.query|wq)\.weight$")
-    k = _first(tensors, r"(k_proj|self\.key|wk)\.weight$")
+    q = _first(tensors, r"(q_proj|self\.query|wq|attn_q)\.weight$")
+    k = _first(tensors, r"(k_proj|self\.key|wk|attn_k)\.weight$")
     put("attention_heads", heads_cfg, q.shape[0] // head_dim if q and head_dim else None)
     kv_cfg = _int(cfg, "num_key_value_heads") or heads_cfg
     put("kv_heads", kv_cfg, k.shape[0] // head_dim if k and head_dim else None)
     out["head_dim"] = head_dim
-    up = _first(tensors, r"(mlp\.(up_proj|gate_proj|c_fc|fc1)|intermediate\.dense|feed_forward\.w1)\.weight$")
+    up = _first(tensors, r"(mlp\.(up_proj|gate_proj|c_fc|fc1)|intermediate\.dense|feed_forward\.w1|"
+                         r"\.ffn_up)\.weight$")
     inter = None
     if up is not None:
         inter = up.shape[1] if up.name.endswith("c_fc.weight") else up.shape[0]   # GPT-2 Conv1D
     elif experts:
         first = _first(tensors, r"experts\.\d+\.(up_proj|gate_proj|w1|w3)\.weight$")
         inter = first.shape[0] if first is not None else None
+    gguf_exps = next((t for t in tensors if _GGUF_EXPERTS.search(t.name) and len(t.shape) == 3
+                      and ".ffn_up_exps." in t.name), None)
+    if gguf_exps is not None:   # [experts, intermediate, hidden]
+        experts = set(range(gguf_exps.shape[0]))
+        inter = gguf_exps.shape[1]
     put("intermediate_size", _int(cfg, "moe_intermediate_size", "intermediate_size", "n_inner",
                                   "ffn_dim") if experts else _int(cfg, "intermediate_size", "n_inner"),
         inter)

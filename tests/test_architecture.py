@@ -144,3 +144,62 @@ def test_inspect_cli(saved):
     r = subprocess.run([sys.executable, "-m", "tensorscope", "inspect", str(folder)],
                        capture_output=True, text=True)
     assert "experts 4" in r.stdout and "active per token" in r.stdout
+
+
+def _gguf(path, *, experts: int | None):
+    """A llama-shaped GGUF written by gguf-py's own writer (names and keys as llama.cpp's
+    converter writes them; values zero: only shapes matter)."""
+    import numpy as np
+    gguf = pytest.importorskip("gguf")
+    L, H, I, V, heads, kv = 2, 64, 96, 80, 4, 2
+    hd = H // heads
+    w = gguf.GGUFWriter(str(path), "qwen2moe" if experts else "llama")
+    w.add_block_count(L)
+    w.add_embedding_length(H)
+    w.add_feed_forward_length(I)
+    w.add_head_count(heads)
+    w.add_head_count_kv(kv)
+    if experts:
+        w.add_expert_count(experts)
+        w.add_expert_used_count(2)
+    tensors = {"token_embd.weight": (V, H), "output_norm.weight": (H,), "output.weight": (V, H)}
+    for i in range(L):
+        b = f"blk.{i}."
+        tensors.update({b + "attn_norm.weight": (H,), b + "attn_q.weight": (heads * hd, H),
+                        b + "attn_k.weight": (kv * hd, H), b + "attn_v.weight": (kv * hd, H),
+                        b + "attn_output.weight": (H, heads * hd), b + "ffn_norm.weight": (H,)})
+        if experts:
+            tensors.update({b + "ffn_gate_inp.weight": (experts, H),
+                            b + "ffn_up_exps.weight": (experts, I, H),
+                            b + "ffn_gate_exps.weight": (experts, I, H),
+                            b + "ffn_down_exps.weight": (experts, H, I)})
+        else:
+            tensors.update({b + "ffn_up.weight": (I, H), b + "ffn_gate.weight": (I, H),
+                            b + "ffn_down.weight": (H, I)})
+    for name, shape in tensors.items():
+        w.add_tensor(name, np.zeros(shape, np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return tensors, dict(L=L, H=H, I=I, V=V, heads=heads, kv=kv, hd=hd)
+
+
+@pytest.mark.parametrize("experts", [None, 4])
+def test_gguf_metadata_is_the_config(tmp_path, experts):
+    import math
+    tensors, c = _gguf(tmp_path / "m.gguf", experts=experts)
+    s = _summary(tmp_path / "m.gguf")
+    assert s["config"] == "gguf metadata" and s["disagreements"] == []
+    assert (s["layers"], s["hidden_size"], s["vocab_size"], s["attention_heads"], s["kv_heads"],
+            s["head_dim"], s["intermediate_size"]) == (c["L"], c["H"], c["V"], c["heads"],
+                                                        c["kv"], c["hd"], c["I"])
+    total = sum(math.prod(v) for v in tensors.values())
+    assert s["params"] == total and s["tied_embeddings"] is False
+    if experts:
+        routed = sum(math.prod(v) for k, v in tensors.items() if "_exps" in k)
+        assert s["experts"] == experts and s["experts_per_token"] == 2
+        assert s["active_params_per_token"] == total - routed + routed * 2 // experts
+        assert s["params_by_component"]["router"] == c["L"] * experts * c["H"]
+    else:
+        assert s["experts"] is None
