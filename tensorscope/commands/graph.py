@@ -119,9 +119,17 @@ def _flops(n) -> str:
     return f"{n.flops:,}"
 
 
-def _node_rows(nodes, depth_of):
+def _node_rows(nodes, depth_of, graphs=None):
+    """One row per node; with ``graphs`` (path -> Graph), a heading row where a graph other than
+    the first begins: the tree of graphs, subgraphs indented under their parents."""
     cache: dict = {}
+    current = nodes[0].graph if nodes else None
     for n in nodes:
+        if graphs is not None and n.graph != current:
+            current = n.graph
+            g = graphs[n.graph]
+            indent = "  " * max(0, depth_of.get(n.graph, 0) - 1)
+            yield [f"{indent}▸ {shown(g.path)} ({g.kind})", "", "", "", ""]
         ins = " ".join(_cached(cache, v.shape) for v in n.inputs if v.name)
         outs = " ".join(_cached(cache, v.shape) for v in n.outputs)
         indent = "  " * depth_of.get(n.graph, 0)
@@ -158,13 +166,16 @@ def _group_rows(nodes):
 
 def _print_human(gm, nodes, group, limit):
     tty = sys.stdout.isatty()
-    depth_of = {g.path: (0 if g.parent is None else 1 + g.path.count("/") - 1) for g in gm.graphs}
+    by_path = {g.path: g for g in gm.graphs}
+    depth_of: dict[str, int] = {}
+    for g in gm.graphs:   # parents come before their subgraphs
+        depth_of[g.path] = depth_of.get(g.parent, 0) + 1 if g.parent else 0
     if group:
         headers, aligns = ["module", "op", "nodes", "params", "FLOPs"], "llrrr"
         rows = list(_group_rows(nodes))
     else:
         headers, aligns = ["node", "op", "inputs → outputs", "params", "FLOPs"], "lllrr"
-        rows = _node_rows(nodes, depth_of)
+        rows = _node_rows(nodes, depth_of, by_path)
     total = len(nodes) if not group else None
     if limit:
         rows = (r for i, r in zip(range(limit), rows))
@@ -172,14 +183,21 @@ def _print_human(gm, nodes, group, limit):
     if isinstance(rows, list):
         widths = [min(80, max((len(r[i]) for r in rows), default=0)) for i in range(5)]
     else:   # a big graph streams: widths from the first rows' vocabulary
-        head = list(_node_rows(nodes[:2048], depth_of))
+        head = list(_node_rows(nodes[:2048], depth_of, by_path))
         widths = [min(80, max((len(r[i]) for r in head), default=0)) for i in range(5)]
     if tty:
         widths = TextTable.fit_first(widths)
-    written = TextTable(headers, aligns, widths, fold=tty, bold=tty).write(rows)
+    headings = [0]
+
+    def counted(rows):
+        for r in rows:
+            if r[0].lstrip().startswith("▸ ") and not r[1]:
+                headings[0] += 1
+            yield r
+    written = TextTable(headers, aligns, widths, fold=tty, bold=tty).write(counted(rows))
     console = stdout_console()
-    if total is not None and written < total:
-        console.print(f"… {total - written:,} more nodes (--limit)", markup=False)
+    if total is not None and written - headings[0] < total:
+        console.print(f"… {total - written + headings[0]:,} more nodes (--limit)", markup=False)
     _print_totals(console, gm)
 
 
