@@ -68,3 +68,24 @@ def test_parameters_linked_and_blocks(exported):
     blocks = {b["pattern"]: b for b in g.blocks()}
     layer = sum(p.numel() for p in module.layers[0].parameters())
     assert blocks["layers.#"]["count"] == 3 and blocks["layers.#"]["params"] == 3 * layer
+
+
+def test_symbolic_sizes_stay_symbols(tmp_path):
+    module, inputs = gm.build("mlp")
+    batch = torch.export.Dim("batch")
+    path = tmp_path / "dynamic.pt2"
+    torch.export.save(torch.export.export(module.eval(), inputs, dynamic_shapes=({0: batch},)),
+                      str(path))
+    g = _graph(path)
+    first = g.main.nodes[0]
+    assert isinstance(first.outputs[0].shape[0], str) and first.outputs[0].shape[1] == 32
+    assert first.flops is None and "not static" in first.uncounted   # never guessed
+    assert g.totals()["params"] == sum(p.numel() for p in module.parameters())
+
+
+def test_core_aten_after_decompositions(tmp_path):
+    module, inputs = gm.build("transformer")
+    path = tmp_path / "core.pt2"
+    torch.export.save(torch.export.export(module.eval(), inputs).run_decompositions(), str(path))
+    want, _ = gm.flop_counter(module, inputs)
+    assert _graph(path).totals()["flop_counter_flops"] == want

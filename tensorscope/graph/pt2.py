@@ -11,6 +11,7 @@ linked to the `TensorInfo` the parser listed for them.
 """
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from ..parsers.torch_export import SCALAR_TYPES, read_programs
@@ -23,13 +24,19 @@ _SPEC_FIELDS = {"parameter": "parameter_name", "buffer": "buffer_name",
                 "tensor_constant": "tensor_constant_name"}
 
 
+# A symbolic size is sympy's srepr text ("Symbol('s77', positive=True, integer=True)"): shown
+# with each symbol by its name ("s77"), never evaluated.
+_SYMBOL = re.compile(r"Symbol\('([A-Za-z_]\w*)'[^)]*\)")
+
+
 def _dim(d: Any):
     if isinstance(d, dict):
         if "as_int" in d:
-            return d["as_int"]
+            v = d["as_int"]
+            return v if isinstance(v, int) and not isinstance(v, bool) else None
         expr = d.get("as_expr")
         if isinstance(expr, dict):
-            return str(expr.get("expr_str", "?"))
+            return _SYMBOL.sub(r"\1", str(expr.get("expr_str", "?"))[:200])
     return None
 
 
