@@ -27,6 +27,8 @@ import os
 import re
 from collections import defaultdict
 
+from .grouping import GroupCollector
+
 __all__ = ["summarize", "describe"]
 
 CONFIG_MAX = 4 << 20
@@ -113,6 +115,25 @@ def _int(cfg: dict | None, *keys):
     return None
 
 
+class _Group:
+    """One group of `GroupCollector`: its first member's name, the shape, the count, and the
+    distinct index values per ``#`` of its pattern."""
+
+    __slots__ = ("name", "shape", "count", "pattern", "ranges")
+
+    def __init__(self, g: dict):
+        self.name, self.shape, self.count = g["first"], tuple(g["shape"]), g["count"]
+        self.pattern, self.ranges = g["pattern"], g["ranges"]
+
+    def distinct(self, marker: str) -> int | None:
+        """How many values the ``#`` of ``marker`` (``layers.#``) takes in this group."""
+        at = ("." + self.pattern + ".").find("." + marker + ".")
+        if at < 0:
+            return None
+        k = self.pattern[:at + len(marker)].count("#") - 1
+        return self.ranges[k][2] if 0 <= k < len(self.ranges) else None
+
+
 def _first(tensors, pattern: str):
     rx = re.compile(pattern)
     for t in tensors:
@@ -124,26 +145,34 @@ def _first(tensors, pattern: str):
 def summarize(model) -> dict | None:
     """The architecture summary of an opened model, or None when nothing is recognisable."""
     cfg, cfg_path = _config(model)
-    tensors = [t for t in model.tensors if t.role not in ("input", "constant")]
+    # Read as groups (`tensorscope.grouping`: ``layers.#.mlp.experts.#.up_proj.weight`` ×N, one
+    # record per pattern, dtype and shape): a million tensors are a few thousand groups, and
+    # each rule below runs once per group, not per tensor.
+    collector = GroupCollector()
+    collector.add_tensors(t for t in model.tensors if t.role not in ("input", "constant"))
+    tensors = [_Group(g) for g in collector.groups()]
     if not tensors:
         return None
-    layers: dict[str, set[int]] = defaultdict(set)
+    layers: dict[str, int] = {}
     experts: set[int] = set()
     by_component: dict[str, int] = defaultdict(int)
     expert_params = 0
     total = 0
-    for t in tensors:
-        n = math.prod(t.shape)
+    for g in tensors:
+        n = math.prod(g.shape) * g.count
         total += n
-        m = _BLOCK.search(t.name)
+        m = _BLOCK.search(g.name)
         if m:
-            layers[m.group(1)].add(int(m.group(2)))
-        e = _EXPERT.search(t.name)
-        if e:
-            experts.add(int(e.group(1)))
-        comp = _component(t.name)
+            k = g.distinct(f"{m.group(1)}.#")
+            if k:
+                layers[m.group(1)] = max(layers.get(m.group(1), 0), k)
+        if _EXPERT.search(g.name):
+            k = g.distinct("experts.#")
+            if k and k > len(experts):
+                experts = set(range(k))
+        comp = _component(g.name)
         by_component[comp] += n
-        if comp == "experts" and "shared_expert" not in t.name:
+        if comp == "experts" and "shared_expert" not in g.name:
             expert_params += n
     out: dict = {"config": cfg_path if cfg else None}
     disagree: list[str] = []
@@ -161,9 +190,8 @@ def summarize(model) -> dict | None:
     family = (cfg or {}).get("model_type")
     out["architectures"] = archs if isinstance(archs, list) else None
     out["family"] = family if isinstance(family, str) else _infer_family(tensors, experts)
-    block = max(layers.items(), key=lambda kv: len(kv[1]))[1] if layers else set()
     put("layers", _int(cfg, "num_hidden_layers", "n_layer", "num_layers"),
-        len(block) if block else None)
+        max(layers.values()) if layers else None)
     emb = _first(tensors, r"(embed_tokens|wte|word_embeddings|tok_embeddings|token_embd)\.weight$")
     put("hidden_size", _int(cfg, "hidden_size", "n_embd", "d_model"), emb.shape[1] if emb else None)
     put("vocab_size", _int(cfg, "vocab_size"), emb.shape[0] if emb else None)
