@@ -216,3 +216,21 @@ def test_malformed_onnx_is_one_line(tmp_path, exported):
     bad.write_bytes(data[: len(data) // 2])
     r = _cli(bad)
     assert r.returncode == 2 and "Traceback" not in r.stderr and r.stderr.count("\n") == 1
+
+
+def test_hostile_symbolic_dimensions_escaped(tmp_path):
+    evil = "\x1b[2J\"];\n}"
+    x = helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [evil, 3])
+    y = helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [evil, 3])
+    model = helper.make_model(helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "g",
+                                                [x], [y]))
+    path = tmp_path / "dims.onnx"
+    onnx.save(model, str(path))
+    for flag in ((), ("--dot",), ("--mermaid",)):
+        r = _cli(path, *flag)
+        assert r.returncode == 0, r.stderr
+        assert is_clean(r.stdout) and "\\x1b[2J" in r.stdout
+    dot = _cli(path, "--dot").stdout
+    assert '\\"];' in dot and '"];\\x0a' not in dot.replace('\\"];', "")
+    node = _graph(path).main.nodes[0]
+    assert node.flops is None and "not static" in node.uncounted

@@ -110,7 +110,9 @@ def _emit_json(doc: dict, nodes) -> None:
 def _shape(shape) -> str:
     if shape is None:
         return "?"
-    return "[" + ",".join("?" if d is None else str(d) for d in shape) + "]"
+    # a symbolic dimension (ONNX dim_param, a .pt2 symbol) is text from the file
+    return "[" + ",".join("?" if d is None else (str(d) if isinstance(d, int) else shown(d))
+                          for d in shape) + "]"
 
 
 def _flops(n) -> str:

@@ -19,7 +19,11 @@ __all__ = ["to_dot", "to_mermaid", "node_label"]
 
 
 def _shape(shape) -> str:
-    return "?" if shape is None else "[" + ",".join("?" if d is None else str(d) for d in shape) + "]"
+    if shape is None:
+        return "?"
+    # a symbolic dimension (ONNX dim_param, a .pt2 symbol) is text from the file
+    return "[" + ",".join("?" if d is None else (str(d) if isinstance(d, int) else shown(d))
+                          for d in shape) + "]"
 
 
 def node_label(n: Node) -> list[str]:
@@ -71,7 +75,7 @@ def to_dot(gm: GraphModel) -> Iterator[str]:
         yield f"  subgraph cluster_{gi} {{"
         yield f"    label={_dot_quote(shown(g.path) + ' (' + g.kind + ')')};"
         for k, v in enumerate(g.inputs):
-            label = _dot_escape(shown(v.name)) + "\\n" + _shape(v.shape)
+            label = _dot_escape(shown(v.name)) + "\\n" + _dot_escape(_shape(v.shape))
             yield f'    g{gi}_in_{k} [shape=ellipse, label="{label}"];'
         for n in g.nodes:
             label = "\\n".join(_dot_escape(x) for x in node_label(n))

@@ -30,7 +30,11 @@ MAX_CHILDREN = 2000   # nodes added per graph; the rest are reached by filtering
 
 
 def _shape(shape) -> str:
-    return "?" if shape is None else "[" + ",".join("?" if d is None else str(d) for d in shape) + "]"
+    if shape is None:
+        return "?"
+    # a symbolic dimension (ONNX dim_param, a .pt2 symbol) is text from the file
+    return "[" + ",".join("?" if d is None else (str(d) if isinstance(d, int) else shown(d))
+                          for d in shape) + "]"
 
 
 def node_text(n) -> Text:
