@@ -68,3 +68,30 @@ def test_scripted_lists_both_branches(traced):
     relus = [n for n in g.main.nodes if n.op in ("relu", "relu_")]
     assert sorted(n.attributes.get("branch") for n in relus) == ["else", "then"]
     assert g.totals()["params"] == sum(p.numel() for p in module.parameters())
+
+
+def test_self_calling_classes_are_bounded(traced, tmp_path, monkeypatch):
+    """Code where a module calls two children of its own class at every level (2^depth calls,
+    no op among them) ends at the call budget, with a note, instead of running for ever."""
+    import zipfile
+    from tensorscope.graph import torchscript as ts
+    monkeypatch.setattr(ts, "MAX_CALLS", 5000)
+    _, path = traced["mlp"]
+    bad = tmp_path / "loop.pt"
+    with zipfile.ZipFile(path) as z, zipfile.ZipFile(bad, "w", zipfile.ZIP_STORED) as out:
+        for info in z.infolist():
+            data = z.read(info.filename)
+            if info.filename.endswith("graph_models.py") or "/graph_models/" in info.filename:
+                text = data.decode()
+                cls = text.split("class ", 1)[1].split("(", 1)[0]
+                mod = info.filename.split("/code/", 1)[1][:-3].replace("/", ".")
+                text = text.replace("    fc3 = self.fc3\n", "    fc3 = self.fc3\n"
+                                    "    _a = (self.fc1).forward(x, )\n", 1)
+                text = text.replace(f"  fc1 : __torch__.torch.nn.modules.linear",
+                                    f"  fc1 : {mod}.{cls}\n  fc0 : __torch__.torch.nn.modules.linear", 1)
+                text = text.replace("    input = torch.relu((fc1).forward(x, ))",
+                                    "    _b = (fc1).forward(x, )\n    input = torch.relu((fc1).forward(x, ))", 1)
+                data = text.encode()
+            out.writestr(info, data)
+    g = _graph(bad)
+    assert any("calls, listed in part" in n for n in g.notes)

@@ -24,6 +24,8 @@ __all__ = ["build"]
 
 MAX_DEPTH = 64          # module nesting expanded
 MAX_NODES = 1_000_000   # nodes listed per file
+MAX_CALLS = 2_000_000   # method and function expansions per graph (a class calling itself twice
+                        # per level would otherwise double the work at every level)
 WHY = "TorchScript code stores no shapes"
 
 
@@ -90,6 +92,8 @@ class _Expander:
         self.tensors = tensors
         self.g = graph
         self.counter = 0
+        self.calls = 0
+        self.truncated = False
 
     def fresh(self) -> str:
         self.counter += 1
@@ -98,6 +102,10 @@ class _Expander:
     # env: local name -> ("value", name) | ("module", path, qualname) | ("param", tensor name)
     def run(self, fn: ast.FunctionDef, path: str, qual: str | None, args: list, depth: int,
             attrs: dict | None = None) -> list:
+        self.calls += 1
+        if self.calls > MAX_CALLS:
+            self.truncated = True
+            return []
         env: dict[str, tuple] = {}
         params = [a.arg for a in fn.args.args]
         if params and params[0] == "self" and qual is not None:
@@ -110,7 +118,8 @@ class _Expander:
     def block(self, body, env, path, depth, attrs):
         result = None
         for stmt in body:
-            if len(self.g.nodes) >= MAX_NODES:
+            if len(self.g.nodes) >= MAX_NODES or self.truncated:
+                self.truncated = True
                 return result
             if isinstance(stmt, ast.Assign):
                 v = self.expr(stmt.value, env, path, depth, attrs)
@@ -255,6 +264,9 @@ def build(model) -> GraphModel:
                 ex.run(fn, "", root, [("value", a.arg) for a in fn.args.args[1:]], 0)
             except RecursionError:
                 notes.append(f"method {fn.name}: nesting too deep, listed in part")
+            if ex.truncated:
+                notes.append(f"method {fn.name}: more than {MAX_NODES:,} nodes or {MAX_CALLS:,} "
+                             "calls, listed in part")
             for n in g.nodes:
                 n.params = sum(numel.get(p, 0) for p in n.parameters
                                if tensors.get(p) is not None and tensors[p].role == "parameter")
