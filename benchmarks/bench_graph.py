@@ -17,7 +17,7 @@ timed with ``time.perf_counter``:
   ``onnx.shape_inference.infer_shapes`` (what gives it shapes);
 - .pt2 peer: ``torch.export.load`` + a walk of every node (op, target, args, meta["val"] shape).
 
-Run: ``python benchmarks/bench_graph.py [--repeat 3]``.
+Run: ``python benchmarks/bench_graph.py [--repeat 3] [--blocks 1000] [--layers 1000]``.
 """
 from __future__ import annotations
 
@@ -145,8 +145,9 @@ def _run(code: str, *args: str) -> dict:
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-def _median(code: str, path: Path, repeat: int) -> dict:
-    _run(code, str(path))   # warm-up: page cache, bytecode
+def _median(code: str, path: Path, repeat: int, warmup: bool = True) -> dict:
+    if warmup:
+        _run(code, str(path))   # page cache, bytecode
     runs = [_run(code, str(path)) for _ in range(repeat)]
     return {k: statistics.median(r[k] for r in runs) if isinstance(runs[0][k], float) else runs[0][k]
             for k in runs[0]}
@@ -167,10 +168,13 @@ def main(argv=None) -> int:
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--blocks", type=int, default=1000, help="ONNX blocks of 10 nodes")
     ap.add_argument("--layers", type=int, default=1000, help=".pt2 Linear+relu layers")
+    ap.add_argument("--no-warmup", dest="warmup", action="store_false",
+                    help="no unmeasured first run (the smoke test)")
     args = ap.parse_args(argv)
     onnx_path, pt2_path = generate(args.blocks, args.layers)
-    ours_o, peer_o = _median(OURS, onnx_path, args.repeat), _median(ONNX_PEER, onnx_path, args.repeat)
-    ours_p, peer_p = _median(OURS, pt2_path, args.repeat), _median(PT2_PEER, pt2_path, args.repeat)
+    r, w = args.repeat, args.warmup
+    ours_o, peer_o = _median(OURS, onnx_path, r, w), _median(ONNX_PEER, onnx_path, r, w)
+    ours_p, peer_p = _median(OURS, pt2_path, r, w), _median(PT2_PEER, pt2_path, r, w)
     assert ours_o["nodes"] == peer_o["nodes"] and ours_p["nodes"] == peer_p["nodes"]
     print(f"| file | reader | parse | graph (beyond parsing) | JSON | nodes |")
     print("|---|---|---:|---:|---:|---:|")
