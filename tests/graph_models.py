@@ -162,3 +162,15 @@ def flop_counter(module, inputs) -> tuple[int, dict[str, int]]:
     with torch.no_grad(), sdpa_kernel(SDPBackend.MATH), FlopCounterMode(display=False) as fc:
         module(*inputs)
     return fc.get_total_flops(), {str(k): v for k, v in fc.get_flop_counts()["Global"].items()}
+
+
+class Cond(nn.Module):
+    """torch.cond: a .pt2 with two subgraphs (higher-order op)."""
+
+    def __init__(self):
+        super().__init__()
+        self.a = nn.Linear(8, 8)
+        self.b = nn.Linear(8, 8)
+
+    def forward(self, x):
+        return torch.cond(x.sum() > 0, lambda x: self.a(x), lambda x: self.b(x) * 2, (x,))

@@ -89,3 +89,24 @@ def test_core_aten_after_decompositions(tmp_path):
     torch.export.save(torch.export.export(module.eval(), inputs).run_decompositions(), str(path))
     want, _ = gm.flop_counter(module, inputs)
     assert _graph(path).totals()["flop_counter_flops"] == want
+
+
+def test_cond_branches_are_subgraphs(tmp_path):
+    torch.manual_seed(0)
+    module, x = gm.Cond().eval(), torch.ones(4, 8)
+    path = tmp_path / "cond.pt2"
+    gm.export_pt2(module, (x,), path)
+    ep = torch.export.load(str(path))
+    g = _graph(path)
+    by_path = {s.path: s for s in g.graphs}
+    for branch in ("true_graph_0", "false_graph_0"):
+        sub = getattr(ep.graph_module, branch).graph
+        want = [(n.name, f"torch.ops.{n.target}") for n in sub.nodes if n.op == "call_function"]
+        assert [(n.name, n.domain) for n in by_path[f"main/{branch}"].nodes] == want
+    want_then, _ = gm.flop_counter(module, (x,))       # x.sum() > 0: the true branch ran
+    want_else, _ = gm.flop_counter(module, (-x,))
+    assert by_path["main/true_graph_0"].totals(g.numel)["flop_counter_flops"] == want_then
+    assert by_path["main/false_graph_0"].totals(g.numel)["flop_counter_flops"] == want_else
+    cond = next(n for n in g.main.nodes if n.op == "higher_order.cond")
+    assert cond.subgraphs == ["main/true_graph_0", "main/false_graph_0"] and cond.flops is None
+    assert g.totals()["params"] == sum(p.numel() for p in module.parameters())

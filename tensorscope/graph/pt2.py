@@ -98,7 +98,8 @@ def _module(meta: Any) -> str:
     return parts[1] if len(parts) >= 3 else ""
 
 
-def _graph(name: str, program: dict, model, qualify) -> tuple[Graph, dict[str, int], int, dict]:
+def _graph(name: str, program: dict, model, qualify) -> tuple[list[Graph], dict[str, int], int,
+                                                                dict]:
     gm = program.get("graph_module") if isinstance(program, dict) else None
     graph = gm.get("graph") if isinstance(gm, dict) else None
     if not isinstance(graph, dict):
@@ -144,27 +145,53 @@ def _graph(name: str, program: dict, model, qualify) -> tuple[Graph, dict[str, i
 
     param_names = {linked[g] for g, (kind, _) in placeholder_of.items() if kind == "parameter"}
 
+    out: list[Graph] = []
+    _read_graph(graph, Graph(name if name != "model" else "main", "graph", name), out,
+                linked, numel, param_names, 0)
+    return out, numel, params_total, {"buffers": buffers}
+
+
+MAX_SUBGRAPH_DEPTH = 64
+
+
+def _read_graph(graph: dict, g: Graph, out: list[Graph], linked: dict[str, str],
+                numel: dict[str, int], param_names: set[str], depth: int) -> None:
+    """``g`` filled from one serialized graph; a higher-order op's graphs (``torch.cond``
+    branches, ``as_graph`` arguments) follow it as subgraphs. The program's placeholder names
+    reach into them (torch names the lifted parameters the same there)."""
+    out.append(g)
+    values = graph.get("tensor_values") if isinstance(graph.get("tensor_values"), dict) else {}
+
     def value(nm: str) -> Value:
         dtype, shape = _tensor_value(values.get(nm))
         return Value(nm, dtype, shape)
 
-    g = Graph(name if name != "model" else "main", "graph", name)
     for arg in graph.get("inputs") or ():
         for nm in _names(arg):
             g.inputs.append(value(nm))
     for arg in graph.get("outputs") or ():
         for nm in _names(arg):
             g.outputs.append(value(nm))
+    nested: list[tuple[dict, Graph]] = []
     for i, n in enumerate(graph.get("nodes") or ()):
         if not isinstance(n, dict):
             continue
         target = str(n.get("target", ""))
-        inputs, attrs, by_name = [], {}, {}
-        for a in n.get("inputs") or ():
+        inputs, attrs, by_name, subgraphs = [], {}, {}, []
+        for k, a in enumerate(n.get("inputs") or ()):
             if not isinstance(a, dict):
                 continue
-            aname, arg = str(a.get("name", "")), a.get("arg")
+            aname, arg = str(a.get("name", "") or f"arg{k}"), a.get("arg")
             by_name[aname] = arg
+            sub = arg.get("as_graph") if isinstance(arg, dict) else None
+            if isinstance(sub, dict) and isinstance(sub.get("graph"), dict):
+                path = f"{g.path}/{sub.get('name') or aname}"
+                subgraphs.append(path)
+                attrs[aname] = {"graph": path}
+                if depth < MAX_SUBGRAPH_DEPTH:
+                    nested.append((sub["graph"], Graph(path, "subgraph", str(sub.get("name", "")),
+                                                       g.path)))
+                continue
             refs = _names(arg)
             if refs and not (isinstance(arg, dict) and "as_sym_int" in arg):
                 inputs.extend(value(r) for r in refs)
@@ -173,7 +200,7 @@ def _graph(name: str, program: dict, model, qualify) -> tuple[Graph, dict[str, i
         outputs = [value(r) for o in n.get("outputs") or () for r in _names(o)]
         node = Node(g.path, i, str(n.get("name") or (outputs[0].name if outputs else f"n{i}")),
                     aten_op(target), inputs, outputs, attrs, domain=target,
-                    module=_module(n.get("metadata")))
+                    module=_module(n.get("metadata")), subgraphs=subgraphs)
         for v in inputs:
             p = linked.get(v.name)
             if p is not None and p not in node.parameters:
@@ -183,13 +210,17 @@ def _graph(name: str, program: dict, model, qualify) -> tuple[Graph, dict[str, i
         def shape_of(arg):
             refs = _names(arg)
             return _tensor_value(values.get(refs[0]))[1] if len(refs) == 1 else None
-        try:
-            node.flops, node.flops_kind = aten_flops(target, by_name, shape_of,
-                                                     [v.shape for v in outputs])
-        except Uncounted as e:
-            node.uncounted = str(e)
+        if subgraphs:
+            node.uncounted = "control flow: its subgraphs are counted on their own"
+        else:
+            try:
+                node.flops, node.flops_kind = aten_flops(target, by_name, shape_of,
+                                                         [v.shape for v in outputs])
+            except Uncounted as e:
+                node.uncounted = str(e)
         g.nodes.append(node)
-    return g, numel, params_total, {"buffers": buffers}
+    for sub_graph, sub in nested:
+        _read_graph(sub_graph, sub, out, linked, numel, param_names, depth + 1)
 
 
 def build(model) -> GraphModel:
@@ -199,8 +230,8 @@ def build(model) -> GraphModel:
     for name, program in programs.items():
         def qualify(fqn: str, name=name) -> str:
             return f"{name}.{fqn}" if several else fqn
-        g, n, t, e = _graph(name, program, model, qualify)
-        graphs.append(g)
+        gs, n, t, e = _graph(name, program, model, qualify)
+        graphs.extend(gs)
         numel.update(n)
         total += t
         extra["buffers"] += e["buffers"]
