@@ -7,7 +7,8 @@ graph's ``call_function`` nodes in topological order (placeholders and the outpu
 tensor value's dtype and sizes are in ``graph.tensor_values``: shapes come from the file, no
 inference. A symbolic size (``as_expr``) stays a symbol, and FLOPs that need it are uncounted.
 Placeholders map to parameters, buffers and constants through the graph signature; those are
-linked to the `TensorInfo` the parser listed for them.
+linked to the `TensorInfo` the parser listed for them. A higher-order op's graphs (``as_graph``
+arguments: ``torch.cond`` branches) follow their graph as subgraphs, counted on their own.
 """
 from __future__ import annotations
 
