@@ -110,3 +110,22 @@ def test_cond_branches_are_subgraphs(tmp_path):
     cond = next(n for n in g.main.nodes if n.op == "higher_order.cond")
     assert cond.subgraphs == ["main/true_graph_0", "main/false_graph_0"] and cond.flops is None
     assert g.totals()["params"] == sum(p.numel() for p in module.parameters())
+
+
+def test_tied_parameters_counted_once(tmp_path):
+    class Tied(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.emb = torch.nn.Embedding(10, 4)
+            self.head = torch.nn.Linear(4, 10, bias=False)
+            self.head.weight = self.emb.weight
+
+        def forward(self, x):
+            return self.head(self.emb(x))
+    module, x = Tied(), torch.randint(0, 10, (2, 3))
+    path = tmp_path / "tied.pt2"
+    gm.export_pt2(module, (x,), path)
+    g = _graph(path)
+    assert g.totals()["params"] == sum(p.numel() for p in module.parameters()) == 40
+    linear = next(n for n in g.main.nodes if n.op == "linear")
+    assert linear.parameters == ["head.weight"] and linear.params == 40

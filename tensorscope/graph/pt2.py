@@ -125,6 +125,9 @@ def _graph(name: str, program: dict, model, qualify) -> tuple[list[Graph], dict[
     params_total = 0
     buffers = 0
     linked: dict[str, str] = {}
+    # Tied parameters (one tensor under two names, ``lm_head.weight`` = ``embed.weight``) are
+    # two placeholders over one storage view: counted once, as ``module.parameters()`` does.
+    seen_views: set[tuple] = set()
     for gname, (kind, fqn) in placeholder_of.items():
         tname = qualify(fqn)
         t = tensors.get(tname)
@@ -139,6 +142,11 @@ def _graph(name: str, program: dict, model, qualify) -> tuple[list[Graph], dict[
             n = 0
         linked[gname] = tname
         numel[tname] = n
+        view = (t.file, t.storage_key, t.storage_offset, t.shape, t.stride, t.dtype) \
+            if t is not None and t.storage_key is not None else (tname,)
+        if view in seen_views:
+            continue
+        seen_views.add(view)
         if kind == "parameter":
             params_total += n
         else:
