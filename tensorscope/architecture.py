@@ -115,6 +115,23 @@ def _int(cfg: dict | None, *keys):
     return None
 
 
+def _unique(tensors):
+    """The model's own tensors, each storage view once: a tied weight saved under two names
+    (``lm_head.weight`` over ``wte.weight``'s storage, as ``torch.save(model.state_dict())``
+    writes it) is one parameter, as ``model.num_parameters()`` counts it, and its second name
+    leaves the output head to the embedding (tied)."""
+    seen: set[tuple] = set()
+    for t in tensors:
+        if t.role in ("input", "constant"):
+            continue
+        if t.storage_key is not None:
+            view = (t.file, t.storage_key, t.storage_offset, t.shape, t.stride, t.dtype)
+            if view in seen:
+                continue
+            seen.add(view)
+        yield t
+
+
 class _Group:
     """One group of `GroupCollector`: its first member's name, the shape, the count, and the
     distinct index values per ``#`` of its pattern."""
@@ -149,7 +166,7 @@ def summarize(model) -> dict | None:
     # record per pattern, dtype and shape): a million tensors are a few thousand groups, and
     # each rule below runs once per group, not per tensor.
     collector = GroupCollector()
-    collector.add_tensors(t for t in model.tensors if t.role not in ("input", "constant"))
+    collector.add_tensors(_unique(model.tensors))
     tensors = [_Group(g) for g in collector.groups()]
     if not tensors:
         return None

@@ -203,3 +203,21 @@ def test_gguf_metadata_is_the_config(tmp_path, experts):
         assert s["params_by_component"]["router"] == c["L"] * experts * c["H"]
     else:
         assert s["experts"] is None
+
+
+def test_tied_weights_in_a_torch_state_dict(tmp_path):
+    """torch.save(model.state_dict()) keeps both names of a tied weight over one storage."""
+    import shutil
+    import torch
+    T = transformers
+    cfg = CONFIGS["gpt2"](T)
+    model = _model(T, "gpt2", cfg)
+    folder = tmp_path / "gpt2_pt"
+    folder.mkdir()
+    sd = model.state_dict()
+    assert "lm_head.weight" in sd
+    torch.save(sd, str(folder / "pytorch_model.bin"))
+    cfg.save_pretrained(str(folder))
+    s = _summary(folder / "pytorch_model.bin")
+    assert s["params"] == model.num_parameters()
+    assert s["tied_embeddings"] is True
