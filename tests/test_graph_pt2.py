@@ -9,7 +9,16 @@ import graph_models as gm
 import tensorscope
 from tensorscope.graph import build_graph
 
-CASES = ["mlp", "cnn", "transformer", "sdpa"]
+CASES = ["mlp", "cnn", "transformer", "sdpa", "multi"]
+
+
+class Multi(torch.nn.Module):
+    """Ops returning several values (chunk, topk): one getitem node per value in the graph."""
+
+    def forward(self, x):
+        a, b = x.chunk(2, -1)
+        v, i = x.topk(2)
+        return a @ b.T, v, i
 
 
 @pytest.fixture(scope="session")
@@ -20,12 +29,22 @@ def exported(tmp_path_factory):
         if name == "sdpa":
             torch.manual_seed(0)
             module, inputs = gm.SDPA(), (torch.randn(2, 5, 32),)
+        elif name == "multi":
+            torch.manual_seed(0)
+            module, inputs = Multi(), (torch.randn(3, 8),)
         else:
             module, inputs = gm.build(name)
         path = root / f"{name}.pt2"
         gm.export_pt2(module, inputs, path)
         out[name] = (module, inputs, path)
     return out
+
+
+def _target(t) -> str:
+    """A call_function target as the serialized program names it."""
+    if isinstance(t, torch._ops.OpOverload) or isinstance(t, torch._ops.HigherOrderOperator):
+        return f"torch.ops.{t}"
+    return f"{t.__module__}.{t.__name__}"      # operator.getitem
 
 
 def _graph(path):
@@ -37,7 +56,7 @@ def _graph(path):
 def test_nodes_equal_torch_export_load(exported, name):
     _, _, path = exported[name]
     ep = torch.export.load(str(path))
-    want = [(n.name, f"torch.ops.{n.target}") for n in ep.graph.nodes if n.op == "call_function"]
+    want = [(n.name, _target(n.target)) for n in ep.graph.nodes if n.op == "call_function"]
     g = _graph(path)
     assert [(n.name, n.domain) for n in g.main.nodes] == want
     placeholders = [n.name for n in ep.graph.nodes if n.op == "placeholder"]
@@ -101,7 +120,7 @@ def test_cond_branches_are_subgraphs(tmp_path):
     by_path = {s.path: s for s in g.graphs}
     for branch in ("true_graph_0", "false_graph_0"):
         sub = getattr(ep.graph_module, branch).graph
-        want = [(n.name, f"torch.ops.{n.target}") for n in sub.nodes if n.op == "call_function"]
+        want = [(n.name, _target(n.target)) for n in sub.nodes if n.op == "call_function"]
         assert [(n.name, n.domain) for n in by_path[f"main/{branch}"].nodes] == want
     want_then, _ = gm.flop_counter(module, (x,))       # x.sum() > 0: the true branch ran
     want_else, _ = gm.flop_counter(module, (-x,))

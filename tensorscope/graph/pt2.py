@@ -227,7 +227,17 @@ def _read_graph(graph: dict, g: Graph, out: list[Graph], linked: dict[str, str],
                                                          [v.shape for v in outputs])
             except Uncounted as e:
                 node.uncounted = str(e)
+        node.index = len(g.nodes)
         g.nodes.append(node)
+        entries = [o for o in n.get("outputs") or () if isinstance(o, dict)]
+        if len(entries) > 1 or any(k in e for e in entries
+                                   for k in ("as_tensors", "as_optional_tensors")):
+            # A node returning several values: torch.export.load gives each its own
+            # operator.getitem node, named by the value, right after it; so does this list.
+            for k, v in enumerate(outputs):
+                g.nodes.append(Node(g.path, len(g.nodes), v.name, "getitem", [Value(node.name)],
+                                    [v], {"index": k}, domain="_operator.getitem",
+                                    module=node.module, flops=0, flops_kind="none"))
     for sub_graph, sub in nested:
         _read_graph(sub_graph, sub, out, linked, numel, param_names, depth + 1)
 
