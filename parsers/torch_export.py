@@ -58,7 +58,7 @@ from .torch_nested import open_nested_save
 from .torch_zip import archive_metadata
 from .zipfmt import ZipArchive, ZipMember
 
-__all__ = ["FORMAT", "open_zip", "SCALAR_TYPES"]
+__all__ = ["FORMAT", "open_zip", "SCALAR_TYPES", "read_programs"]
 
 FORMAT = "pt2"
 JSON_MAX = 256 << 20        # models/<m>.json and the payload configs (real ones are KBs..MBs)
@@ -488,3 +488,17 @@ def _cross_check(model: ModelFile, src: ByteSource, member: str, spec_names: dic
             model.evidence.add("pt2.signature_mismatch",
                                f"the graph signature names {len(missing)} {label} entries the payload "
                                f"config lacks: {', '.join(missing[:5])}", file=src.path, member=member)
+
+
+# -- the programs themselves (for `tensorscope graph`) ----------------------------------------------
+def read_programs(src: ByteSource) -> dict[str, Any]:
+    """``{model name: the parsed models/<m>.json}`` of a ``.pt2`` archive: the serialized graphs
+    (nodes, tensor_values, signature) that `open_zip` summarizes. JSON only, never unpickled."""
+    from .zipfmt import read_zip
+    archive = read_zip(src)
+    prefix = archive.torch_prefix()
+    if prefix is None:
+        raise _fail("zip archive has no top-level folder: not a .pt2 archive", src)
+    head = f"{prefix}/models/"
+    return {n[len(head):-5]: _read_json(archive, n) for n in archive.names()
+            if n.startswith(head) and n.endswith(".json") and "/" not in n[len(head):]}

@@ -18,7 +18,7 @@ from .render import error_line
 __all__ = ["main", "COMMANDS", "EXIT_CLEAN", "EXIT_FINDINGS", "EXIT_ERROR"]
 
 EXIT_CLEAN, EXIT_FINDINGS, EXIT_ERROR = 0, 1, 2
-COMMANDS = ["inspect", "diff", "scan", "convert", "tui"]
+COMMANDS = ["inspect", "graph", "diff", "scan", "convert", "tui"]
 
 
 def _command_modules():

@@ -12,6 +12,8 @@ import shutil
 import sys
 from typing import Any, Callable, Iterable, Iterator, Sequence
 
+from .units import human_bytes, human_count, plural  # noqa: F401  (render's callers use them)
+
 __all__ = ["stdout_console", "stderr_console", "emit_json", "emit_json_stream", "human_bytes",
            "human_count", "progress", "deferred_progress", "opening", "TextTable",
            "PROGRESS_MIN_BYTES", "error_line"]
@@ -96,29 +98,6 @@ def _default(o):
     if isinstance(o, (set, frozenset, tuple)):
         return list(o)
     return str(o)
-
-
-def human_bytes(n: int | None) -> str:
-    if n is None:
-        return "-"
-    value = float(n)
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(value) < 1024 or unit == "TiB":
-            return f"{int(value)} {unit}" if unit == "B" else f"{value:.1f} {unit}"
-        value /= 1024
-    return f"{n} B"
-
-
-def plural(n: int, word: str, words: str | None = None) -> str:
-    """``1 tensor``, ``2 tensors``, ``1,024 anomalies`` (``words``: an irregular plural)."""
-    return f"{n:,} {word if n == 1 else (words or word + 's')}"
-
-
-def human_count(n: int) -> str:
-    for unit, scale in (("T", 10**12), ("B", 10**9), ("M", 10**6), ("K", 10**3)):
-        if abs(n) >= scale:
-            return f"{n / scale:.2f}{unit}"
-    return str(n)
 
 
 def _status_visible() -> bool:

@@ -248,6 +248,7 @@ def _emit_json(model, tensors, stats, groups):
            "outside_allowlist": [{"global": d, "category": c} for d, c in outside_allowlist(model)]}
     if groups is not None:
         doc["groups"] = groups
+    doc["model"] = _architecture(model)
     # ``fetched``: what reading a URL cost (the rows read nothing more)
     if stats:
         emit_json_stream(with_cost(doc), "tensors", tensors, to_dict=lambda t: _stats_row(t, stats))
@@ -443,6 +444,7 @@ def _print_summary(console, model, tensors):
     if by_dtype:
         console.print(f"[bold]by dtype[/] {markup(by_dtype)}")
     _print_metadata(console, model.metadata)
+    _print_architecture(console, model)
     if model.evidence.anomalies:
         console.print(f"[yellow]{plural(len(model.evidence.anomalies), 'anomaly', 'anomalies')}[/] "
                       "(run `tensorscope scan` for a safety verdict):")
@@ -459,6 +461,18 @@ def _print_summary(console, model, tensors):
         console.print(f"[yellow]this repository names code for its loaders to import "
                       f"({markup(names)})[/]: from_pretrained(trust_remote_code=True) runs it; run "
                       "`tensorscope scan` on the folder")
+
+
+def _architecture(model):
+    """The architecture summary (`tensorscope.architecture`); None when nothing is recognised."""
+    from ..architecture import summarize
+    return summarize(model)
+
+
+def _print_architecture(console, model) -> None:
+    from ..architecture import describe
+    for line in describe(_architecture(model)):
+        console.print(line, markup=False)
 
 
 def _repository_code(model) -> list[str]:

@@ -73,6 +73,7 @@ class BrowseScreen(Screen):
         Binding("g", "toggle_grouped", "Grouped / module tree", show=False),
         Binding("v", "values", "Values"),
         Binding("m", "file_info", "File info"),
+        Binding("G", "graph", "Graph"),
         Binding("escape", "back", "Back / clear filter", show=False),
     ]
 
@@ -365,6 +366,22 @@ class BrowseScreen(Screen):
         if info is not None:
             from .values import ValuesScreen
             self.app.push_screen(ValuesScreen(self.model, info))
+
+    def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        if action == "graph":   # only files that store a graph
+            return self.model.format in ("onnx", "pt2", "torchscript")
+        return True
+
+    def action_graph(self) -> None:
+        from .graph import GraphScreen
+        self.app.push_screen(GraphScreen(self.model), self.show_parameters)
+
+    def show_parameters(self, pattern: str | None) -> None:
+        """Back from the graph screen: the tensor table filtered to a node's parameters."""
+        if not pattern:
+            return
+        self.add_class("-filtering")
+        self.query_one("#filter", Input).value = pattern   # Input.Changed refreshes the table
 
     def action_file_info(self) -> None:
         from .fileinfo import FileInfoScreen

@@ -162,6 +162,10 @@ class FileInfoScreen(Screen):
         grid.add_row("by dtype", by)
         if self.code:
             grid.add_row("code files", f"{len(self.code)}")
+        from tensorscope.architecture import describe, summarize
+        for line in describe(summarize(self.model)):   # the architecture summary, as inspect's
+            key, _, rest = line.partition(" ")
+            grid.add_row(key if key != "model" else "architecture", Text(rest))
         return grid
 
     def _graph(self, nodes) -> Table:
