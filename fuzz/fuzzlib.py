@@ -96,10 +96,17 @@ def _seed_table() -> dict[str, list[Path]]:
         "onnx": _files("onnx/*.onnx", "diff/*.onnx", "onnx/external_one/model.onnx",
                        "onnx/external_many/model.onnx"),
         "legacy": _files("containers/legacy_*.pt", "containers/plain_*.pkl"),
+        # the C entry points: torch zips opened for listing; the diff kernel's pieces (any
+        # fixture's bytes are values of some dtype)
+        "listing": [p for p in torch_zips if p.stat().st_size < 400_000],
+        "diffkernel": _files("formats/*.safetensors", "diff/*.safetensors")[:8],
     }
 
 
 TARGETS = tuple(_seed_table())
+# Targets that misbehave on purpose, for the tests of the harness itself (`run_long.py` keeps
+# the input of a worker that dies by a signal or hangs): never part of a run by default.
+SELFTESTS = ("selftest_signal", "selftest_hang")
 _SEEDS: dict[str, list[Path]] | None = None
 
 
@@ -107,7 +114,7 @@ def seeds(target: str) -> list[Path]:
     global _SEEDS
     if _SEEDS is None:
         _SEEDS = _seed_table()
-    return _SEEDS[target]
+    return _SEEDS["zipfmt" if target in SELFTESTS else target]
 
 
 def seed_bytes(target: str) -> list[tuple[Path, bytes]]:
@@ -582,8 +589,11 @@ def warm() -> None:
                 pass
 
 
-def exercise(path: str | os.PathLike) -> str:
-    """Open, read every tensor, scan. Returns "ok", "error" (a TensorscopeError on open) or
+def exercise(path: str | os.PathLike, against: str | os.PathLike | None = None) -> str:
+    """Open, read every tensor, open again in listing mode (what inspect and diff open: the
+    compiled torch step's ``infos``, the zip scan's ``records``), diff against ``against`` (the
+    seed the input was mutated from: the diff's compiled kernel over every pair of values; when
+    None, against the input itself), scan. Returns "ok", "error" (a TensorscopeError on open) or
     "ok+" (opened, some tensor refused). Any other exception propagates: that is a bug, and so
     is a file that open() rejects and scan reports clean (an AssertionError)."""
     import tensorscope
@@ -599,6 +609,10 @@ def exercise(path: str | os.PathLike) -> str:
                     outcome = "ok+"
     except TensorscopeError:
         outcome = "error"
+    if outcome != "error":
+        with tensorscope.open(path, listing=True) as light:
+            assert len(light.tensors) == len(model.tensors), (path, "listing differs")
+        _diff(path, against if against is not None else path)
     report = tensorscope.scan(path)
     assert isinstance(report.findings, list)
     # The invariant of issue 14: whatever open() rejects, scan never calls clean (a truncated or
@@ -608,11 +622,34 @@ def exercise(path: str | os.PathLike) -> str:
     return outcome
 
 
+def _diff(a, b) -> None:
+    """`tensorscope diff` of two files (values compared: the compiled kernel runs); a
+    TensorscopeError is an answer (either side may be refused)."""
+    from tensorscope import TensorscopeError
+    from tensorscope.diffing import diff_models
+    try:
+        result = diff_models(os.fspath(a), os.fspath(b))
+    except TensorscopeError:
+        return
+    assert isinstance(result.entries, list)
+
+
 def exercise_bytes(target: str, data: bytes) -> str:
-    """The in-memory harnesses: the pickle VM and the zip reader on their own."""
+    """The in-memory harnesses: the pickle VM, the zip reader, a torch zip in listing mode and
+    the diff kernel on their own."""
     from tensorscope import TensorscopeError
     from tensorscope.source import ByteSource
 
+    if target == "selftest_signal":
+        import signal
+        os.kill(os.getpid(), signal.SIGSEGV)
+    if target == "selftest_hang":
+        import time
+        time.sleep(3600)
+    if target == "listing":
+        return _listing_bytes(data)
+    if target == "diffkernel":
+        return _diffkernel_bytes(data)
     if target == "pickle_vm":
         from tensorscope.parsers import pickle_vm
         try:
@@ -638,7 +675,84 @@ def exercise_bytes(target: str, data: bytes) -> str:
     raise ValueError(target)
 
 
-IN_MEMORY = ("pickle_vm", "zipfmt")
+IN_MEMORY = ("pickle_vm", "zipfmt", "listing", "diffkernel") + SELFTESTS
+
+
+def _listing_bytes(data: bytes) -> str:
+    """A torch zip opened for listing from memory, its records held to the Python steps'."""
+    from tensorscope import TensorscopeError, diffing, formats
+    from tensorscope.parsers import pickle_vm, zipfmt
+    from tensorscope.source import ByteSource
+
+    def picture():
+        try:
+            with formats.open_model_source(ByteSource.from_bytes(data, "fuzz.pt"), "fuzz.pt",
+                                           listing=True) as m:
+                return [t.to_dict() for t in m.tensors], sorted(a.kind for a in
+                                                                m.evidence.anomalies)
+        except TensorscopeError as e:
+            return str(e)
+    got = picture()
+    saved = pickle_vm._STEP, zipfmt._SCAN, diffing._KERNEL
+    pickle_vm._STEP = zipfmt._SCAN = None
+    try:
+        want = picture()
+    finally:
+        pickle_vm._STEP, zipfmt._SCAN, diffing._KERNEL = saved
+    assert got == want, "the compiled listing differs from the Python one"
+    return "error" if isinstance(got, str) else "ok"
+
+
+# the kernel's codes and the dtypes they read (diffing._KERNEL_CODES; 't': through a table)
+_KERNEL_DTYPES = {"e": "float16", "b": "bfloat16", "f": "float32", "d": "float64", "c": "int8",
+                  "B": "uint8", "h": "int16", "i": "int32", "E": "float8_e5m2",
+                  "F": "float8_e4m3fn", "t": "float8_e4m3fnuz"}
+
+
+def _diffkernel_bytes(data: bytes) -> str:
+    """`_diffkernel.stats` and ``equal`` on two pieces cut from ``data``: byte 0 picks the codes,
+    byte 1 the offsets of both pieces (any alignment), byte 2 the route (AVX-512 or portable) and
+    the tolerances; the rest is both pieces' bytes. Held to an aligned copy and to numpy."""
+    import ml_dtypes  # noqa: F401 (the dtypes by name)
+    import numpy as np
+
+    from tensorscope import diffing
+    k = diffing._KERNEL
+    if k is None or len(data) < 3:
+        return "ok"
+    codes = sorted(_KERNEL_DTYPES)
+    ca, cb = codes[data[0] % 11], codes[(data[0] // 11) % 11]
+    da, db = np.dtype(_KERNEL_DTYPES[ca]), np.dtype(_KERNEL_DTYPES[cb])
+    off_a, off_b = data[1] & 7, data[1] >> 5
+    body = data[3:]
+    n = len(body) // (da.itemsize + db.itemsize)
+    a = np.frombuffer(body[:n * da.itemsize], da)
+    b = np.frombuffer(body[n * da.itemsize:n * (da.itemsize + db.itemsize)], db)
+    table = lambda dt: np.arange(256, dtype=np.uint8).view(dt).astype(np.float64).tobytes()  # noqa: E731
+    ta, tb = (table(da) if ca == "t" else b""), (table(db) if cb == "t" else b"")
+    atol, rtol = ((1e-8, 1e-5), (0.0, 0.0), (1.0, 0.5), (0.0, 1e-3))[(data[2] >> 1) & 3]
+
+    def at(arr, off):
+        raw = bytearray(off + arr.nbytes)
+        raw[off:] = arr.tobytes()
+        return memoryview(raw)[off:]
+    was = k.avx512(bool(data[2] & 1))
+    try:
+        want = k.stats(a.tobytes(), ca, b.tobytes(), cb, atol, rtol, ta, tb)
+        got = k.stats(at(a, off_a), ca, at(b, off_b), cb, atol, rtol, ta, tb)
+    finally:
+        k.avx512(was)
+    assert got == want, ("an unaligned piece gave other figures", ca, cb, off_a, off_b)
+    assert k.equal(at(a, off_a), a.tobytes())
+    if want is None:
+        return "ok+"
+    with np.errstate(all="ignore"):
+        x, y = a.astype(np.float64), b.astype(np.float64)
+        d = np.abs(x - y)
+        assert np.isfinite(x).all() and np.isfinite(y).all(), "a NaN or Inf reached the figures"
+        assert want[5] == (d.max() if n else 0.0), ("max_abs", ca, cb)
+        assert want[8] == int((d > atol + np.abs(y) * rtol).sum()), ("mismatched", ca, cb)
+    return "ok"
 
 
 def crc(data: bytes) -> str:
@@ -673,7 +787,7 @@ def atheris_main(target: str) -> None:
         if target in IN_MEMORY:
             exercise_bytes(target, data)
         else:
-            exercise(ws.path_for(seed_path, data))
+            exercise(ws.path_for(seed_path, data), against=seed_path)
 
     def custom_mutator(data: bytes, max_size: int, seed: int) -> bytes:
         rng = random.Random(seed)
@@ -681,5 +795,9 @@ def atheris_main(target: str) -> None:
             return atheris.Mutate(data, max_size)
         return mutate(rng, data, pool)[1][:max_size]
 
-    atheris.Setup(sys.argv, test_one_input, custom_mutator=custom_mutator)
+    argv = list(sys.argv)
+    dictionary = Path(__file__).resolve().parent / "dicts" / f"{target}.dict"
+    if dictionary.exists() and not any(a.startswith("-dict=") for a in argv):
+        argv.append(f"-dict={dictionary}")   # the format's magic, opcodes and field tags
+    atheris.Setup(argv, test_one_input, custom_mutator=custom_mutator)
     atheris.Fuzz()

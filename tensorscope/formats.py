@@ -197,11 +197,16 @@ def _open_url(url: str, format: str | None) -> ModelFile:
     return _open_source(src, url, format)
 
 
-def open_model_source(src, path: str, *, format: str | None = None) -> ModelFile:
+def open_model_source(src, path: str, *, format: str | None = None,
+                      listing: bool | None = None) -> ModelFile:
     """`open_model` on a file source the caller already holds open (the scan's, so that a URL
     is not opened, and its head fetched, a second time). The source stays the caller's: it is
-    not closed when parsing fails."""
-    return _open_source(src, path, format, owned=False)
+    not closed when parsing fails. ``listing`` as for `open_model`."""
+    if listing is None:
+        return _open_source(src, path, format, owned=False)
+    from .parsers.zip_dispatch import listing_mode
+    with listing_mode(listing):
+        return _open_source(src, path, format, owned=False)
 
 
 def _open_source(src, path: str, format: str | None, *, owned: bool = True) -> ModelFile:
