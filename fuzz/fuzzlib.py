@@ -709,6 +709,30 @@ _KERNEL_DTYPES = {"e": "float16", "b": "bfloat16", "f": "float32", "d": "float64
                   "F": "float8_e4m3fn", "t": "float8_e4m3fnuz"}
 
 
+def _route(tag: str) -> int:
+    """A distinct branch per kernel route (see `_diffkernel_bytes`)."""
+    if tag == "e": return 1  # noqa: E701
+    if tag == "b": return 2  # noqa: E701
+    if tag == "f": return 3  # noqa: E701
+    if tag == "d": return 4  # noqa: E701
+    if tag == "c": return 5  # noqa: E701
+    if tag == "B": return 6  # noqa: E701
+    if tag == "h": return 7  # noqa: E701
+    if tag == "i": return 8  # noqa: E701
+    if tag == "E": return 9  # noqa: E701
+    if tag == "F": return 10  # noqa: E701
+    if tag == "t": return 11  # noqa: E701
+    if tag == "odd": return 12  # noqa: E701
+    if tag == "even": return 13  # noqa: E701
+    if tag == "short": return 14  # noqa: E701
+    if tag == "block": return 15  # noqa: E701
+    if tag == "long": return 16  # noqa: E701
+    if tag == "v4": return 17  # noqa: E701
+    if tag == "portable": return 18  # noqa: E701
+    if tag == "same": return 19  # noqa: E701
+    return 20
+
+
 def _diffkernel_bytes(data: bytes) -> str:
     """`_diffkernel.stats` and ``equal`` on two pieces cut from ``data``: byte 0 picks the codes,
     byte 1 the offsets of both pieces (any alignment), byte 2 the route (AVX-512 or portable) and
@@ -736,6 +760,13 @@ def _diffkernel_bytes(data: bytes) -> str:
         raw = bytearray(off + arr.nbytes)
         raw[off:] = arr.tobytes()
         return memoryview(raw)[off:]
+    # The C code is not instrumented (gcc has no libFuzzer coverage): one Python branch per
+    # route of the kernel (code, alignment, length class, AVX-512 or not) gives libFuzzer an
+    # edge to keep an input for each.
+    for tag in (ca, cb, "odd" if (off_a | off_b) & 1 else "even",
+                "short" if n < 16 else "block" if n <= 512 else "long",
+                "v4" if data[2] & 1 else "portable", "same" if ca == cb else "mixed"):
+        _route(tag)
     was = k.avx512(bool(data[2] & 1))
     try:
         want = k.stats(a.tobytes(), ca, b.tobytes(), cb, atol, rtol, ta, tb)
@@ -773,6 +804,9 @@ def atheris_main(target: str) -> None:
 
     with atheris.instrument_imports(include=["tensorscope"]):
         import_all()
+    # this module's in-memory harnesses too (the routes of the C entry points they drive)
+    for fn in (_listing_bytes, _diffkernel_bytes, _route):
+        atheris.instrument_func(fn)
     corpora = [a for a in sys.argv[1:] if not a.startswith("-")]
     for d in corpora:
         os.makedirs(d, exist_ok=True)
