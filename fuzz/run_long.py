@@ -229,7 +229,7 @@ def _worker(idx: int, targets: list[str], seed: int, out: str, started, current,
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--targets", default=",".join(fuzzlib.TARGETS))
+    ap.add_argument("--targets", default=",".join(fuzzlib.ALL_TARGETS))
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--seconds", type=float, default=600)
     ap.add_argument("--max-inputs", type=int, default=1_000_000)
@@ -244,8 +244,8 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     targets = [t for t in args.targets.split(",") if t]
     for t in targets:
-        if t not in fuzzlib.TARGETS and t not in fuzzlib.SELFTESTS:
-            ap.error(f"unknown target {t!r}; known: {', '.join(fuzzlib.TARGETS)}")
+        if t not in fuzzlib.ALL_TARGETS and t not in fuzzlib.SELFTESTS:
+            ap.error(f"unknown target {t!r}; known: {', '.join(fuzzlib.ALL_TARGETS)}")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     ctx = mp.get_context("fork")
