@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import datetime
 import ipaddress
-import select
+import selectors
 import socket
 import ssl
 import threading
@@ -188,19 +188,23 @@ class _Proxy:
                 self.end_headers()
                 self.close_connection = True
                 down = self.connection
+                sel = selectors.DefaultSelector()   # (select() stops at descriptor 1024)
+                sel.register(down, selectors.EVENT_READ)
+                sel.register(up, selectors.EVENT_READ)
                 try:
                     while True:
-                        ready, _, _ = select.select([down, up], [], [], 10)
+                        ready = sel.select(10)
                         if not ready:
                             return
-                        for s in ready:
-                            data = s.recv(65536)
+                        for key, _ in ready:
+                            data = key.fileobj.recv(65536)
                             if not data:
                                 return
-                            (up if s is down else down).sendall(data)
+                            (up if key.fileobj is down else down).sendall(data)
                 except OSError:
                     return
                 finally:
+                    sel.close()
                     up.close()
 
         self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
