@@ -33,7 +33,7 @@ import zlib
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["ROOT", "FIXTURES", "TARGETS", "Field", "seeds", "boundaries", "mutate", "exercise",
+__all__ = ["ROOT", "FIXTURES", "TARGETS", "NATIVE_TARGETS", "ALL_TARGETS", "Field", "seeds", "boundaries", "mutate", "exercise",
            "exercise_bytes", "Workspace", "INTERESTING"]
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -96,10 +96,21 @@ def _seed_table() -> dict[str, list[Path]]:
         "onnx": _files("onnx/*.onnx", "diff/*.onnx", "onnx/external_one/model.onnx",
                        "onnx/external_many/model.onnx"),
         "legacy": _files("containers/legacy_*.pt", "containers/plain_*.pkl"),
+        # the C entry points: torch zips opened for listing; the diff kernel's pieces (any
+        # fixture's bytes are values of some dtype)
+        "listing": [p for p in torch_zips if p.stat().st_size < 400_000],
+        "diffkernel": _files("formats/*.safetensors", "diff/*.safetensors")[:8],
     }
 
 
-TARGETS = tuple(_seed_table())
+# The parsers' targets (what tests/test_fuzz.py runs over), then the C entry points' own
+# in-memory targets (a torch zip in listing mode, the diff kernel's pieces); run_long runs both.
+NATIVE_TARGETS = ("listing", "diffkernel")
+TARGETS = tuple(t for t in _seed_table() if t not in NATIVE_TARGETS)
+ALL_TARGETS = TARGETS + NATIVE_TARGETS
+# Targets that misbehave on purpose, for the tests of the harness itself (`run_long.py` keeps
+# the input of a worker that dies by a signal or hangs): never part of a run by default.
+SELFTESTS = ("selftest_signal", "selftest_hang")
 _SEEDS: dict[str, list[Path]] | None = None
 
 
@@ -107,7 +118,7 @@ def seeds(target: str) -> list[Path]:
     global _SEEDS
     if _SEEDS is None:
         _SEEDS = _seed_table()
-    return _SEEDS[target]
+    return _SEEDS["zipfmt" if target in SELFTESTS else target]
 
 
 def seed_bytes(target: str) -> list[tuple[Path, bytes]]:
@@ -582,8 +593,11 @@ def warm() -> None:
                 pass
 
 
-def exercise(path: str | os.PathLike) -> str:
-    """Open, read every tensor, scan. Returns "ok", "error" (a TensorscopeError on open) or
+def exercise(path: str | os.PathLike, against: str | os.PathLike | None = None) -> str:
+    """Open, read every tensor, open a zip of pickles again in listing mode (what inspect and
+    diff open: the compiled torch step's ``infos``, the zip scan's ``records``), diff against
+    ``against`` (the seed the input was mutated from: the diff's compiled kernel over every pair
+    of values; the fuzzers pass it, None skips the diff), scan. Returns "ok", "error" (a TensorscopeError on open) or
     "ok+" (opened, some tensor refused). Any other exception propagates: that is a bug, and so
     is a file that open() rejects and scan reports clean (an AssertionError)."""
     import tensorscope
@@ -599,6 +613,12 @@ def exercise(path: str | os.PathLike) -> str:
                     outcome = "ok+"
     except TensorscopeError:
         outcome = "error"
+    if outcome != "error" and model.format in ("torch-zip", "torchscript", "pt2"):
+        # listing mode changes what a zip of pickles keeps (other formats ignore it)
+        with tensorscope.open(path, listing=True) as light:
+            assert len(light.tensors) == len(model.tensors), (path, "listing differs")
+    if outcome != "error" and against is not None:
+        _diff(path, against)
     report = tensorscope.scan(path)
     assert isinstance(report.findings, list)
     # The invariant of issue 14: whatever open() rejects, scan never calls clean (a truncated or
@@ -608,11 +628,34 @@ def exercise(path: str | os.PathLike) -> str:
     return outcome
 
 
+def _diff(a, b) -> None:
+    """`tensorscope diff` of two files (values compared: the compiled kernel runs); a
+    TensorscopeError is an answer (either side may be refused)."""
+    from tensorscope import TensorscopeError
+    from tensorscope.diffing import diff_models
+    try:
+        result = diff_models(os.fspath(a), os.fspath(b))
+    except TensorscopeError:
+        return
+    assert isinstance(result.entries, list)
+
+
 def exercise_bytes(target: str, data: bytes) -> str:
-    """The in-memory harnesses: the pickle VM and the zip reader on their own."""
+    """The in-memory harnesses: the pickle VM, the zip reader, a torch zip in listing mode and
+    the diff kernel on their own."""
     from tensorscope import TensorscopeError
     from tensorscope.source import ByteSource
 
+    if target == "selftest_signal":
+        import signal
+        os.kill(os.getpid(), signal.SIGSEGV)
+    if target == "selftest_hang":
+        import time
+        time.sleep(3600)
+    if target == "listing":
+        return _listing_bytes(data)
+    if target == "diffkernel":
+        return _diffkernel_bytes(data)
     if target == "pickle_vm":
         from tensorscope.parsers import pickle_vm
         try:
@@ -638,7 +681,115 @@ def exercise_bytes(target: str, data: bytes) -> str:
     raise ValueError(target)
 
 
-IN_MEMORY = ("pickle_vm", "zipfmt")
+IN_MEMORY = ("pickle_vm", "zipfmt", "listing", "diffkernel") + SELFTESTS
+
+
+def _listing_bytes(data: bytes) -> str:
+    """A torch zip opened for listing from memory, its records held to the Python steps'."""
+    from tensorscope import TensorscopeError, diffing, formats
+    from tensorscope.parsers import pickle_vm, zipfmt
+    from tensorscope.source import ByteSource
+
+    def picture():
+        try:
+            with formats.open_model_source(ByteSource.from_bytes(data, "fuzz.pt"), "fuzz.pt",
+                                           listing=True) as m:
+                return [t.to_dict() for t in m.tensors], sorted(a.kind for a in
+                                                                m.evidence.anomalies)
+        except TensorscopeError as e:
+            return str(e)
+    got = picture()
+    saved = pickle_vm._STEP, zipfmt._SCAN, diffing._KERNEL
+    pickle_vm._STEP = zipfmt._SCAN = None
+    try:
+        want = picture()
+    finally:
+        pickle_vm._STEP, zipfmt._SCAN, diffing._KERNEL = saved
+    assert got == want, "the compiled listing differs from the Python one"
+    return "error" if isinstance(got, str) else "ok"
+
+
+# the kernel's codes and the dtypes they read (diffing._KERNEL_CODES; 't': through a table)
+_KERNEL_DTYPES = {"e": "float16", "b": "bfloat16", "f": "float32", "d": "float64", "c": "int8",
+                  "B": "uint8", "h": "int16", "i": "int32", "E": "float8_e5m2",
+                  "F": "float8_e4m3fn", "t": "float8_e4m3fnuz"}
+
+
+def _route(tag: str) -> int:
+    """A distinct branch per kernel route (see `_diffkernel_bytes`)."""
+    if tag == "e": return 1  # noqa: E701
+    if tag == "b": return 2  # noqa: E701
+    if tag == "f": return 3  # noqa: E701
+    if tag == "d": return 4  # noqa: E701
+    if tag == "c": return 5  # noqa: E701
+    if tag == "B": return 6  # noqa: E701
+    if tag == "h": return 7  # noqa: E701
+    if tag == "i": return 8  # noqa: E701
+    if tag == "E": return 9  # noqa: E701
+    if tag == "F": return 10  # noqa: E701
+    if tag == "t": return 11  # noqa: E701
+    if tag == "odd": return 12  # noqa: E701
+    if tag == "even": return 13  # noqa: E701
+    if tag == "short": return 14  # noqa: E701
+    if tag == "block": return 15  # noqa: E701
+    if tag == "long": return 16  # noqa: E701
+    if tag == "v4": return 17  # noqa: E701
+    if tag == "portable": return 18  # noqa: E701
+    if tag == "same": return 19  # noqa: E701
+    return 20
+
+
+def _diffkernel_bytes(data: bytes) -> str:
+    """`_diffkernel.stats` and ``equal`` on two pieces cut from ``data``: byte 0 picks the codes,
+    byte 1 the offsets of both pieces (any alignment), byte 2 the route (AVX-512 or portable) and
+    the tolerances; the rest is both pieces' bytes. Held to an aligned copy and to numpy."""
+    import ml_dtypes  # noqa: F401 (the dtypes by name)
+    import numpy as np
+
+    from tensorscope import diffing
+    k = diffing._KERNEL
+    if k is None or len(data) < 3:
+        return "ok"
+    codes = sorted(_KERNEL_DTYPES)
+    ca, cb = codes[data[0] % 11], codes[(data[0] // 11) % 11]
+    da, db = np.dtype(_KERNEL_DTYPES[ca]), np.dtype(_KERNEL_DTYPES[cb])
+    off_a, off_b = data[1] & 7, data[1] >> 5
+    body = data[3:]
+    n = len(body) // (da.itemsize + db.itemsize)
+    a = np.frombuffer(body[:n * da.itemsize], da)
+    b = np.frombuffer(body[n * da.itemsize:n * (da.itemsize + db.itemsize)], db)
+    table = lambda dt: np.arange(256, dtype=np.uint8).view(dt).astype(np.float64).tobytes()  # noqa: E731
+    ta, tb = (table(da) if ca == "t" else b""), (table(db) if cb == "t" else b"")
+    atol, rtol = ((1e-8, 1e-5), (0.0, 0.0), (1.0, 0.5), (0.0, 1e-3))[(data[2] >> 1) & 3]
+
+    def at(arr, off):
+        raw = bytearray(off + arr.nbytes)
+        raw[off:] = arr.tobytes()
+        return memoryview(raw)[off:]
+    # The C code is not instrumented (gcc has no libFuzzer coverage): one Python branch per
+    # route of the kernel (code, alignment, length class, AVX-512 or not) gives libFuzzer an
+    # edge to keep an input for each.
+    for tag in (ca, cb, "odd" if (off_a | off_b) & 1 else "even",
+                "short" if n < 16 else "block" if n <= 512 else "long",
+                "v4" if data[2] & 1 else "portable", "same" if ca == cb else "mixed"):
+        _route(tag)
+    was = k.avx512(bool(data[2] & 1))
+    try:
+        want = k.stats(a.tobytes(), ca, b.tobytes(), cb, atol, rtol, ta, tb)
+        got = k.stats(at(a, off_a), ca, at(b, off_b), cb, atol, rtol, ta, tb)
+    finally:
+        k.avx512(was)
+    assert got == want, ("an unaligned piece gave other figures", ca, cb, off_a, off_b)
+    assert k.equal(at(a, off_a), a.tobytes())
+    if want is None:
+        return "ok+"
+    with np.errstate(all="ignore"):
+        x, y = a.astype(np.float64), b.astype(np.float64)
+        d = np.abs(x - y)
+        assert np.isfinite(x).all() and np.isfinite(y).all(), "a NaN or Inf reached the figures"
+        assert want[5] == (d.max() if n else 0.0), ("max_abs", ca, cb)
+        assert want[8] == int((d > atol + np.abs(y) * rtol).sum()), ("mismatched", ca, cb)
+    return "ok"
 
 
 def crc(data: bytes) -> str:
@@ -659,6 +810,9 @@ def atheris_main(target: str) -> None:
 
     with atheris.instrument_imports(include=["tensorscope"]):
         import_all()
+    # this module's in-memory harnesses too (the routes of the C entry points they drive)
+    for fn in (_listing_bytes, _diffkernel_bytes, _route):
+        atheris.instrument_func(fn)
     corpora = [a for a in sys.argv[1:] if not a.startswith("-")]
     for d in corpora:
         os.makedirs(d, exist_ok=True)
@@ -673,7 +827,7 @@ def atheris_main(target: str) -> None:
         if target in IN_MEMORY:
             exercise_bytes(target, data)
         else:
-            exercise(ws.path_for(seed_path, data))
+            exercise(ws.path_for(seed_path, data), against=seed_path)
 
     def custom_mutator(data: bytes, max_size: int, seed: int) -> bytes:
         rng = random.Random(seed)
@@ -681,5 +835,9 @@ def atheris_main(target: str) -> None:
             return atheris.Mutate(data, max_size)
         return mutate(rng, data, pool)[1][:max_size]
 
-    atheris.Setup(sys.argv, test_one_input, custom_mutator=custom_mutator)
+    argv = list(sys.argv)
+    dictionary = Path(__file__).resolve().parent / "dicts" / f"{target}.dict"
+    if dictionary.exists() and not any(a.startswith("-dict=") for a in argv):
+        argv.append(f"-dict={dictionary}")   # the format's magic, opcodes and field tags
+    atheris.Setup(argv, test_one_input, custom_mutator=custom_mutator)
     atheris.Fuzz()

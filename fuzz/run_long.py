@@ -76,7 +76,10 @@ class _Audit:
                 cls.events.append((event, real))
 
 
-def _save(out: Path, kind: str, target: str, key: str, data: bytes, text: str) -> bool:
+def _save(out: Path, kind: str, target: str, key: str, data: bytes, text: str,
+          seed: str | None = None) -> bool:
+    """One finding: the input (``.bin``), what happened (``.txt``) and, for the minimiser
+    (`fuzz/minimise.py`), its target, kind and seed (``.json``)."""
     digest = hashlib.sha1(f"{kind}|{target}|{key}".encode()).hexdigest()[:10]
     stem = out / f"{kind}-{target}-{digest}"
     try:
@@ -84,10 +87,33 @@ def _save(out: Path, kind: str, target: str, key: str, data: bytes, text: str) -
             return False
         stem.with_suffix(".bin").write_bytes(data)
         stem.with_suffix(".txt").write_text(text)
+        stem.with_suffix(".json").write_text(json.dumps(
+            {"kind": kind, "target": target, "key": key, "seed": seed}))
     except OSError as e:  # a full disk must not stop the run
         print(f"cannot save {stem}: {e}", file=sys.stderr, flush=True)
         return False
     return True
+
+
+def _workspace(pid: int) -> Path:
+    return Path(f"/dev/shm/tensorscope-fuzz-{pid}")
+
+
+def _current_input(root) -> Path:
+    return Path(root) / "current-input.bin"
+
+
+def _last_input(pid: int) -> tuple[bytes, str | None]:
+    """The input a worker was running when it died or was killed, and its seed."""
+    cur = _current_input(_workspace(pid))
+    try:
+        seed = cur.with_suffix(".seed").read_text()
+    except OSError:
+        seed = None
+    try:
+        return cur.read_bytes(), seed
+    except OSError:
+        return b"", seed
 
 
 def _worker(idx: int, targets: list[str], seed: int, out: str, started, current, queue,
@@ -95,13 +121,15 @@ def _worker(idx: int, targets: list[str], seed: int, out: str, started, current,
     os.nice(10)
     resource.setrlimit(resource.RLIMIT_AS, (as_mb << 20, as_mb << 20))
     out_dir = Path(out)
-    ws = fuzzlib.Workspace(f"/dev/shm/tensorscope-fuzz-{os.getpid()}")
+    ws = fuzzlib.Workspace(_workspace(os.getpid()))
     rng = random.Random(seed)
     corpus = {t: fuzzlib.seed_bytes(t) for t in targets}
     others = {t: [b for _, b in corpus[t]] for t in targets}
     # Warm: lazy imports of our own modules happen once, unarmed.
     fuzzlib.warm()
     for t in targets:
+        if t in fuzzlib.SELFTESTS:
+            continue
         p, b = corpus[t][0]
         try:
             if t in fuzzlib.IN_MEMORY:
@@ -111,7 +139,11 @@ def _worker(idx: int, targets: list[str], seed: int, out: str, started, current,
         except Exception:
             pass
     sys.addaudithook(_Audit.hook)
-    _Audit.allowed = os.path.realpath(ws.root)
+    # the input's folder, the fixtures (the seed an input is diffed against), and our own
+    # sources (a RuntimeWarning's line is read by linecache to print it)
+    _Audit.allowed = (os.path.realpath(ws.root), os.path.realpath(fuzzlib.FIXTURES),
+                      os.path.realpath(fuzzlib.ROOT / "tensorscope") + os.sep,
+                      os.path.realpath(fuzzlib.ROOT / "parsers") + os.sep)
     base_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     stats = collections.defaultdict(collections.Counter)
     worst: dict[str, float] = collections.defaultdict(float)
@@ -136,6 +168,10 @@ def _worker(idx: int, targets: list[str], seed: int, out: str, started, current,
                 name, data = fuzzlib.mutate(rng, data, others[target])
                 names.append(name)
             path = ws.path_for(seed_path, data)
+            # the input, where the parent finds it if this process dies (a signal, the kernel's
+            # OOM killer) or is killed (a hang): written before the exercise, every time
+            _current_input(ws.root).write_bytes(data)
+            _current_input(ws.root).with_suffix(".seed").write_text(str(seed_path))
             current[idx] = targets.index(target)
             _Audit.events = []
             _Audit.armed = True
@@ -146,7 +182,7 @@ def _worker(idx: int, targets: list[str], seed: int, out: str, started, current,
                 if target in fuzzlib.IN_MEMORY:
                     outcome = fuzzlib.exercise_bytes(target, data)
                 else:
-                    outcome = fuzzlib.exercise(path)
+                    outcome = fuzzlib.exercise(path, against=seed_path)
             except BaseException as e:  # noqa: BLE001 - every other exception is the finding
                 if isinstance(e, KeyboardInterrupt):
                     raise
@@ -158,7 +194,7 @@ def _worker(idx: int, targets: list[str], seed: int, out: str, started, current,
                 kind = "crash"
                 text = (f"target {target}, seed {seed_path}, mutators {names}\n"
                         + "".join(traceback.format_exception(e))[-6000:])
-                _save(out_dir, kind, target, key, data, text)
+                _save(out_dir, kind, target, key, data, text, str(seed_path))
             finally:
                 started[idx] = 0.0
                 _Audit.armed = False
@@ -193,7 +229,7 @@ def _worker(idx: int, targets: list[str], seed: int, out: str, started, current,
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--targets", default=",".join(fuzzlib.TARGETS))
+    ap.add_argument("--targets", default=",".join(fuzzlib.ALL_TARGETS))
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--seconds", type=float, default=600)
     ap.add_argument("--max-inputs", type=int, default=1_000_000)
@@ -208,8 +244,8 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     targets = [t for t in args.targets.split(",") if t]
     for t in targets:
-        if t not in fuzzlib.TARGETS:
-            ap.error(f"unknown target {t!r}; known: {', '.join(fuzzlib.TARGETS)}")
+        if t not in fuzzlib.ALL_TARGETS and t not in fuzzlib.SELFTESTS:
+            ap.error(f"unknown target {t!r}; known: {', '.join(fuzzlib.ALL_TARGETS)}")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     ctx = mp.get_context("fork")
@@ -250,7 +286,8 @@ def main(argv: list[str] | None = None) -> int:
     def line() -> str:
         n = sum(c["inputs"] for c in totals.values())
         parts = [f"{t}={totals[t]['inputs']}" for t in targets]
-        bad = {k: sum(c[k] for c in totals.values()) for k in ("crash", "hang", "slow", "rss", "exec")}
+        bad = {k: sum(c[k] for c in totals.values())
+               for k in ("crash", "signal", "hang", "slow", "rss", "exec")}
         return (f"[{time.strftime('%H:%M:%S')}] {n} inputs ({', '.join(parts)}); "
                 + ", ".join(f"{k} {v}" for k, v in bad.items())
                 + f"; worst {max(worst.values(), default=0):.2f} s, maxrss growth {peak_rss:.0f} MB")
@@ -270,12 +307,11 @@ def main(argv: list[str] | None = None) -> int:
                     os.kill(p.pid, signal.SIGKILL)
                     p.join()
                     target = targets[current[i]]
-                    ws = Path(f"/dev/shm/tensorscope-fuzz-{p.pid}")
-                    inputs = sorted(ws.rglob("*"), key=lambda q: q.stat().st_mtime if q.is_file() else 0)
-                    files = [q for q in inputs if q.is_file()]
-                    data = files[-1].read_bytes() if files else b""
+                    ws = _workspace(p.pid)
+                    data, seed = _last_input(p.pid)
                     _save(out, "hang", target, fuzzlib.crc(data), data,
-                          f"target {target}: worker killed after {args.timeout} s on this input\n")
+                          f"target {target}: worker killed after {args.timeout} s on this input\n",
+                          seed)
                     totals[target]["hang"] += 1
                     totals[target]["inputs"] += 1
                     shutil.rmtree(ws, ignore_errors=True)
@@ -286,8 +322,18 @@ def main(argv: list[str] | None = None) -> int:
                     p.join()
                     del procs[i]
                     if p.exitcode not in (0, None):
-                        totals[targets[current[i]]]["crash"] += 1
-                        print(f"worker {i} died with exit code {p.exitcode}", flush=True)
+                        # died by a signal (a segfault, an abort from a sanitizer, the OOM
+                        # killer's SIGKILL) or exited: the input it was running is kept
+                        target = targets[current[i]]
+                        data, seed = _last_input(p.pid)
+                        how = (signal.Signals(-p.exitcode).name if p.exitcode < 0
+                               else f"exit {p.exitcode}")
+                        _save(out, "signal" if p.exitcode < 0 else "died", target,
+                              f"{how}-{fuzzlib.crc(data)}", data,
+                              f"target {target}: worker died ({how}) on this input\n", seed)
+                        totals[target]["signal" if p.exitcode < 0 else "crash"] += 1
+                        print(f"worker {i} died ({how}) on a {target} input: saved", flush=True)
+                    shutil.rmtree(_workspace(p.pid), ignore_errors=True)
                     if time.time() < stop_at and budget.value > 0:
                         spawn(i)  # an rss restart, or a death
             if time.time() - last_report > args.report:
@@ -304,13 +350,14 @@ def main(argv: list[str] | None = None) -> int:
     for t in targets:
         c = totals[t]
         print(f"  {t:12s} inputs {c['inputs']:8d}  ok {c['ok']:7d}  ok+ {c['ok+']:6d}  "
-              f"error {c['error']:7d}  crash {c['crash']}  hang {c['hang']}  slow {c['slow']}  "
+              f"error {c['error']:7d}  crash {c['crash']}  signal {c['signal']}  "
+              f"hang {c['hang']}  slow {c['slow']}  "
               f"rss {c['rss']}  exec {c['exec']}  worst {worst[t]:.2f} s")
     if args.stats_json:
         Path(args.stats_json).write_text(json.dumps(
             {"elapsed": elapsed, "peak_rss_growth_mb": peak_rss, "worst": worst,
              "totals": {t: dict(c) for t, c in totals.items()}}, indent=2, sort_keys=True))
-    bad = sum(c[k] for c in totals.values() for k in ("crash", "hang", "rss", "exec"))
+    bad = sum(c[k] for c in totals.values() for k in ("crash", "signal", "hang", "rss", "exec"))
     return 1 if bad else 0
 
 

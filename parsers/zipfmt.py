@@ -143,8 +143,7 @@ def sniff(head: bytes, size: int) -> bool:
 class ZipMember:
     """One central-directory entry, located in the file. Treat it as read-only (not frozen only
     because a frozen dataclass costs ~1 µs more per member: 100,000-member archives). Those made
-    by the compiled step (`tensorscope/_zipscan.c`) are not tracked by the cyclic garbage
-    collector: their fields are strings, bytes, ints and None, so store nothing else in them.
+    by the compiled step (`tensorscope/_zipscan.c`) are tracked by the collector as any other.
 
     Attributes:
         name: decoded name (UTF-8 if flag bit 11 else cp437, as zipfile does; undecodable UTF-8

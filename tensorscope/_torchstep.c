@@ -157,8 +157,14 @@ static PyObject *bind_torch(PyObject *self, PyObject *args) {
     if (!PyArg_ParseTuple(args, "O!O!OOO!O!", &PyType_Type, &storage, &PyType_Type, &tensor,
                           &hook, &extras, &PyType_Type, &info, &PyType_Type, &frozen))
         return NULL;
-    if (!PyType_IsSubtype((PyTypeObject *)frozen, &PyDict_Type)) {
-        PyErr_SetString(PyExc_TypeError, "FrozenDict must be a dict");
+    /* extras are made by dict's tp_new (no Python __new__ to call back) and filled by
+     * PyDict_SetItem: only right for a dict subclass that adds no field and no __new__ */
+    if (!PyType_IsSubtype((PyTypeObject *)frozen, &PyDict_Type) ||
+        ((PyTypeObject *)frozen)->tp_new != PyDict_Type.tp_new ||
+        ((PyTypeObject *)frozen)->tp_basicsize != PyDict_Type.tp_basicsize ||
+        ((PyTypeObject *)frozen)->tp_dictoffset != 0) {
+        PyErr_SetString(PyExc_TypeError, "FrozenDict must be a dict subclass with dict's layout "
+                        "and dict's __new__");
         return NULL;
     }
     if (find_slots((PyTypeObject *)storage, storage_slots, N_STORAGE, 1) < 0 ||
@@ -222,11 +228,11 @@ static uint32_t le32(const unsigned char *p) {
 
 /* BINGET / LONG_BINGET: the memo index, or -1 when the bytes are not one. */
 static Py_ssize_t read_get(Reader *r) {
-    if (r->at + 2 <= r->end && r->d[r->at] == OP_BINGET) {
+    if (r->end - r->at >= 2 && r->d[r->at] == OP_BINGET) {
         r->at += 2;
         return r->d[r->at - 1];
     }
-    if (r->at + 5 <= r->end && r->d[r->at] == OP_LONG_BINGET) {
+    if (r->end - r->at >= 5 && r->d[r->at] == OP_LONG_BINGET) {
         r->at += 5;
         return (Py_ssize_t)le32(r->d + r->at - 4);
     }
@@ -269,17 +275,18 @@ static int read_put(Reader *r, Puts *puts) {
     if (op == OP_MEMOIZE) {
         r->at += 1;
     } else if (op == OP_BINPUT) {
-        if (r->at + 2 > r->end || r->d[r->at + 1] != puts->want)
+        if (r->end - r->at < 2 || r->d[r->at + 1] != puts->want)
             return 0;
         r->at += 2;
     } else if (op == OP_LONG_BINPUT) {
-        if (r->at + 5 > r->end || (Py_ssize_t)le32(r->d + r->at + 1) != puts->want)
+        if (r->end - r->at < 5 || (Py_ssize_t)le32(r->d + r->at + 1) != puts->want)
             return 0;
         r->at += 5;
     } else {
         return 0;
     }
-    puts->want++;
+    if (__builtin_add_overflow(puts->want, 1, &puts->want))
+        return 0;
     return 1;
 }
 
@@ -363,18 +370,26 @@ static PyObject *fast_storage(PyObject *fast, PyObject *pid) {
         !PyLong_CheckExact(numel) || _PyLong_Sign(numel) < 0)
         return NULL;
     PyObject *module = SLOT(cls, global_slots, G_MODULE), *name = SLOT(cls, global_slots, G_NAME);
-    if (module == NULL || name == NULL || !PyUnicode_CheckExact(name))
+    /* exact strs, so that hashing them runs no Python code; and every object read here is held
+     * by a strong reference across the lookups (a key of another type in one of these tables
+     * could make a comparison call back into Python, which could drop what is borrowed) */
+    if (module == NULL || name == NULL || !PyUnicode_CheckExact(module) ||
+        !PyUnicode_CheckExact(name) || !PyUnicode_CheckExact(key))
         return NULL;
+    Py_INCREF(module);
+    Py_INCREF(name);
+    PyObject *dtype = NULL, *member = NULL, *record = NULL, *storage = NULL;
     int in = PySet_Contains(modules, module);
     if (in <= 0)
-        return NULL;
-    PyObject *dtype = PyDict_GetItemWithError(dtypes, name);   /* borrowed; None: untyped */
+        goto out;
+    dtype = Py_XNewRef(PyDict_GetItemWithError(dtypes, name));   /* None: untyped */
     if (dtype == NULL)
-        return NULL;
-    PyObject *member = PyUnicode_Concat(prefix, key);
+        goto out;
+    member = PyUnicode_Concat(prefix, key);
     if (member == NULL)
-        return NULL;
-    PyObject *record = PyDict_GetItemWithError(records, member);  /* borrowed */
+        goto out;
+    record = Py_XNewRef(PyDict_GetItemWithError(records, member));
+    /* record_type was checked to be a tuple subclass with tuple's layout (`valid_fast`) */
     int stored = record != NULL && Py_IS_TYPE(record, record_type) &&
                  PyTuple_GET_SIZE(record) == 5;
     PyObject *rname = NULL, *method = NULL;
@@ -387,24 +402,48 @@ static PyObject *fast_storage(PyObject *fast, PyObject *pid) {
                  PyLong_CheckExact(method) && _PyLong_Sign(method) == 0 &&
                  PyUnicode_CheckExact(rname) && PyUnicode_Compare(rname, member) == 0;
     }
-    Py_DECREF(member);
     if (!stored)
-        return NULL;
+        goto out;
     PyObject *values[N_STORAGE] = {Py_NewRef(key), Py_NewRef(dtype), Py_NewRef(numel),
                                    Py_NewRef(location), Py_NewRef(path), Py_NewRef(rname),
                                    Py_NewRef(PyTuple_GET_ITEM(record, 3)),
                                    Py_NewRef(PyTuple_GET_ITEM(record, 4)), Py_NewRef(Py_None)};
-    PyObject *storage = make(storage_type, storage_slots, N_STORAGE, values);
+    storage = make(storage_type, storage_slots, N_STORAGE, values);
     if (storage == NULL)
-        return NULL;
+        goto out;
     /* `key not in storages`, then `storages[key] = storage`, in one lookup: a key met before
      * keeps its storage, and the Python function returns that one */
     PyObject *held = PyDict_SetDefault(storages, key, storage);     /* borrowed */
-    if (held != storage) {
-        Py_DECREF(storage);
-        return NULL;
-    }
+    if (held != storage)
+        Py_CLEAR(storage);
+out:
+    Py_DECREF(module);
+    Py_DECREF(name);
+    Py_XDECREF(dtype);
+    Py_XDECREF(member);
+    Py_XDECREF(record);
     return storage;
+}
+
+/* The resolver's `torch_fast` tuple as `fast_storage` reads it, every member of the exact type
+ * whose layout or C API it relies on; anything else makes the step call the Python function. */
+static int valid_fast(PyObject *fast) {
+    if (storage_type == NULL || !PyTuple_CheckExact(fast) || PyTuple_GET_SIZE(fast) != 7)
+        return 0;
+    PyObject *record = PyTuple_GET_ITEM(fast, 6);
+    if (!PyType_Check(record))
+        return 0;
+    PyTypeObject *rtype = (PyTypeObject *)record;
+    /* a NamedTuple: a tuple subclass with tuple's own layout (PyTuple_GET_* are valid on it) */
+    return PyDict_CheckExact(PyTuple_GET_ITEM(fast, 0)) &&
+           PyDict_CheckExact(PyTuple_GET_ITEM(fast, 1)) &&
+           PyUnicode_CheckExact(PyTuple_GET_ITEM(fast, 2)) &&
+           PyDict_CheckExact(PyTuple_GET_ITEM(fast, 4)) &&
+           PyAnySet_CheckExact(PyTuple_GET_ITEM(fast, 5)) &&
+           PyType_FastSubclass(rtype, Py_TPFLAGS_TUPLE_SUBCLASS) &&
+           PyType_IsSubtype(rtype, &PyTuple_Type) &&
+           rtype->tp_basicsize == PyTuple_Type.tp_basicsize &&
+           rtype->tp_itemsize == PyTuple_Type.tp_itemsize && rtype->tp_dictoffset == 0;
 }
 
 /* An int >= 0 (not a bool). */
@@ -482,6 +521,13 @@ typedef struct {
 
 enum { DECLINED, DONE, FAILED };
 
+/* The stack still holds `depth` items, the top one a Global (read after every call into Python,
+ * which could have changed the list). */
+static int stack_top_is_global(PyObject *stack, Py_ssize_t depth) {
+    return depth > 0 && PyList_GET_SIZE(stack) == depth &&
+           Py_IS_TYPE(PyList_GET_ITEM(stack, depth - 1), global_type);
+}
+
 /* One tensor sequence at `start` (`torch_tensor`): DONE with its end, opcodes and objects built;
  * DECLINED having changed nothing; FAILED with the error set and `*at`, `*ran` where it failed
  * and the opcodes run up to it. */
@@ -493,8 +539,8 @@ static int one_tensor(Run *run, Py_ssize_t start, Py_ssize_t budget, Py_ssize_t 
     PyObject *empty = NULL, *args = NULL, *value = NULL;
     *at = start;
     *ran = 0;
-    if (PyList_GET_SIZE(stack) == 0 ||
-        !Py_IS_TYPE(PyList_GET_ITEM(stack, PyList_GET_SIZE(stack) - 1), global_type))
+    Py_ssize_t depth = PyList_GET_SIZE(stack);
+    if (!stack_top_is_global(stack, depth))
         return DECLINED;
 
     /* The pattern, read without effects. */
@@ -509,12 +555,12 @@ static int one_tensor(Run *run, Py_ssize_t start, Py_ssize_t budget, Py_ssize_t 
         goto decline;
     Py_ssize_t key_len;
     if (r.d[r.at] == OP_BINUNICODE) {
-        if (r.at + 5 > r.end || r.d[r.at + 2] || r.d[r.at + 3] || r.d[r.at + 4])
+        if (r.end - r.at < 5 || r.d[r.at + 2] || r.d[r.at + 3] || r.d[r.at + 4])
             goto decline;
         key_len = r.d[r.at + 1];
         r.at += 5;
     } else if (r.d[r.at] == OP_SHORT_BINUNICODE) {
-        if (r.at + 2 > r.end)
+        if (r.end - r.at < 2)
             goto decline;
         key_len = r.d[r.at + 1];
         r.at += 2;
@@ -553,23 +599,30 @@ static int one_tensor(Run *run, Py_ssize_t start, Py_ssize_t budget, Py_ssize_t 
     Py_ssize_t rebuild_at = r.at;
     if (!next_is(&r, OP_REDUCE))
         goto decline;
-    /* `_puts_in_order`: a run of BINPUTs must stay below 256 */
-    if (puts.kind == OP_BINPUT && memo_n + 5 >= 256)
+    /* `_puts_in_order`: a run of BINPUTs must stay below 256 (memo_n < 251) */
+    if (puts.kind == OP_BINPUT && memo_n >= 256 - 5)
         goto decline;
-    if (ia >= memo_n || ib >= memo_n || ic >= memo_n || id >= memo_n ||
-        !Py_IS_TYPE(PyList_GET_ITEM(memo, id), global_type))
-        goto decline;
+    /* `_small_tuple` may run Python code (a miss of its table): what is read from the VM's
+     * lists is checked after it, not before */
     size_pair = small_tuple(0, r.d + size_at, size_end - size_at);
     if (size_pair == NULL)
         goto done;
     stride_pair = small_tuple(1, r.d + stride_at, stride_end - stride_at);
     if (stride_pair == NULL)
         goto done;
+    if (PyList_GET_SIZE(memo) != memo_n || !stack_top_is_global(stack, depth) ||
+        ia >= memo_n || ib >= memo_n || ic >= memo_n || id >= memo_n ||
+        !Py_IS_TYPE(PyList_GET_ITEM(memo, id), global_type))
+        goto decline;
     PyObject *shape = PyTuple_GET_ITEM(size_pair, 0), *strides = PyTuple_GET_ITEM(stride_pair, 0);
-    Py_ssize_t ops = 22 + PyLong_AsSsize_t(PyTuple_GET_ITEM(size_pair, 1)) +
-                     PyLong_AsSsize_t(PyTuple_GET_ITEM(stride_pair, 1));
+    Py_ssize_t size_ops = PyLong_AsSsize_t(PyTuple_GET_ITEM(size_pair, 1));
+    Py_ssize_t stride_ops = PyLong_AsSsize_t(PyTuple_GET_ITEM(stride_pair, 1));
     if (PyErr_Occurred())
         goto done;
+    Py_ssize_t ops;
+    if (size_ops < 0 || stride_ops < 0 || __builtin_add_overflow(size_ops, stride_ops, &ops) ||
+        __builtin_add_overflow(ops, 22, &ops))
+        goto decline;
     if (shape == Py_None || strides == Py_None || ops > budget)
         goto decline;
 
@@ -617,6 +670,11 @@ static int one_tensor(Run *run, Py_ssize_t start, Py_ssize_t budget, Py_ssize_t 
         goto done;
     *at = od_at;
     *ran = ops - 4;
+    /* load_storage ran Python code: the memo entry and the stack are read again, checked */
+    if (id >= PyList_GET_SIZE(memo) || !Py_IS_TYPE(PyList_GET_ITEM(memo, id), global_type)) {
+        PyErr_SetString(PyExc_RuntimeError, "a hook changed the VM's memo");
+        goto done;
+    }
     PyObject *od = Py_NewRef(PyList_GET_ITEM(memo, id));   /* held across Python calls */
     empty = reduce(vm, od, empty_tuple, *at, recording);
     Py_DECREF(od);
@@ -632,13 +690,19 @@ static int one_tensor(Run *run, Py_ssize_t start, Py_ssize_t budget, Py_ssize_t 
         goto done;
     *at = rebuild_at;
     *ran = ops;
-    Py_ssize_t top = PyList_GET_SIZE(stack) - 1;
+    /* the reduces and load_storage ran Python code: the stack top is read only after its
+     * length and its type are checked again */
+    if (!stack_top_is_global(stack, depth)) {
+        PyErr_SetString(PyExc_RuntimeError, "a hook changed the VM's stack");
+        goto done;
+    }
+    Py_ssize_t top = depth - 1;
     PyObject *rebuild = Py_NewRef(PyList_GET_ITEM(stack, top));
     value = reduce(vm, rebuild, args, *at, recording);
     Py_DECREF(rebuild);
     if (value == NULL)
         goto done;
-    if (top != PyList_GET_SIZE(stack) - 1) {
+    if (PyList_GET_SIZE(stack) != depth) {
         PyErr_SetString(PyExc_RuntimeError, "a hook changed the VM's stack");
         goto done;
     }
@@ -678,9 +742,9 @@ static Py_ssize_t simple_op(Run *run, int unit, Py_ssize_t at, Py_ssize_t max_st
         Py_ssize_t next;
         if (op == OP_MEMOIZE)
             next = at + 1;
-        else if (op == OP_BINPUT && at + 2 <= n && d[at + 1] == memo_n)
+        else if (op == OP_BINPUT && n - at >= 2 && d[at + 1] == memo_n)
             next = at + 2;
-        else if (op == OP_LONG_BINPUT && at + 5 <= n && (Py_ssize_t)le32(d + at + 1) == memo_n)
+        else if (op == OP_LONG_BINPUT && n - at >= 5 && (Py_ssize_t)le32(d + at + 1) == memo_n)
             next = at + 5;
         else
             return -1;
@@ -691,10 +755,10 @@ static Py_ssize_t simple_op(Run *run, int unit, Py_ssize_t at, Py_ssize_t max_st
     }
     if (unit == 'K') {      /* a str key */
         Py_ssize_t size, head;
-        if (op == OP_BINUNICODE && at + 5 <= n) {
+        if (op == OP_BINUNICODE && n - at >= 5) {
             size = (Py_ssize_t)le32(d + at + 1);
             head = 5;
-        } else if (op == OP_SHORT_BINUNICODE && at + 2 <= n) {
+        } else if (op == OP_SHORT_BINUNICODE && n - at >= 2) {
             size = d[at + 1];
             head = 2;
         } else {
@@ -713,16 +777,16 @@ static Py_ssize_t simple_op(Run *run, int unit, Py_ssize_t at, Py_ssize_t max_st
     }
     /* 'G': a GET */
     Py_ssize_t index, next;
-    if (op == OP_BINGET && at + 2 <= n) {
+    if (op == OP_BINGET && n - at >= 2) {
         index = d[at + 1];
         next = at + 2;
-    } else if (op == OP_LONG_BINGET && at + 5 <= n) {
+    } else if (op == OP_LONG_BINGET && n - at >= 5) {
         index = (Py_ssize_t)le32(d + at + 1);
         next = at + 5;
     } else {
         return -1;
     }
-    if (index >= memo_n || PyList_Append(run->stack, PyList_GET_ITEM(run->memo, index)) < 0)
+    if (index < 0 || index >= memo_n || PyList_Append(run->stack, PyList_GET_ITEM(run->memo, index)) < 0)
         return -1;
     return next;
 }
@@ -748,10 +812,10 @@ static PyObject *tensor(PyObject *self, PyObject *const *argv, Py_ssize_t argc) 
     if (!PyList_CheckExact(run.memo) || !PyList_CheckExact(run.stack) || depth_room < 3 ||
         dispatches < 1)
         Py_RETURN_NONE;
-    if (run.fast != Py_None && (storage_type == NULL || !PyTuple_CheckExact(run.fast) ||
-                                PyTuple_GET_SIZE(run.fast) != 7 ||
-                                !PyType_Check(PyTuple_GET_ITEM(run.fast, 6))))
+    if (run.fast != Py_None && !valid_fast(run.fast))
         run.fast = Py_None;
+    if (run.recording && !PyList_CheckExact(run.pids))
+        Py_RETURN_NONE;
     Py_buffer view;
     if (PyObject_GetBuffer(argv[0], &view, PyBUF_SIMPLE) < 0)
         return NULL;
@@ -771,7 +835,10 @@ static PyObject *tensor(PyObject *self, PyObject *const *argv, Py_ssize_t argc) 
     for (int u = 0; used < dispatches; u = (u + 1) % 5) {
         if (units[u] == 'T') {
             Py_ssize_t end, t_ops, t_built, fail_at, fail_ran;
-            int status = one_tensor(&run, at, budget - extra, &end, &t_ops, &t_built, &fail_at,
+            Py_ssize_t room;
+            if (__builtin_sub_overflow(budget, extra, &room))
+                break;
+            int status = one_tensor(&run, at, room, &end, &t_ops, &t_built, &fail_at,
                                     &fail_ran);
             if (status == FAILED) {
                 /* `vm.fast_at`, as `torch_tensor` leaves it: the opcodes of this call */
@@ -793,9 +860,19 @@ static PyObject *tensor(PyObject *self, PyObject *const *argv, Py_ssize_t argc) 
             if (status == DECLINED)
                 break;
             at = end;
-            ops += t_ops;
-            extra += t_ops - 1;
-            built += t_built;
+            /* t_ops <= room; the sums are checked all the same (a count that cannot be trusted
+             * ends the batch: the loop goes on in Python) */
+            Py_ssize_t ops2, extra2, built2;
+            if (__builtin_add_overflow(ops, t_ops, &ops2) ||
+                __builtin_add_overflow(extra, t_ops - 1, &extra2) ||
+                __builtin_add_overflow(built, t_built, &built2)) {
+                PyErr_SetString(PyExc_OverflowError, "torch step: opcode count overflows");
+                PyBuffer_Release(&view);
+                return NULL;
+            }
+            ops = ops2;
+            extra = extra2;
+            built = built2;
         } else {
             Py_ssize_t next = simple_op(&run, units[u], at, max_string);
             if (next < 0) {
@@ -886,7 +963,7 @@ static PyObject *plain_info(PyObject *key, PyObject *t, PyObject *fmt, PyObject 
         return NULL;
     if (!empty && snbytes != Py_None) {
         int64_t last, bound = count_of(snbytes);
-        if (__builtin_add_overflow(first, span + 1, &last))
+        if (__builtin_add_overflow(span, 1, &last) || __builtin_add_overflow(first, last, &last))
             return NULL;
         int64_t end = mul_add(last, itemsize, 0);
         if (bound < 0 || end < 0 || end > bound)
@@ -991,9 +1068,39 @@ PyMODINIT_FUNC PyInit__torchstep(void) {
         !str_location || !str_member || !empty_tuple)
         return NULL;
     PyObject *mod = PyModule_Create(&module);
-    if (mod != NULL && PyModule_AddIntConstant(mod, "ABI", ABI) < 0) {
+    if (mod == NULL)
+        return NULL;
+    /* FIELDS: the fields of each Python class this file reads or fills, in their order, so that
+     * a test fails when one of those classes gains or loses a field (bind_* would refuse it and
+     * the step would silently be off) */
+    PyObject *fields = PyDict_New();
+    int bad = fields == NULL || PyModule_AddIntConstant(mod, "ABI", ABI) < 0;
+    struct { const char *cls; const Slot *slots; int count; } all[] = {
+        {"Global", global_slots, N_GLOBAL}, {"StorageRef", storage_slots, N_STORAGE},
+        {"TensorRef", tensor_slots, N_TENSOR}, {"TensorInfo", info_slots, N_INFO}};
+    for (size_t c = 0; !bad && c < sizeof all / sizeof all[0]; c++) {
+        PyObject *names = PyTuple_New(all[c].count);
+        bad = names == NULL;
+        for (int k = 0; !bad && k < all[c].count; k++) {
+            PyObject *name = PyUnicode_FromString(all[c].slots[k].name);
+            bad = name == NULL;
+            if (!bad)
+                PyTuple_SET_ITEM(names, k, name);
+        }
+        bad = bad || PyDict_SetItemString(fields, all[c].cls, names) < 0;
+        Py_XDECREF(names);
+    }
+    if (!bad) {
+        PyObject *record = Py_BuildValue("(sssss)", "name", "error", "method", "data_offset",
+                                         "size");
+        bad = record == NULL || PyDict_SetItemString(fields, "_Record", record) < 0;
+        Py_XDECREF(record);
+    }
+    if (bad || PyModule_AddObjectRef(mod, "FIELDS", fields) < 0) {
+        Py_XDECREF(fields);
         Py_DECREF(mod);
         return NULL;
     }
+    Py_DECREF(fields);
     return mod;
 }

@@ -219,6 +219,7 @@ static PyObject *scan(PyObject *self, PyObject *args) {
         uint32_t csize = u32(e + 20), usize = u32(e + 24);
         Py_ssize_t n = u16(e + 28), extra_len = u16(e + 30), comment_len = u16(e + 32);
         uint32_t disk = u16(e + 34), offset = u32(e + 42);
+        /* n, extra_len, comment_len < 2^16: this sum cannot overflow; cd_size - pos >= 46 */
         if (CENTRAL_SIZE + n + extra_len + comment_len > cd_size - pos)
             break;
         if (extra_len || method != 0 || (flags & IRREGULAR_FLAGS) || disk || csize != usize ||
@@ -228,10 +229,11 @@ static PyObject *scan(PyObject *self, PyObject *args) {
         int ascii = 0;
         if (irregular_name(raw, n, &ascii) || (!ascii && !(flags & FLAG_UTF8)))
             break;
-        /* the local header: offsets in Py_ssize_t (64-bit), u32 + prepended cannot overflow */
-        Py_ssize_t header = (Py_ssize_t)offset + prepended;
-        Py_ssize_t start = header + LOCAL_SIZE;
-        if (start + n > size)
+        /* the local header: every offset sum checked (prepended comes from the caller) */
+        Py_ssize_t header, start, name_end;
+        if (__builtin_add_overflow((Py_ssize_t)offset, prepended, &header) ||
+            __builtin_add_overflow(header, (Py_ssize_t)LOCAL_SIZE, &start) ||
+            __builtin_add_overflow(start, n, &name_end) || name_end > size)
             break;
         const unsigned char *l = f + header;
         if (memcmp(l, "PK\x03\x04", 4) != 0 || (Py_ssize_t)u16(l + 26) != n ||
@@ -241,9 +243,10 @@ static PyObject *scan(PyObject *self, PyObject *args) {
         if (!((l_crc == crc && l_csize == csize && l_usize == csize) ||
               ((flags & FLAG_DESCRIPTOR) && !(l_crc | l_csize | l_usize))))
             break;
-        Py_ssize_t data = start + n + (Py_ssize_t)u16(l + 28);
-        Py_ssize_t end = data + (Py_ssize_t)csize;
-        if (end > size || (header < cd_end && end > cd_start))
+        Py_ssize_t data, end;
+        if (__builtin_add_overflow(name_end, (Py_ssize_t)u16(l + 28), &data) ||
+            __builtin_add_overflow(data, (Py_ssize_t)csize, &end) || end > size ||
+            (header < cd_end && end > cd_start))
             break;
 
         PyObject *name;
@@ -281,11 +284,8 @@ static PyObject *scan(PyObject *self, PyObject *args) {
             Py_DECREF(name);
             goto done;
         }
-        /* Its fields are strings, bytes, ints and None: it can be in no reference cycle, so the
-         * collector need not track it (as CPython untracks such tuples and dicts); 10^5 tracked
-         * members cost the collector more than making them. */
-        if (PyObject_GC_IsTracked(m))
-            PyObject_GC_UnTrack(m);
+        /* (A ZipMember is mutable: it stays tracked by the cyclic collector, as any instance
+         * made by calling the class is; an untracked one given a cycle later would leak.) */
         if (flags_obj == NULL || flags != flags_cached) {
             Py_XDECREF(flags_obj);
             flags_obj = PyLong_FromUnsignedLong(flags);
@@ -324,7 +324,7 @@ static PyObject *scan(PyObject *self, PyObject *args) {
             }
             Py_DECREF(index);
         }
-        pos += CENTRAL_SIZE + n + comment_len;
+        pos += CENTRAL_SIZE + n + comment_len;   /* <= cd_size: checked above */
     }
 finish:
     result = Py_BuildValue("nnn", pos, first, first >= 0 && contiguous ? chain : (Py_ssize_t)-1);
@@ -493,8 +493,10 @@ static PyObject *exact(PyObject *self, PyObject *args) {
     visible = visible < 0 ? 0 : visible > n ? n : visible;
     for (Py_ssize_t i = 0; i < visible; i++) {
         PyObject *m = PyList_GET_ITEM(members, i);
+        /* the name is hashed into the table: an exact str (no Python __hash__/__eq__ to call
+         * back and change the borrowed list meanwhile) */
         if (Py_TYPE(m) != member_type || FIELD(m, F_NAME) == NULL || FIELD(m, F_RAW_NAME) == NULL
-            || !PyBytes_CheckExact(FIELD(m, F_RAW_NAME)))
+            || !PyUnicode_CheckExact(FIELD(m, F_NAME)) || !PyBytes_CheckExact(FIELD(m, F_RAW_NAME)))
             Py_RETURN_NONE;
     }
     PyObject *table = PyDict_New();
@@ -560,7 +562,9 @@ static PyObject *records(PyObject *self, PyObject *args) {
     Py_ssize_t n = PyList_GET_SIZE(members);
     visible = visible < 0 ? 0 : visible > n ? n : visible;
     if (member_type == NULL || !PyType_IsSubtype(rtype, &PyTuple_Type) ||
-        rtype->tp_basicsize != PyTuple_Type.tp_basicsize || rtype->tp_dictoffset ||
+        rtype->tp_basicsize != PyTuple_Type.tp_basicsize ||
+        rtype->tp_itemsize != PyTuple_Type.tp_itemsize || rtype->tp_dictoffset ||
+        rtype->tp_weaklistoffset || !PyUnicode_CheckExact(start) ||
         STR_NOT_READY(start) || !PyUnicode_IS_ASCII(start))
         Py_RETURN_NOTIMPLEMENTED;
     for (Py_ssize_t i = 0; i < visible; i++) {
@@ -647,7 +651,27 @@ static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_zipscan",
 PyMODINIT_FUNC PyInit__zipscan(void) {
     crc_init();
     PyObject *mod = PyModule_Create(&module);
-    if (mod != NULL && PyModule_AddIntConstant(mod, "ABI", ABI) < 0) {
+    if (mod == NULL)
+        return NULL;
+    /* FIELDS: the fields of the classes this file fills or reads, in their order (a test holds
+     * ZipMember and the record class to them: a field more or less would turn `scan` off) */
+    PyObject *member = PyTuple_New(N_FIELDS), *fields = PyDict_New();
+    int bad = member == NULL || fields == NULL || PyModule_AddIntConstant(mod, "ABI", ABI) < 0;
+    for (int k = 0; !bad && k < N_FIELDS; k++) {
+        PyObject *name = PyUnicode_FromString(FIELD_NAMES[k]);
+        bad = name == NULL;
+        if (!bad)
+            PyTuple_SET_ITEM(member, k, name);
+    }
+    PyObject *record = bad ? NULL : Py_BuildValue("(sssss)", "name", "error", "method",
+                                                  "data_offset", "size");
+    bad = bad || record == NULL || PyDict_SetItemString(fields, "ZipMember", member) < 0 ||
+          PyDict_SetItemString(fields, "_Record", record) < 0 ||
+          PyModule_AddObjectRef(mod, "FIELDS", fields) < 0;
+    Py_XDECREF(member);
+    Py_XDECREF(record);
+    Py_XDECREF(fields);
+    if (bad) {
         Py_DECREF(mod);
         return NULL;
     }

@@ -59,6 +59,13 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+# Commands that open a model or two and then work over its records: the CLI process pauses its
+# own cyclic collector while they run (`formats.gc_paused`; 10^5 records without cycles, which
+# collections would walk again and again). The library never does this for its host; `scan`
+# (many files, garbage collected as it goes) and `tui` (a long session) keep theirs running.
+GC_PAUSED = frozenset({"inspect", "diff", "graph", "convert"})
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     try:
@@ -75,6 +82,10 @@ def main(argv: list[str] | None = None) -> int:
     reset_totals()  # what this command fetched, whatever ran before in this process
     blas_pinned = _pin_blas_threads()
     try:
+        if args.command in GC_PAUSED:
+            from .formats import gc_paused
+            with gc_paused():
+                return int(args._run(args))
         return int(args._run(args))
     except KeyboardInterrupt:
         print(f"tensorscope {args.command}: interrupted", file=sys.stderr)

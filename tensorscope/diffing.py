@@ -1272,6 +1272,10 @@ def _compare(walker: _Walker, ma, ta, mb, tb, atol, rtol) -> ValueDiff | None:
         va, vb = ma.read(ta), mb.read(tb)
         if va.shape != vb.shape or va.dtype != vb.dtype:  # bytes-only views of different sizes
             return ValueDiff(ta.numel, False, mismatched=None)
+        if va.dtype.hasobject:   # ONNX strings: Python objects (a copy), compared by value
+            if np.array_equal(va, vb):
+                return _identical(ta.numel)
+            return ValueDiff(ta.numel, False, mismatched=None, compared_as="bytes")
         norm = walker.want_norms and numeric
         if walker.same_bytes(va, vb, ta, tb, norm) and _same_qparams(ta, tb):
             return _identical(ta.numel, math.sqrt(walker.sumsq) if norm else None)

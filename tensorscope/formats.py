@@ -86,21 +86,18 @@ def identify(path: str | os.PathLike) -> list[str]:
 
 @contextmanager
 def gc_paused():
-    """Pause the cyclic garbage collector while a parser builds its records, then freeze them.
+    """Opt-in, for a process that owns its collector (the CLI, `tensorscope.cli`): pause the
+    cyclic garbage collector within the block, and restore whether it was enabled at its end.
 
-    A checkpoint of 10^5 tensors makes millions of small objects that all stay alive. The
-    collector would walk all of them again at every full collection, during the parse and after
-    it, in whatever the command then does with the records (measured on a 100,000-tensor torch
-    zip: the listing's time doubled, and building its JSON rows took 7x longer). So it is paused,
-    and when the outermost open ends the objects alive are moved to the permanent generation
-    (`gc.freeze`) where collections do not look; `ModelFile.close` moves them back
-    (`gc.unfreeze`). Reference counting frees everything as usual meanwhile.
-
-    Pausing adds no memory risk of its own: the only cyclic structures a file can make come from
-    the pickle VM, whose object and memo limits already bound what a hostile file can keep alive.
+    A checkpoint of 10^5 tensors makes millions of small objects that all stay alive; the
+    collector would walk them again and again while they are made (measured on a 100,000-tensor
+    torch zip: the listing's time doubled). `open_model` itself never touches the collector (a
+    library leaves its host alone: no freeze, no thresholds, no pause); a command that wants the
+    speed says so. Pausing adds no memory risk of its own: the only cyclic structures a file can
+    make come from the pickle VM, whose object and memo limits bound what a hostile file keeps.
     """
     global _paused_depth
-    with _paused_lock:  # opens nest (shards) and may run in threads: the outermost restores
+    with _paused_lock:  # blocks nest and may run in threads: the outermost restores
         if _paused_depth == 0:
             _state["enabled"] = gc.isenabled()
             gc.disable()
@@ -111,7 +108,6 @@ def gc_paused():
         with _paused_lock:
             _paused_depth -= 1
             if _paused_depth == 0 and _state["enabled"]:
-                gc.freeze()
                 gc.enable()
 
 
@@ -120,7 +116,8 @@ _paused_depth = 0
 _state = {"enabled": True}
 
 
-def open_model(path: str | os.PathLike, *, format: str | None = None) -> ModelFile:
+def open_model(path: str | os.PathLike, *, format: str | None = None,
+               listing: bool | None = None) -> ModelFile:
     """Open a model file or folder without executing anything.
 
     Args:
@@ -129,6 +126,11 @@ def open_model(path: str | os.PathLike, *, format: str | None = None) -> ModelFi
             ``hf://org/name[@revision][/file]``, ``s3://bucket/key``) read by byte ranges
             (`tensorscope.remote`).
         format: force a parser by its ``FORMAT`` name instead of detecting.
+        listing: True for a model that is listed or compared, never scanned (what ``inspect``
+            and ``diff`` open): a torch zip then keeps neither its object tree
+            (``model.objects`` is None) nor the per-call evidence, and lets go of its archive's
+            members (~1 KB less per tensor). Default False; None (for the parsers' own nested
+            opens: a sharded index's shards) keeps the mode of the open it runs in.
 
     Returns:
         The `ModelFile`.
@@ -141,7 +143,10 @@ def open_model(path: str | os.PathLike, *, format: str | None = None) -> ModelFi
     """
     path = os.fspath(path)
     try:
-        with gc_paused():  # records are built with the cyclic collector paused
+        if listing is None:   # a nested open (or the default): the mode in force, False outside
+            return _open_model(path, format)
+        from .parsers.zip_dispatch import listing_mode
+        with listing_mode(listing):
             return _open_model(path, format)
     except OSError as e:  # missing shard, unreadable file or folder: named, one hierarchy
         raise file_error(e, path) from None
@@ -192,11 +197,15 @@ def _open_url(url: str, format: str | None) -> ModelFile:
     return _open_source(src, url, format)
 
 
-def open_model_source(src, path: str, *, format: str | None = None) -> ModelFile:
+def open_model_source(src, path: str, *, format: str | None = None,
+                      listing: bool | None = None) -> ModelFile:
     """`open_model` on a file source the caller already holds open (the scan's, so that a URL
     is not opened, and its head fetched, a second time). The source stays the caller's: it is
-    not closed when parsing fails."""
-    with gc_paused():
+    not closed when parsing fails. ``listing`` as for `open_model`."""
+    if listing is None:
+        return _open_source(src, path, format, owned=False)
+    from .parsers.zip_dispatch import listing_mode
+    with listing_mode(listing):
         return _open_source(src, path, format, owned=False)
 
 

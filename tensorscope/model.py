@@ -6,7 +6,6 @@ the evidence (pickles seen, anomalies) that the scanner judges.
 """
 from __future__ import annotations
 
-import gc
 import json
 import math
 import operator
@@ -635,7 +634,6 @@ class ModelFile:
         for src in self.sources.values():
             src.close()
         self.sources.clear()
-        gc.unfreeze()  # `formats.gc_paused` froze the records: collectable again from now on
 
     def __enter__(self):
         return self

@@ -19,7 +19,10 @@
 Transports: ``http(s)://`` is spoken directly over `http.client` (keep-alive connections, one
 per thread): the checks above need every status and header of every response, including the
 misbehaving ones (a server that ignores Range, answers 416, redirects, cuts a body short), and
-this keeps the plain install free of an async HTTP stack. Every other scheme goes through fsspec
+this keeps the plain install free of an async HTTP stack. TLS is verified against the system
+store (``SSL_CERT_FILE`` honoured), an ``https`` -> ``http`` redirect is refused, the standard
+proxy variables are honoured (CONNECT for https), errors are judged by status code
+(docs/remote-transport.md). Every other scheme goes through fsspec
 (``hf://`` via huggingface_hub's HfFileSystem, pinned to the commit the revision resolves to;
 ``s3://`` via s3fs, each ranged GET conditional on the first ETag; any other fsspec protocol
 whose implementation is installed).
@@ -167,8 +170,92 @@ class _Retry(Exception):
 
 
 # -- transports ---------------------------------------------------------------------------------
+class _ProxyRefused(Exception):
+    """The proxy answered CONNECT with another status than 200."""
+
+    def __init__(self, status: int, reason: str):
+        super().__init__(f"HTTP {status} {reason}")
+        self.status, self.reason = status, reason
+
+
+def _shown_proxy(p) -> str:
+    """A proxy URL without its credentials (messages never repeat a password)."""
+    return f"{p.scheme}://{p.hostname or ''}{f':{p.port}' if p.port else ''}"
+
+
+def _tls_context():
+    """The system's trust store, or the one ``SSL_CERT_FILE`` / ``SSL_CERT_DIR`` name (as curl,
+    requests and OpenSSL itself take them): certificates and host names are always verified."""
+    import ssl
+    cafile = os.environ.get("SSL_CERT_FILE") or None
+    capath = os.environ.get("SSL_CERT_DIR") or None
+    return ssl.create_default_context(cafile=cafile, capath=capath)
+
+
+def _proxy_for(scheme: str, host: str) -> str | None:
+    """The proxy URL for a request to ``host`` by the standard variables (``HTTPS_PROXY``,
+    ``HTTP_PROXY``, either case; ``NO_PROXY`` hosts, domains and ``*`` go direct), or None."""
+    import urllib.request
+    proxies = urllib.request.getproxies_environment()
+    proxy = proxies.get(scheme)
+    if not proxy or urllib.request.proxy_bypass_environment(host, proxies):
+        return None
+    return proxy if "://" in proxy else f"http://{proxy}"
+
+
+def _proxy_auth(proxy) -> dict[str, str]:
+    """``Proxy-Authorization`` for a proxy URL with ``user:password@``."""
+    import base64
+    from urllib.parse import unquote
+    if proxy.username is None:
+        return {}
+    token = f"{unquote(proxy.username)}:{unquote(proxy.password or '')}".encode()
+    return {"Proxy-Authorization": "Basic " + base64.b64encode(token).decode("ascii")}
+
+
+def _https_through(proxy, auth: dict[str, str], netloc: str, timeout: float, context):
+    """An HTTPS connection to ``netloc`` tunnelled through an HTTP proxy (CONNECT): the TLS
+    session, and its certificate check, are end to end with the server, not the proxy. The
+    proxy's answer is judged by its status code."""
+    import http.client
+    import socket
+
+    class Tunnelled(http.client.HTTPSConnection):
+        def connect(self):
+            sock = socket.create_connection((proxy.hostname, proxy.port or 80), self.timeout)
+            try:
+                host = f"[{self.host}]" if ":" in self.host else self.host
+                target = f"{host}:{self.port}"
+                head = f"CONNECT {target} HTTP/1.1\r\nHost: {target}\r\n" + "".join(
+                    f"{k}: {v}\r\n" for k, v in auth.items()) + "\r\n"
+                sock.sendall(head.encode("latin-1"))
+                reader = sock.makefile("rb", buffering=0)
+                line = reader.readline(65537)
+                parts = line.decode("latin-1").split(None, 2)
+                if len(parts) < 2 or not parts[0].startswith("HTTP/") or not parts[1].isdigit():
+                    raise http.client.BadStatusLine(line)
+                status = int(parts[1])
+                while True:     # the proxy's headers, up to the blank line
+                    h = reader.readline(65537)
+                    if h in (b"\r\n", b"\n", b""):
+                        break
+                if status != 200:
+                    raise _ProxyRefused(status, parts[2].strip() if len(parts) > 2 else "")
+                self.sock = self._context.wrap_socket(sock, server_hostname=self.host)
+            except BaseException:
+                sock.close()
+                raise
+
+    return Tunnelled(netloc, timeout=timeout, context=context)
+
+
 class _HTTP:
-    """Ranged GETs over http.client, one keep-alive connection per thread and host."""
+    """Ranged GETs over http.client, one keep-alive connection per thread and host.
+
+    TLS is verified against the system store (``SSL_CERT_FILE``/``SSL_CERT_DIR`` honoured); a
+    redirect from ``https://`` to ``http://`` is refused (the rest of the read would be in clear
+    text, open to change on the way); ``HTTPS_PROXY``/``HTTP_PROXY``/``NO_PROXY`` are honoured
+    (CONNECT for https); every failure is judged by its status code, never by its text."""
 
     def __init__(self, url: str, timeout: float = TIMEOUT):
         self.url = url
@@ -176,20 +263,42 @@ class _HTTP:
         self.timeout = timeout
         self._local = threading.local()
         self.identity: dict[str, str] = {}
+        self._tls = None
+
+    def _route(self, scheme: str, netloc: str):
+        """(the request target's form: absolute for a plain-HTTP proxy, extra headers)."""
+        host = urlsplit(f"//{netloc}").hostname or ""
+        proxy = _proxy_for(scheme, host)
+        return proxy, (_proxy_auth(urlsplit(proxy)) if proxy else {})
 
     def _conn(self, scheme: str, netloc: str):
         conns = self._local.__dict__.setdefault("conns", {})
         conn = conns.get((scheme, netloc))
         if conn is None:
             import http.client
-            import ssl
-            if scheme == "https":
-                conn = http.client.HTTPSConnection(netloc, timeout=self.timeout,
-                                                   context=ssl.create_default_context())
-            elif scheme == "http":
-                conn = http.client.HTTPConnection(netloc, timeout=self.timeout)
-            else:
+            if scheme not in ("http", "https"):
                 raise RemoteError(self.url, f"redirected to an unsupported scheme {scheme!r}")
+            proxy, auth = self._route(scheme, netloc)
+            if proxy is not None:
+                p = urlsplit(proxy)
+                if p.scheme != "http" or not p.hostname:
+                    raise RemoteError(self.url, f"proxy {_shown_proxy(p)} is not an http:// proxy "
+                                      "URL (HTTPS_PROXY/HTTP_PROXY): cannot use it")
+            if scheme == "https":
+                if self._tls is None:
+                    self._tls = _tls_context()
+                if proxy is not None:
+                    conn = _https_through(urlsplit(proxy), auth, netloc, self.timeout, self._tls)
+                else:
+                    conn = http.client.HTTPSConnection(netloc, timeout=self.timeout,
+                                                       context=self._tls)
+            elif proxy is not None:   # plain HTTP: the proxy is sent the absolute URL
+                p = urlsplit(proxy)
+                conn = http.client.HTTPConnection(p.hostname, p.port or 80, timeout=self.timeout)
+            else:
+                conn = http.client.HTTPConnection(netloc, timeout=self.timeout)
+            conn.proxied = proxy is not None and scheme == "http"
+            conn.proxy_headers = auth if conn.proxied else {}
             conns[(scheme, netloc)] = conn
         return conn
 
@@ -205,7 +314,10 @@ class _HTTP:
 
     def _get(self, start: int, end: int):
         """(response, url) for ``bytes=start..end-1``, redirects followed; the body is unread."""
+        import ssl
         url = self.location
+        # once on https (as asked, or redirected to), never back to clear text
+        secure = "https" in (urlsplit(self.url).scheme.lower(), urlsplit(url).scheme.lower())
         for _ in range(MAX_REDIRECTS + 1):
             parts = urlsplit(url)
             # names from a file (ONNX external data) may hold spaces: quote, keeping escapes
@@ -217,9 +329,24 @@ class _HTTP:
                 conn = self._conn(parts.scheme, parts.netloc)
                 reused = conn.sock is not None
                 try:
-                    conn.request("GET", target, headers=headers)
+                    if conn.proxied:    # a plain-HTTP proxy is asked for the absolute URL
+                        conn.request("GET", f"{parts.scheme}://{parts.netloc}{target}",
+                                     headers={**headers, **conn.proxy_headers})
+                    else:
+                        conn.request("GET", target, headers=headers)
                     resp = conn.getresponse()
                     break
+                except _ProxyRefused as e:
+                    self._drop(parts.scheme, parts.netloc)
+                    if e.status >= 500 or e.status == 429:
+                        raise _Retry(f"the proxy answered CONNECT with {e}") from None
+                    raise RemoteError(self.url, f"the proxy refused to connect to "
+                                      f"{parts.netloc}: {e}") from None
+                except ssl.SSLCertVerificationError as e:
+                    self._drop(parts.scheme, parts.netloc)
+                    raise RemoteError(self.url, f"TLS certificate of {parts.netloc} not trusted: "
+                                      f"{e.verify_message or e.reason} (the system's trust store, "
+                                      "or SSL_CERT_FILE)") from None
                 except _net_errors() as e:
                     self._drop(parts.scheme, parts.netloc)
                     if reused and not fresh:
@@ -230,7 +357,14 @@ class _HTTP:
                 resp.read()
                 if not loc:
                     raise RemoteError(self.url, f"HTTP {resp.status} redirect without a Location")
-                url = urljoin(url, loc)
+                new = urljoin(url, loc)
+                scheme = urlsplit(new).scheme.lower()
+                if secure and scheme != "https":
+                    # a downgrade: what follows would travel in clear text, open to change
+                    raise RemoteError(self.url, f"HTTP {resp.status} redirect from {url} to "
+                                      f"{new}: refusing to leave https:// for {scheme}://")
+                secure = secure or scheme == "https"
+                url = new
                 continue
             if resp.will_close:
                 self._local.__dict__.get("conns", {}).pop((parts.scheme, parts.netloc), None)
@@ -410,10 +544,17 @@ class _FSSpec:
             raise RemoteChanged(self.url, "the object disappeared while being read") from None
         except Exception as e:  # noqa: BLE001
             text = f"{type(e).__name__}: {e}"
-            if "PreconditionFailed" in text or "412" in text or "pre-conditions" in text:
+            status = _status_of(e)
+            if status == 412:
                 raise RemoteChanged(self.url, "the object changed while being read (its ETag "
                                     "no longer matches)") from None
-            raise _Retry(text) from None
+            if status in (404, 410):
+                raise RemoteChanged(self.url, "the object disappeared while being read "
+                                    f"(HTTP {status})") from None
+            if status is not None and 400 <= status < 500 and status != 429:
+                raise RemoteError(self.url, f"HTTP {status} for bytes {start}-{end - 1}: "
+                                  f"{text}") from None
+            raise _Retry(text) from None   # 5xx, 429, or no status: the network
         if len(data) != end - start:
             raise _Retry(f"bytes {start}-{end - 1}: got {len(data)} of {end - start} bytes")
         return data
@@ -435,6 +576,30 @@ class _FSSpec:
 
     def close(self) -> None:
         pass
+
+
+def _status_of(exc: BaseException) -> int | None:
+    """The HTTP status code behind a backend's exception, from the exception objects themselves
+    (never their text): botocore's ``response`` dict (s3fs keeps the ClientError as the cause
+    of the OSError it raises), a ``response.status_code`` (huggingface_hub, requests, httpx),
+    aiohttp's ``status``, urllib's ``code``; the causes and contexts are searched in turn."""
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        response = getattr(exc, "response", None)
+        if isinstance(response, dict):
+            code = (response.get("ResponseMetadata") or {}).get("HTTPStatusCode")
+            if isinstance(code, int):
+                return code
+        code = getattr(response, "status_code", None)
+        if isinstance(code, int):
+            return code
+        for attr in ("status", "status_code", "code"):
+            code = getattr(exc, attr, None)
+            if isinstance(code, int) and not isinstance(code, bool) and 100 <= code <= 599:
+                return code
+        exc = exc.__cause__ or exc.__context__
+    return None
 
 
 def _pin_hf(fs, path: str) -> str:

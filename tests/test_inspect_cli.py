@@ -400,9 +400,9 @@ def test_slow_open_says_what_it_reads_then_wipes_the_line(tmp_path, capsys, monk
     monkeypatch.setattr(render, "OPENING_NOTICE_AFTER", 0.0)
     real_open = inspect_cmd.open_model
 
-    def slow_open(p):
+    def slow_open(p, **kw):
         time.sleep(0.2)     # longer than the (zero) delay: the timer fires during the open
-        return real_open(p)
+        return real_open(p, **kw)
 
     monkeypatch.setattr(inspect_cmd, "open_model", slow_open)
     code = main(["inspect", str(evil)])

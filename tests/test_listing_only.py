@@ -1,4 +1,4 @@
-"""`zip_dispatch.listing_only`: a torch zip opened for listing (inspect, diff) keeps the same
+"""`tensorscope.open(path, listing=True)`: a torch zip opened for listing (inspect, diff) keeps the same
 tensor records and globals as a full open, drops the object tree and the per-call evidence, and
 refuses loudly to be judged as if it had no calls."""
 from __future__ import annotations
@@ -8,7 +8,6 @@ import torch
 
 import tensorscope
 from tensorscope.parsers import pickle_vm
-from tensorscope.parsers.zip_dispatch import listing_only
 from torch_oracle import FIXTURES, flatten
 
 TORCH_FILES = sorted(p for p in (FIXTURES / "torch").iterdir() if p.suffix in (".pt", ".bin"))
@@ -22,8 +21,7 @@ def _records(model):
 @pytest.mark.parametrize("path", TORCH_FILES, ids=[p.name for p in TORCH_FILES])
 def test_same_records_and_globals_as_a_full_open(path):
     with tensorscope.open(path) as full:
-        with listing_only():
-            light = tensorscope.open(path)
+        light = tensorscope.open(path, listing=True)
         with light:
             assert _records(light) == _records(full)
             assert light.format == full.format
@@ -39,8 +37,7 @@ def test_the_tree_and_call_evidence_are_not_kept(tmp_path):
     path = tmp_path / "sd.pt"
     sd = {f"w{i}": torch.full((2, 2), float(i)) for i in range(5)}
     torch.save(sd, path)
-    with listing_only():
-        model = tensorscope.open(path)
+    model = tensorscope.open(path, listing=True)
     with model:
         assert model.objects is None
         assert [t.name for t in model] == list(flatten(sd))
@@ -68,8 +65,7 @@ def test_records_found_as_the_archive_finds_them(tmp_path, new):
     path.write_bytes(raw.replace(b"m/data/0", new))
     expected = torch.load(path, weights_only=True)["w"].tolist()
     with tensorscope.open(path) as full:
-        with listing_only():
-            light = tensorscope.open(path)
+        light = tensorscope.open(path, listing=True)
         with light:
             assert _records(light) == _records(full)
             assert light.read("w").tolist() == expected
@@ -119,3 +115,15 @@ def test_data_records_answer_as_the_archive(tmp_path, old, new):
                 assert got is None or want is not None, name
                 continue
             assert got == (want.name, want.error, want.method, want.data_offset, want.size), name
+
+
+def test_listing_is_an_argument_not_a_mode_of_the_process(tmp_path):
+    """Only the argument decides: an open without it is a full open, whatever ran before."""
+    path = tmp_path / "sd.pt"
+    torch.save({"w": torch.ones(2)}, path)
+    with tensorscope.open(path, listing=True) as light:
+        assert light.objects is None
+    with tensorscope.open(path) as full:
+        assert full.objects is not None
+    from tensorscope.parsers import zip_dispatch
+    assert not hasattr(zip_dispatch, "listing_only")   # no context variable to set from outside

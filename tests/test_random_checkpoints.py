@@ -20,7 +20,6 @@ from hypothesis import strategies as st
 
 import tensorscope
 from tensorscope.cli import main
-from tensorscope.parsers.zip_dispatch import listing_only
 
 from torch_oracle import dtype_name, our_bytes, stored_bytes
 
@@ -84,7 +83,7 @@ def _check_against_torch(path, sd):
             assert our_bytes(model.read(info)) == stored_bytes(t), name
         full = [t.to_dict() for t in model.tensors]
     assert _rows(path) == full      # the listing-only path and its JSON rows: the same records
-    with listing_only(), tensorscope.open(path) as light:
+    with tensorscope.open(path, listing=True) as light:
         assert [t.to_dict() for t in light.tensors] == full
 
 

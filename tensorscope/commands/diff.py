@@ -111,13 +111,11 @@ def run(args) -> int:
 
 
 def _run(args) -> int:
-    from ..parsers.zip_dispatch import listing_only
     # the records only: no object trees, no per-call evidence (~1 KB less per torch tensor)
     with contextlib.ExitStack() as stack:
-        stack.enter_context(listing_only())
         with opening(f"{shown_text(args.a)} and {shown_text(args.b)}"):
-            ma = stack.enter_context(open_model(args.a))
-            mb = stack.enter_context(open_model(args.b))
+            ma = stack.enter_context(open_model(args.a, listing=True))
+            mb = stack.enter_context(open_model(args.b, listing=True))
         total = 0 if args.no_values else ma.total_bytes + mb.total_bytes
         with progress(total, "diff") as advance:
             from ..diffing import diff_models  # numpy loads only when a diff runs

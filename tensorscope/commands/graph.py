@@ -71,11 +71,9 @@ def _selected(gm, globs):
 
 def run(args) -> int:
     from ..graph import build_graph
-    from ..parsers.zip_dispatch import listing_only
     with contextlib.ExitStack() as stack:
-        stack.enter_context(listing_only())
-        with opening(shown(args.path)):
-            model = stack.enter_context(open_model(args.path))
+        with opening(shown(args.path)):     # listing: no object tree, no call evidence
+            model = stack.enter_context(open_model(args.path, listing=True))
             gm = build_graph(model, infer=args.infer)
         nodes = _selected(gm, args.filter)
         if args.json:

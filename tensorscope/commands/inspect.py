@@ -102,11 +102,9 @@ def _compute_stats(model, tensors):
 
 
 def run(args) -> int:
-    from ..parsers.zip_dispatch import listing_only
     with contextlib.ExitStack() as stack:
-        stack.enter_context(listing_only())     # no object tree, no call evidence
-        with opening(shown(args.path)):
-            model = stack.enter_context(open_model(args.path))
+        with opening(shown(args.path)):     # listing: no object tree, no call evidence
+            model = stack.enter_context(open_model(args.path, listing=True))
         if args.show is not None:
             return _show(model, args.show)
         tensors = _selected(model, args.filter)
