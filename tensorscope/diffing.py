@@ -168,6 +168,7 @@ import ml_dtypes
 import numpy as np
 
 from . import dtypes
+from .diff_verdict import aligned_pieces, judge_all, pair_verdict
 from .errors import TensorscopeError
 from .model import ModelFile, TensorInfo, contiguous_stride
 from .native import optional_extension
@@ -298,6 +299,7 @@ class TensorDiff:
     b: TensorInfo | None
     changes: list[str] = field(default_factory=list)
     values: ValueDiff | None = None
+    verdict: Any = None    # `diff_verdict.Verdict`: how B's tensor relates to A's
 
     @property
     def name(self) -> str:
@@ -315,7 +317,8 @@ class TensorDiff:
         return {"status": self.status, "name": self.name, "name_a": self.name_a,
                 "name_b": self.name_b, "a": _brief(self.a), "b": _brief(self.b),
                 "changes": list(self.changes),
-                "values": None if self.values is None else self.values.to_dict()}
+                "values": None if self.values is None else self.values.to_dict(),
+                "verdict": None if self.verdict is None else self.verdict.to_dict()}
 
 
 @dataclass
@@ -335,6 +338,8 @@ class DiffResult:
     values_compared: bool = True
     strip_prefix: tuple[str, ...] = ()
     maps: tuple[tuple[str, str], ...] = ()
+    tolerance_given: bool = False   # the caller chose atol/rtol: within them is not a difference
+    verdict: Any = None             # `diff_verdict.PairVerdict`: how B relates to A, in words
 
     @property
     def counts(self) -> dict[str, int]:
@@ -350,7 +355,12 @@ class DiffResult:
 
     @property
     def exit_code(self) -> int:
-        return 0 if self.identical else 1
+        """1 when any tensor differs: not "same", unless its verdict says it is within the
+        tolerance the caller gave (`diff_verdict.Verdict.differs`)."""
+        for e in self.entries:
+            if (e.verdict.differs if e.verdict is not None else e.status != "same"):
+                return 1
+        return 0
 
     def to_dict(self, entries: bool = True) -> dict[str, Any]:
         """The JSON document (module docstring); ``entries=False`` leaves the entries out, for a
@@ -361,6 +371,8 @@ class DiffResult:
                 "strip_prefix": list(self.strip_prefix), "maps": [list(m) for m in self.maps],
                 "atol": self.atol, "rtol": self.rtol, "values_compared": self.values_compared,
                 "identical": self.identical, "exit_code": self.exit_code, "counts": self.counts,
+                "tolerance_given": self.tolerance_given,
+                "verdict": None if self.verdict is None else self.verdict.to_dict(),
                 "metadata": [{"key": k, "a": _jsonable(va), "b": _jsonable(vb),
                               "per_save": k in PER_SAVE_KEYS}
                              for k, va, vb in self.metadata],
@@ -514,27 +526,6 @@ def reason(e: "TensorDiff") -> str:
 # Streaming comparison
 # ------------------------------------------------------------------------------------------------
 
-def _aligned(it_a: Iterator[np.ndarray], it_b: Iterator[np.ndarray]):
-    """Pair up two streams of 1-D pieces holding the same number of elements, piece sizes aside."""
-    pa = pb = None
-    ia = ib = 0
-    while True:
-        while pa is None or ia >= len(pa):
-            pa = next(it_a, None)
-            ia = 0
-            if pa is None:
-                return
-        while pb is None or ib >= len(pb):
-            pb = next(it_b, None)
-            ib = 0
-            if pb is None:
-                return
-        n = min(len(pa) - ia, len(pb) - ib)
-        yield pa[ia:ia + n], pb[ib:ib + n]
-        ia += n
-        ib += n
-
-
 def _numeric(t: TensorInfo) -> bool:
     s = dtypes.spec(t.dtype)
     return s.kind in _NUMERIC_KINDS and not s.packed and s.numpy is not None
@@ -670,7 +661,7 @@ class _Walker:
         the first ``skip`` bytes (already reported by an earlier pass over the same pair);
         ``self.seen`` is the number of bytes handed out so far."""
         self.seen = 0
-        for pa, pb in _aligned(iter_flat_chunks(va, chunk_bytes), iter_flat_chunks(vb, chunk_bytes)):
+        for pa, pb in aligned_pieces(iter_flat_chunks(va, chunk_bytes), iter_flat_chunks(vb, chunk_bytes)):
             n = pa.nbytes + pb.nbytes
             if self.progress is not None and self.seen + n > skip:
                 self.progress(self.seen + n - max(self.seen, skip))
@@ -789,7 +780,7 @@ class _Walker:
         acc = _Accumulator(atol, rtol, elems, cplx)
         per_value = ta.nbytes / max(ta.numel, 1) + tb.nbytes / max(tb.numel, 1)
         done = reported = 0
-        for pa, pb in _aligned(it_a, it_b):
+        for pa, pb in aligned_pieces(it_a, it_b):
             acc.add(pa, pb)
             done += pa.size
             upto = int(done * per_value)
@@ -1474,17 +1465,21 @@ def _pair(ma, ta, mb, tb, walker: _Walker, values: bool, atol, rtol) -> TensorDi
     return TensorDiff("changed" if structural else "same", ta.name, tb.name, ta, tb, changes, vd)
 
 
-def diff_models(a, b, *, atol: float = 1e-8, rtol: float = 1e-5, values: bool = True,
+def diff_models(a, b, *, atol: float | None = None, rtol: float | None = None,
+                values: bool = True,
                 strip_prefix: Sequence[str] = (), maps: Sequence[tuple[str, str]] = (),
                 detect_prefix: bool = True, detect_renames: bool = True,
                 progress: Callable[[int], None] | None = None,
-                chunk_bytes: int = 16 << 20, norms: bool = False) -> DiffResult:
+                chunk_bytes: int = 16 << 20, norms: bool = False,
+                verdicts: bool = True) -> DiffResult:
     """Compare two models tensor by tensor.
 
     Args:
         a, b: paths (opened with `tensorscope.open` and closed before returning) or open
             `ModelFile` objects (left open).
-        atol, rtol: tolerance as in ``torch.isclose``: mismatch when |a-b| > atol + rtol*|b|.
+        atol, rtol: tolerance as in ``torch.isclose``: mismatch when |a-b| > atol + rtol*|b|
+            (defaults 1e-8 and 1e-5). When either is given, a pair within tolerance does not
+            count as a difference for the exit code, even across dtypes.
         values: compare values (False: dtype/shape/layout only, no tensor byte is read and no
             rename is looked for).
         strip_prefix: prefixes removed from the names of both sides before aligning.
@@ -1496,6 +1491,8 @@ def diff_models(a, b, *, atol: float = 1e-8, rtol: float = 1e-5, values: bool = 
         chunk_bytes: stored bytes compared per step (peak memory is a small multiple of it).
         norms: also read tensors whose bytes are identical for their 2-norms, so that grouped
             relative changes (`group_changes`) have every tensor in their denominators.
+        verdicts: say how each tensor of B relates to A's and sum it up for the pair
+            (`tensorscope.diff_verdict`; an extra pass only over changed pairs that need one).
 
     Returns:
         The `DiffResult`.
@@ -1508,6 +1505,9 @@ def diff_models(a, b, *, atol: float = 1e-8, rtol: float = 1e-5, values: bool = 
         >>> r = diff_models("old.pt", "new.safetensors", atol=1e-6)   # doctest: +SKIP
         >>> r.counts, r.exit_code                                      # doctest: +SKIP
     """
+    tolerance_given = atol is not None or rtol is not None
+    atol = 1e-8 if atol is None else atol
+    rtol = 1e-5 if rtol is None else rtol
     for label, tol in (("atol", atol), ("rtol", rtol)):
         if not tol >= 0:  # also rejects NaN; torch.isclose refuses negative tolerances too
             raise TensorscopeError(f"{label} must be a number >= 0, got {tol}")
@@ -1520,7 +1520,7 @@ def diff_models(a, b, *, atol: float = 1e-8, rtol: float = 1e-5, values: bool = 
         return _diff(ma, mb, atol=atol, rtol=rtol, values=values, strip=tuple(strip_prefix),
                      maps=tuple((str(o), str(n)) for o, n in maps), detect_prefix=detect_prefix,
                      detect_renames=detect_renames, progress=progress, chunk_bytes=chunk_bytes,
-                     norms=norms)
+                     norms=norms, verdicts=verdicts, tolerance_given=tolerance_given)
     finally:
         if gc_was:
             gc.enable()
@@ -1588,7 +1588,8 @@ def _tied_pair(ma, ta, mb, tb, walker, values, atol, rtol, side: str) -> TensorD
 
 
 def _diff(ma: ModelFile, mb: ModelFile, *, atol, rtol, values, strip, maps, detect_prefix,
-          detect_renames, progress, chunk_bytes, norms=False) -> DiffResult:
+          detect_renames, progress, chunk_bytes, norms=False, verdicts=False,
+          tolerance_given=False) -> DiffResult:
     names_a = [_strip_user(t.name, strip) for t in ma.tensors]
     names_b = [_strip_user(t.name, strip) for t in mb.tensors]
     pa, pb = ("", "")
@@ -1656,7 +1657,13 @@ def _diff(ma: ModelFile, mb: ModelFile, *, atol, rtol, values, strip, maps, dete
         raise
     rel_a.flush()
     rel_b.flush()
-    return DiffResult(a_path=ma.path, b_path=mb.path, a_format=ma.format, b_format=mb.format,
-                      entries=entries, prefix_a=pa, prefix_b=pb, metadata=_metadata_diff(ma, mb),
-                      atol=float(atol), rtol=float(rtol), values_compared=bool(values),
-                      strip_prefix=tuple(strip), maps=tuple(maps))
+    result = DiffResult(a_path=ma.path, b_path=mb.path, a_format=ma.format, b_format=mb.format,
+                        entries=entries, prefix_a=pa, prefix_b=pb,
+                        metadata=_metadata_diff(ma, mb), atol=float(atol), rtol=float(rtol),
+                        values_compared=bool(values), strip_prefix=tuple(strip),
+                        maps=tuple(maps), tolerance_given=bool(tolerance_given))
+    if verdicts:
+        judge_all(entries, ma, mb, tolerance_given=tolerance_given)
+        result.verdict = pair_verdict(entries, values_compared=bool(values),
+                                      formats=(ma.format, mb.format))
+    return result
