@@ -103,7 +103,12 @@ Where it changed (`group_changes`): entries grouped by `tensorscope.grouping.lay
 the group's pairs (never a mean of ratios): ``rel_change`` = sqrt(Σ‖B−A‖²) / sqrt(Σ‖A‖²), ranked.
 Run the diff with ``norms=True`` so that identical tensors count in the denominators.
 
-Exit code: 0 when every tensor is "same" (after prefix stripping), 1 otherwise. Metadata
+Verdicts (`tensorscope.diff_verdict`): how each tensor of B relates to A's (identical, cast,
+quantized, pruned, low-rank update ...) and one sentence for the pair, each with its evidence.
+
+Exit code: 0 when every tensor is "same" (after prefix stripping), 1 otherwise; when the caller
+gave atol or rtol, a pair whose values are all within that tolerance is not a difference even
+when its dtypes differ (its verdict's ``rule`` says which test it met). Metadata
 differences (format names, versions, safetensors ``__metadata__``) are reported, never counted:
 ``model.metadata`` is flattened to dotted keys (``producer.version``); between two files of one
 format every key present on either side is compared, between two formats only the keys both have
@@ -115,11 +120,12 @@ and pages of the memory maps that were compared are handed back to the kernel as
 so the resident set does not grow with the files (``benchmarks/bench_diff.py``).
 
 JSON schema (``DiffResult.to_dict()``; keys sorted by the CLI; non-finite floats as the strings
-``"inf"``, ``"-inf"``, ``"nan"``). ``tensorscope.diff/2`` (from /1: ``max_rel`` leaves out zeros of
-B, counted in ``zero_ref``; norms and ``rel_change``; ``per_save``; ``by``/``groups``)::
+``"inf"``, ``"-inf"``, ``"nan"``). ``tensorscope.diff/3`` (from /2: ``verdict`` per entry and for the pair,
+``tolerance_given``, ``params``/``params_changed`` per group; from /1: ``max_rel`` leaves out zeros
+of B, counted in ``zero_ref``; norms and ``rel_change``; ``per_save``; ``by``/``groups``)::
 
     {
-      "schema": "tensorscope.diff/2",
+      "schema": "tensorscope.diff/3",
       "a_path": str, "b_path": str, "a_format": str, "b_format": str,
       "prefix_a": str, "prefix_b": str,          # detected wrapper prefixes ("" when none)
       "strip_prefix": [str], "maps": [[OLD, NEW]],
@@ -130,7 +136,11 @@ B, counted in ``zero_ref``; norms and ``rel_change``; ``per_save``; ``by``/``gro
                     "per_save": bool}],          # differs between any two saves (-v shows it)
       "by": "layer" | "module",                  # CLI --by only
       "groups": [{"key": str, "tensors": int, "changed": int, "compared": int, "unknown": int,
-                  "norm_a": float, "norm_diff": float, "rel_change": float | null}],  # ranked
+                  "norm_a": float, "norm_diff": float, "rel_change": float | null,
+                  "params": int, "params_changed": int, "share_changed": float}],  # ranked
+      "tolerance_given": bool,                   # atol/rtol chosen: within them is not a difference
+      "verdict": null | {"kind": str, "text": str, "params": int, "params_changed": int,
+                         "share_changed": float, "kinds": {kind: int}, "evidence": {...}},
       "entries": [{                                # the CLI's --only-changed/--limit/--top filter
                                                    # these (ranked); "counts" covers every tensor
         "status": "same" | "changed" | "added" | "removed" | "renamed",
@@ -147,7 +157,11 @@ B, counted in ``zero_ref``; norms and ``rel_change``; ``per_save``; ``by``/``gro
           "norm_a": float | null, "norm_b": float | null, "norm_diff": float | null,
           "rel_change": float | null,
           "mismatched": int | null, "nan_mismatch": int, "inf_mismatch": int
-        }
+        },
+        "verdict": null | {"kind": str, "text": str, "differs": bool,   # counts for the exit code
+                           "rule": "identical" | "equal" | "tolerance" | "differs" | "structural"
+                                   | "not_compared",
+                           "evidence": {...}}     # tensorscope.diff_verdict says what each holds
       }]
     }
 """
@@ -168,7 +182,7 @@ import ml_dtypes
 import numpy as np
 
 from . import dtypes
-from .diff_verdict import aligned_pieces, judge_all, pair_verdict
+from .diff_verdict import aligned_pieces, judge_all, numel_of, pair_verdict, value_changed
 from .errors import TensorscopeError
 from .model import ModelFile, TensorInfo, contiguous_stride
 from .native import optional_extension
@@ -179,7 +193,7 @@ __all__ = ["ValueDiff", "TensorDiff", "DiffResult", "GroupChange", "diff_models"
            "PER_SAVE_KEYS"]
 
 STATUSES = ("same", "changed", "added", "removed", "renamed")
-SCHEMA = "tensorscope.diff/2"
+SCHEMA = "tensorscope.diff/3"
 
 # Kinds whose elements numpy can convert to float64 one by one.
 _NUMERIC_KINDS = ("float", "int", "uint", "bool", "complex")
@@ -412,6 +426,12 @@ class GroupChange:
     compared: int = 0
     sq_a: float = 0.0
     sq_diff: float = 0.0
+    params: int = 0           # elements of the group's tensors (B's, or A's when only A has it)
+    params_changed: int = 0   # ... of those whose values changed (verdict not identical/same values)
+
+    @property
+    def share_changed(self) -> float:
+        return self.params_changed / self.params if self.params else 0.0
 
     @property
     def norm_a(self) -> float:
@@ -433,7 +453,9 @@ class GroupChange:
     def to_dict(self) -> dict[str, Any]:
         return {"key": self.key, "tensors": self.tensors, "changed": self.changed,
                 "unknown": self.unknown, "compared": self.compared, "norm_a": _num(self.norm_a),
-                "norm_diff": _num(self.norm_diff), "rel_change": _num(self.rel_change)}
+                "norm_diff": _num(self.norm_diff), "rel_change": _num(self.rel_change),
+                "params": self.params, "params_changed": self.params_changed,
+                "share_changed": self.share_changed}
 
 
 GROUP_BY = ("layer", "module")
@@ -457,6 +479,10 @@ def group_changes(entries: Sequence["TensorDiff"], by: str) -> list[GroupChange]
         g.tensors += 1
         if e.status != "same":
             g.changed += 1
+        n = numel_of(e)
+        g.params += n
+        if value_changed(e):
+            g.params_changed += n
         v = e.values
         if e.status in ("added", "removed"):
             continue
