@@ -102,8 +102,18 @@ def _gguf(sd, path, qtype):
 
 
 @pytest.fixture(scope="session")
-def pairs(tmp_path_factory):  # noqa: D401
+def pairs(tmp_path_factory):
     """Every pair, built once: name -> (A path, B path)."""
+    import warnings
+    with warnings.catch_warnings():
+        # transformers' and torch's deprecation notices about their own APIs, not ours
+        warnings.simplefilter("ignore", FutureWarning)
+        warnings.simplefilter("ignore", UserWarning)
+        warnings.simplefilter("ignore", DeprecationWarning)
+        return _build_pairs(tmp_path_factory)
+
+
+def _build_pairs(tmp_path_factory):
     import gguf
     d = tmp_path_factory.mktemp("verdict_pairs")
     base = _llama(0)
@@ -138,14 +148,214 @@ def _kinds(result) -> dict[str, str]:
     return {e.name: e.verdict.kind for e in result.entries}
 
 
-def test_cast_bfloat16_and_half(pairs):
-    for case, dt in (("bf16", "bfloat16"), ("half", "float16")):
-        r = diff_models(*pairs[case])
-        kinds = _kinds(r)
-        assert set(kinds.values()) == {"cast"}, kinds
-        for e in r.entries:
-            assert e.verdict.evidence["rounding"] == "round-to-nearest-even"
-            assert e.verdict.evidence["rne_mismatch"] == 0
-        assert r.verdict.kind == "cast"
-        assert r.verdict.text.startswith(f"B is A cast to {dt} (round-to-nearest-even)")
-        assert r.exit_code == 1   # no tolerance given: rounding is a difference
+def _of(result, kind: str) -> list:
+    return [e for e in result.entries if e.verdict.kind == kind]
+
+
+def _is_linear(name: str, mods=LINEARS) -> bool:
+    return any(f".{m}." in name for m in mods)
+
+
+@pytest.mark.parametrize("case,dt", [("bf16", "bfloat16"), ("half", "float16")])
+def test_cast_says_which_rounding(pairs, case, dt):
+    r = diff_models(*pairs[case])
+    kinds = {e.name: e.verdict.kind for e in r.entries}
+    # the norms' weights are 1.0, exact in any float dtype: the same values, not a rounding
+    assert {k for n, k in kinds.items() if n.endswith("norm.weight")} == {"same_values"}
+    casts = _of(r, "cast")
+    assert len(casts) == len(r.entries) - sum(n.endswith("norm.weight") for n in kinds)
+    for e in casts:
+        assert e.verdict.evidence["rounding"] == "round-to-nearest-even"
+        assert e.verdict.evidence["rne_mismatch"] == 0 and e.verdict.evidence["dtype"] == dt
+    assert r.verdict.kind == "cast"
+    assert r.verdict.text.startswith(f"B is A cast to {dt} (round-to-nearest-even)")
+    assert r.exit_code == 1   # no tolerance given: rounding is a difference
+
+
+def test_truncation_is_told_from_rounding(tmp_path):
+    """float32 -> bfloat16 by keeping the upper 16 bits (what some converters do) is a cast by
+    truncation, not round-to-nearest-even."""
+    x = torch.randn(64, 96)
+    bits = (x.view(torch.int32) >> 16).to(torch.int16)
+    cut = bits.view(torch.bfloat16)
+    assert not torch.equal(cut, x.to(torch.bfloat16))   # the two roundings differ somewhere
+    a = _save_st({"w": x}, tmp_path / "a.safetensors")
+    b = _save_st({"w": cut}, tmp_path / "b.safetensors")
+    (e,) = diff_models(a, b).entries
+    assert e.verdict.kind == "cast" and e.verdict.evidence["rounding"] == "truncation"
+    assert e.verdict.evidence["rne_mismatch"] > 0
+
+
+def test_tolerance_makes_a_cast_the_same(pairs, capsys):
+    """The issue's first stumble: fp32 against its bf16 save with --rtol 0.004 exits 0, and the
+    JSON says which rule each tensor met."""
+    a, b = pairs["bf16"]
+    assert main(["diff", a, b]) == 1
+    capsys.readouterr()
+    assert main(["diff", a, b, "--rtol", "0.004", "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["exit_code"] == 0 and doc["tolerance_given"] is True
+    rules = {e["name"]: e["verdict"]["rule"] for e in doc["entries"]}
+    assert set(rules.values()) <= {"tolerance", "equal"} and "tolerance" in rules.values()
+    assert all(not e["verdict"]["differs"] for e in doc["entries"])
+    assert doc["verdict"]["kind"] == "cast"
+    # a tolerance too tight for bfloat16's rounding: still different
+    assert main(["diff", a, b, "--rtol", "0.001"]) == 1
+
+
+@pytest.mark.parametrize("case,rank,mods", [("lora4", 4, ("q_proj", "v_proj")),
+                                            ("lora8", 8, ("q_proj", "v_proj")),
+                                            ("lora64", 64, ("down_proj",))])
+def test_lora_merge_is_a_low_rank_update(pairs, case, rank, mods):
+    r = diff_models(*pairs[case])
+    low = _of(r, "low_rank")
+    assert sorted(e.name for e in low) == sorted(
+        f"model.layers.{i}.{'mlp' if m == 'down_proj' else 'self_attn'}.{m}.weight"
+        for i in range(LAYERS) for m in mods)
+    for e in low:
+        est = e.verdict.evidence["rank"]
+        assert est["rank"] == rank and est["stage"] == "sketch"
+        assert est["explained"] > 0.999
+        assert est["sketch"] < 2 * rank + 16   # a small sketch, never a full decomposition
+    assert {e.verdict.kind for e in r.entries} == {"identical", "low_rank"}
+    assert r.verdict.kind == "low_rank"
+    names = " and ".join(f"{'mlp' if m == 'down_proj' else 'self_attn'}.{m}" for m in mods)
+    assert r.verdict.text.startswith(f"B is A plus a rank-{rank} update on {names} of all "
+                                     f"{LAYERS} layers (")
+    changed = sum(e.b.numel for e in low)
+    assert r.verdict.params_changed == changed
+    assert f"{100 * changed / r.verdict.params:.1f}% of parameters changed" in r.verdict.text
+
+
+def test_full_rank_fine_tune_is_never_low_rank(pairs):
+    r = diff_models(*pairs["finetune"])
+    kinds = {e.verdict.kind for e in r.entries}
+    assert "low_rank" not in kinds and "unrelated" not in kinds and "reinitialised" not in kinds
+    assert kinds <= {"changed", "within_tolerance", "identical"}
+    for e in r.entries:
+        if len(e.b.shape) == 2:
+            assert e.verdict.evidence["rank"]["rank"] > 64   # the sample is (nearly) full rank
+    assert r.verdict.kind == "fine_tune" and r.verdict.text.startswith("B is a fine-tune of A")
+
+
+@pytest.mark.parametrize("case,amount", [("prune30", 0.3), ("prune90", 0.9)])
+def test_pruned_with_new_sparsity(pairs, case, amount):
+    a, b = pairs[case]
+    r = diff_models(a, b)
+    pruned = _of(r, "pruned")
+    assert sorted(e.name for e in pruned) == sorted(
+        e.name for e in r.entries if _is_linear(e.name, ("q_proj", "up_proj")))
+    from safetensors.numpy import load_file
+    sb = load_file(b)
+    for e in pruned:
+        truth = float((sb[e.name] == 0).mean())
+        assert e.verdict.evidence["sparsity"] == pytest.approx(truth, abs=1e-12)
+        assert abs(truth - amount) < 1e-3
+    assert {e.verdict.kind for e in r.entries} == {"identical", "pruned"}
+    assert r.verdict.kind == "pruned" and "sparsity" in r.verdict.text
+
+
+@pytest.mark.parametrize("case,scheme", [("int8", "qint8 per-channel-affine"), ("q8_0", "q8_0"),
+                                         ("q4_0", "q4_0")])
+def test_quantized_within_a_step(pairs, case, scheme):
+    """torch.ao per-channel int8 (a torch zip) and gguf-py's Q8_0/Q4_0 (a GGUF) of the same
+    weights, against the float32 safetensors: every element within one step of its scheme."""
+    r = diff_models(*pairs[case])
+    quant = _of(r, "quantized")
+    assert sorted(e.name for e in quant) == sorted(e.name for e in r.entries if _is_linear(e.name))
+    for e in quant:
+        q = e.verdict.evidence["quant"]
+        assert q["scheme"] == scheme and q["outside_step"] == 0
+        # rounding to the nearest level: half a step (plus float16 scales); q4_0's clamped edge
+        # reaches a whole step
+        assert q["max_error_steps"] <= (1.0625 if case == "q4_0" else 0.5625)
+    others = {e.verdict.kind for e in r.entries if not _is_linear(e.name)}
+    assert others == {"identical"}
+    assert r.verdict.kind == "quantized" and r.verdict.text.startswith(f"B is A quantized to {scheme}")
+
+
+def test_a_fine_tune_then_quantized_is_not_within_a_step(pairs, tmp_path):
+    """What must not be claimed: the fine-tune's weights quantized to Q8_0, against the base."""
+    import gguf
+    from safetensors.numpy import load_file
+    sd = {k: torch.from_numpy(v.copy()) for k, v in load_file(pairs["finetune"][1]).items()}
+    b = _gguf(sd, tmp_path / "ft.gguf", gguf.GGMLQuantizationType.Q8_0)
+    r = diff_models(pairs["finetune"][0], b)
+    assert not _of(r, "quantized")
+    assert r.verdict.kind == "fine_tune"
+
+
+def test_reinitialised_head(pairs):
+    r = diff_models(*pairs["reinit_head"])
+    (head,) = _of(r, "reinitialised")
+    assert head.name == "lm_head.weight"
+    assert head.verdict.evidence["init"].startswith("kaiming_uniform")
+    assert abs(head.verdict.evidence["cosine"]) < 0.05
+    assert {e.verdict.kind for e in r.entries if e is not head} == {"identical"}
+    assert r.verdict.text.startswith("B is A with a re-initialised lm_head (")
+
+
+def test_unrelated_models_of_one_architecture(pairs):
+    r = diff_models(*pairs["unrelated"])
+    kinds = {e.verdict.kind for e in r.entries}
+    assert "changed" not in kinds and "low_rank" not in kinds   # never "a fine-tune"
+    assert r.verdict.kind == "unrelated"
+    assert r.verdict.text.startswith("B and A are unrelated models of the same architecture")
+
+
+def test_renamed_and_resaved(pairs):
+    r = diff_models(*pairs["renamed"])
+    assert r.a_format != r.b_format
+    assert {e.verdict.kind for e in r.entries} == {"renamed", "identical"}
+    assert r.verdict.kind == "renamed" and r.verdict.params_changed == 0
+    assert r.verdict.text == (f"B is A with {r.counts['renamed']} tensors renamed (same values), "
+                              f"re-saved as {r.b_format}")
+
+
+def test_scaled(tmp_path):
+    x = torch.randn(48, 80)
+    a = _save_st({"w": x}, tmp_path / "a.safetensors")
+    b = _save_st({"w": x * 0.5}, tmp_path / "b.safetensors")   # exact: a power of two
+    c = _save_st({"w": x * 1.37}, tmp_path / "c.safetensors")  # rounded in float32
+    for path, factor in ((b, 0.5), (c, 1.37)):
+        (e,) = diff_models(a, path).entries
+        assert e.verdict.kind == "scaled"
+        assert e.verdict.evidence["scale"] == pytest.approx(factor, rel=1e-6)
+
+
+def test_cli_json_and_groups(pairs, capsys):
+    a, b = pairs["lora8"]
+    assert main(["diff", a, b, "--json", "--by", "module", "--top", "3"]) == 1
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["verdict"]["kind"] == "low_rank" and doc["verdict"]["evidence"]["ranks"] == [8]
+    # --top ranks the changed groups: the two adapted projections, no unchanged group after them
+    assert [g["key"] for g in doc["groups"]] in (["self_attn.q_proj", "self_attn.v_proj"],
+                                                 ["self_attn.v_proj", "self_attn.q_proj"])
+    assert all(g["share_changed"] == 1.0 and g["params_changed"] == g["params"]
+               for g in doc["groups"])
+    for e in doc["entries"]:
+        assert e["verdict"]["kind"] == "low_rank" and e["verdict"]["rule"] == "differs"
+        assert e["verdict"]["evidence"]["rank"]["rank"] == 8
+    assert main(["diff", a, b]) == 1
+    out = capsys.readouterr().out
+    assert out.splitlines()[2].startswith("verdict B is A plus a rank-8 update")
+    assert "18.5% of 3,196,800 parameters changed" in out
+
+
+def test_cosine_is_one_for_identical_with_and_without_by(pairs, capsys):
+    a, _ = pairs["lora8"]
+    for extra in ([], ["--by", "layer"]):
+        assert main(["diff", a, a, *extra]) == 0
+        rows = [line.split() for line in capsys.readouterr().out.splitlines()
+                if line.startswith("same ")]
+        assert rows and all(r[-1] == "1" for r in rows), rows
+
+
+def test_diff_argument_errors_are_one_line(pairs, capsys):
+    a, b = pairs["lora8"]
+    assert main(["diff", a, b, "--atol", "abc"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "atol must be a number" in err[0] and "usage" not in err[0]
+    assert main(["diff", a, b, "--fetch-budget", "lots"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "expected bytes like 512M or 4G" in err[0]
