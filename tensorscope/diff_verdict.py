@@ -32,7 +32,9 @@ Per tensor, in this order (the first that holds wins; the statistics are those o
 - ``low_rank``: ΔW = B − A (a matrix, or a conv kernel as out × in·kh·kw) has numerical rank r
   at most a quarter of min(shape) (`tensorscope.lowrank`: a random submatrix first, then one
   single-pass sketch of ΔW for r and the share of ‖ΔW‖²_F it explains, kept when >= 90%).
-- ``changed``: anything else that differs (a fine-tune): relative change and cosine as evidence.
+- ``changed``: anything else that differs (a fine-tune): relative change and cosine as evidence;
+  a tensor where at most 1% of the values changed is "changed at N of M values" (an edit) and is
+  not tested for rank.
 - ``within_tolerance``: values differ but every one is within atol + rtol·|b| (torch.isclose),
   and none of the relations above was found.
 - ``added``, ``removed``, ``renamed`` (same values under a new name), ``reshaped``,
@@ -73,6 +75,7 @@ INIT_MATCH = 0.15       # B's RMS within 15% of a fresh init's
 LOW_RANK_SHARE = 0.9    # the share of ‖ΔW‖² that rank r must explain
 MIN_RANK_DIM = 16       # smaller matrices are not tested for rank
 PIECE = 1 << 16         # elements per step of the extra passes
+SPARSE_EDIT = 0.01      # at most this share of values outside tolerance: an edit, not an update
 STEP_SLACK = 1 / 16     # beyond one step: the rounding of float16 block scales (q·d rounds with d)
 
 
@@ -431,6 +434,10 @@ def judge(e, ma, mb, *, tolerance_given: bool = False) -> Verdict:
                 return verdict("reinitialised", f"re-initialised (cosine {cos:.2g}; RMS {rms:.3g}"
                                f" as {init})", rms_b=rms, init=init)
             return verdict("unrelated", f"unrelated values (cosine {cos:.2g})", rms_b=rms)
+    sparse = v.mismatched is not None and 0 < v.mismatched <= SPARSE_EDIT * tb.numel
+    if sparse:   # a few edited values: that they are few is the news, not their low rank
+        return verdict("changed", f"changed at {v.mismatched:,} of {tb.numel:,} values",
+                       edited=v.mismatched)
     if (numeric and fa and fb and ta.shape == tb.shape and len(ta.shape) >= 2
             and min(ta.shape[0], math.prod(ta.shape[1:])) >= MIN_RANK_DIM):
         est = _low_rank(ma, ta, mb, tb, lowrank.rounding_unit(tb.dtype))

@@ -359,3 +359,28 @@ def test_diff_argument_errors_are_one_line(pairs, capsys):
     assert main(["diff", a, b, "--fetch-budget", "lots"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "expected bytes like 512M or 4G" in err[0]
+
+
+def test_tui_shows_the_pair_verdict_and_each_tensors(pairs):
+    """The TUI diff screen at 80x24: the pair's verdict on top, each tensor's in its row."""
+    import asyncio
+    from helpers import settle
+    from tensorscope.tui.app import make_app
+    from tensorscope.tui.screens.diff import DiffScreen
+    from test_tui import static_text
+
+    async def run():
+        app = make_app(*pairs["lora8"])
+        async with app.run_test(size=(80, 24)) as pilot:
+            await settle(pilot)
+            screen = app.screen
+            assert isinstance(screen, DiffScreen)
+            top = static_text(screen, "#diff-summary")
+            assert top.splitlines()[0].startswith("B is A plus a rank-8 update on")
+            table = screen.query_one("#diff-table")
+            rows = [[str(c) for c in table.get_row_at(r)] for r in range(table.row_count)]
+            verdicts = {r[1]: r[3] for r in rows}
+            assert verdicts["model.layers.0.self_attn.q_proj.weight"].startswith(
+                "low-rank update: rank 8")
+            assert verdicts["model.norm.weight"] == "identical"
+    asyncio.run(run())

@@ -1,9 +1,12 @@
 """Two models side by side: where they differ, largest relative change first.
 
 `tensorscope.diff` runs in a worker when the screen mounts (with ``norms=True``, so identical
-tensors count in the per-layer denominators). The table lists the pairs ranked by relative change
-‖B−A‖/‖A‖ with the reason each is listed (``values: 12 of 4,096 outside tolerance; NaN on a side at
-1``); ``l`` switches it to the layers, ranked, each with a bar of its relative change (norms added
+tensors count in the per-layer denominators). The top line is the pair's verdict ("B is A plus a
+rank-8 update on self_attn.q_proj and self_attn.v_proj of all 32 layers (0.4% of parameters
+changed)", `tensorscope.diff_verdict`). The table lists the pairs ranked by relative change
+‖B−A‖/‖A‖ with each tensor's verdict (``low-rank update: rank 8 explains 100.0% of ‖B−A‖²``,
+``A rounded to bfloat16 (round-to-nearest-even)``); the pane gives the reason it is listed
+(``values: 12 of 4,096 outside tolerance; NaN on a side at 1``); ``l`` switches it to the layers, ranked, each with a bar of its relative change (norms added
 as sums of squares, `tensorscope.diffing.group_changes`). For the highlighted pair the pane shows
 the `ValueDiff` statistics and, from a second worker, a histogram of ``a - b``.
 
@@ -121,7 +124,7 @@ class DiffScreen(Screen):
         table = self.query_one("#diff-table", DataTable)
         table.clear(columns=True)
         cols = (("layer", "tensors", "changed", "rel Δ", "‖B−A‖/‖A‖") if self.layers_view
-                else ("status", "tensor", "rel Δ", "why"))
+                else ("status", "tensor", "rel Δ", "verdict"))
         for col in cols:
             table.add_column(col, key=col)
 
@@ -154,6 +157,10 @@ class DiffScreen(Screen):
         r = self.result
         counts = dict(getattr(r, "counts", {}) or {})
         summary = Text()
+        pv = getattr(r, "verdict", None)
+        if pv is not None and pv.text:
+            summary.append(safe(pv.text), style="bold")
+            summary.append("\n")
         for status in ("same", "changed", "added", "removed", "renamed"):
             if counts.get(status):
                 summary.append(f"{counts[status]:,} {status}  ", style=STATUS_STYLES[status])
@@ -182,9 +189,10 @@ class DiffScreen(Screen):
         from tensorscope.diffing import reason
         for i, e in enumerate(self.shown):
             style = STATUS_STYLES.get(e.status, "")
+            why = e.verdict.text if e.verdict is not None else reason(e)
             table.add_row(Text(e.status, style=style), Text(_entry_name(e), style=style),
                           Text(_rel(e.values), style=style, justify="right"),
-                          Text(safe(reason(e)), style=style), key=str(i))
+                          Text(safe(why), style=style), key=str(i))
         if self.shown:
             table.move_cursor(row=0)
             self.show_entry(0)
@@ -251,6 +259,8 @@ class DiffScreen(Screen):
             sides.append(f"{side} {_side(info)}" if name in (None, e.name)
                          else f"{side} {safe(name)} {_side(info)}")
         grid.add_row("sides", "   ".join(sides))
+        if e.verdict is not None and not narrow:   # at 80 columns its table cell says it
+            grid.add_row("verdict", Text(safe(e.verdict.text) + f"   (rule: {e.verdict.rule})"))
         v = e.values
         if v is not None:
             grid.add_row("rel Δ", f"{_rel(v)}   cosine {_cosine(v)}")
