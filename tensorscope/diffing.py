@@ -182,6 +182,7 @@ import ml_dtypes
 import numpy as np
 
 from . import dtypes
+from .diff_fused import fused_matches
 from .diff_verdict import aligned_pieces, judge_all, numel_of, pair_verdict, value_changed
 from .errors import TensorscopeError
 from .model import ModelFile, TensorInfo, contiguous_stride
@@ -1639,6 +1640,17 @@ def _diff(ma: ModelFile, mb: ModelFile, *, atol, rtol, values, strip, maps, dete
         for ta, tb in _find_renames(ma, mb, removed, added, rel_a, rel_b, chunk_bytes, progress):
             renamed[ta.name] = tb
     renamed_b = {t.name for t in renamed.values()}
+    # a fused projection on one side, its split parts on the other (`diff_fused`)
+    only_a = {k: t for k, t in ka.items() if k not in kb and t.name not in tied_a
+              and t.name not in renamed}
+    only_b = {k: t for k, t in kb.items() if k not in ka and t.name not in tied_b
+              and t.name not in renamed_b}
+    fused_a = {t.name: pairs for t, pairs in fused_matches(only_a, only_b, ma, mb)} \
+        if only_a and only_b else {}
+    fused_b = {t.name: pairs for t, pairs in fused_matches(only_b, only_a, mb, ma)} \
+        if only_a and only_b else {}
+    parts_b = {p.name for pairs in fused_a.values() for _, p in pairs}   # B's split parts
+    parts_a = {p.name for pairs in fused_b.values() for _, p in pairs}   # A's split parts
 
     pending = list(ka.items())
     large = [(ta, kb[key]) for key, ta in pending if key in kb and _large(ta, kb[key])]
@@ -1659,6 +1671,13 @@ def _diff(ma: ModelFile, mb: ModelFile, *, atol, rtol, values, strip, maps, dete
         elif ta.name in tied_a:
             entries.append(_tied_pair(ma, ta, mb, tied_a[ta.name], walker, values, atol, rtol,
                                       "B"))
+        elif ta.name in fused_a:
+            for rows, part in fused_a[ta.name]:
+                e = _pair(ma, rows, mb, part, walker, values, atol, rtol)
+                e.changes.append(f"fused: rows of A's {ta.name} are B's {part.name}")
+                entries.append(e)
+        elif ta.name in parts_a:
+            continue   # compared with its rows of B's fused tensor, below
         elif ta.name in renamed:
             tb = renamed[ta.name]
             entries.append(TensorDiff("renamed", ta.name, tb.name, ta, tb,
@@ -1667,6 +1686,14 @@ def _diff(ma: ModelFile, mb: ModelFile, *, atol, rtol, values, strip, maps, dete
         else:
             entries.append(TensorDiff("removed", ta.name, None, ta, None))
     for key, tb in kb.items():
+        if key not in ka and tb.name in fused_b:
+            for part, rows in ((p, r) for r, p in fused_b[tb.name]):
+                e = _pair(ma, part, mb, rows, walker, values, atol, rtol)
+                e.changes.append(f"fused: A's {part.name} is rows of B's {tb.name}")
+                entries.append(e)
+            continue
+        if key not in ka and tb.name in parts_b:
+            continue
         if key not in ka and tb.name in tied_b:
             e = _tied_pair(ma, tied_b[tb.name], mb, tb, walker, values, atol, rtol, "A")
             e.name_a = None     # listed under B's name: A stores it once under the other

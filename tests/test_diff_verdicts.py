@@ -384,3 +384,38 @@ def test_tui_shows_the_pair_verdict_and_each_tensors(pairs):
                 "low-rank update: rank 8")
             assert verdicts["model.norm.weight"] == "identical"
     asyncio.run(run())
+
+
+def _fused_qkv(sd):
+    out = {}
+    for k, v in sd.items():
+        if ".self_attn.q_proj." in k:
+            ks = [k.replace("q_proj", p) for p in ("q_proj", "k_proj", "v_proj")]
+            out[k.replace("q_proj", "qkv_proj")] = torch.cat([sd[x] for x in ks], 0)
+        elif ".self_attn.k_proj." not in k and ".self_attn.v_proj." not in k:
+            out[k] = v
+    return out
+
+
+def test_fused_qkv_against_split_projections(pairs, tmp_path):
+    """A merged QKV in one file against split q/k/v in the other: the same weights, when the
+    rows match (both ways round); a LoRA on q_proj is then seen in q's rows only."""
+    from safetensors.numpy import load_file
+    base, lora = pairs["lora8"]
+    sd = {k: torch.from_numpy(v.copy()) for k, v in load_file(base).items()}
+    fused = _save_st(_fused_qkv(sd), tmp_path / "fused.safetensors")
+    for a, b in ((fused, base), (base, fused)):
+        r = diff_models(a, b)
+        assert r.counts["added"] == r.counts["removed"] == 0
+        assert r.exit_code == 0 and r.verdict.kind == "identical"
+        rows = [e for e in r.entries if any("fused" in c for c in e.changes)]
+        assert len(rows) == 3 * LAYERS
+        sliced = [e.name_a if a == fused else e.name_b for e in rows]
+        assert "model.layers.0.self_attn.qkv_proj.weight[0:384]" in sliced
+        assert "model.layers.1.self_attn.qkv_proj.weight[768:1152]" in sliced
+    lsd = {k: torch.from_numpy(v.copy()) for k, v in load_file(lora).items()}
+    r = diff_models(fused, _save_st(lsd, tmp_path / "lora_split.safetensors"))
+    low = sorted(e.name_b for e in _of(r, "low_rank"))
+    assert low == sorted(f"model.layers.{i}.self_attn.{m}_proj.weight"
+                         for i in range(LAYERS) for m in "qv")
+    assert all(e.verdict.evidence["rank"]["rank"] == 8 for e in _of(r, "low_rank"))

@@ -113,6 +113,8 @@ def add_arguments(p):
                    help="leave out tensors that are the same (in the table and the JSON entries)")
     p.add_argument("--no-values", action="store_true",
                    help="compare names, dtypes, shapes and layout only; read no tensor bytes")
+    p.add_argument("--no-verdicts", action="store_true",
+                   help="the statistics only: no verdicts (no extra pass over any tensor)")
     p.add_argument("--json", action="store_true", help="machine-readable output (schema in README)")
     p.add_argument("--strip-prefix", metavar="P", action="append", default=[],
                    help="remove this prefix from names on both sides before aligning (repeatable)")
@@ -176,7 +178,8 @@ def _run(args) -> int:
                                  strip_prefix=args.strip_prefix, maps=args.map,
                                  detect_prefix=not args.no_detect_prefix,
                                  detect_renames=not args.no_renames, progress=advance,
-                                 norms=bool(args.by))
+                                 norms=bool(args.by),
+                                 verdicts=not getattr(args, "no_verdicts", False))
     from ..diffing import group_changes
     groups = group_changes(result.entries, args.by) if args.by else None
     entries = ordered(result.entries)
