@@ -473,9 +473,11 @@ def _low_rank(ma, ta, mb, tb, unit: float) -> lowrank.RankEstimate | None:
 
 
 def judge_all(entries: Sequence, ma, mb, *, tolerance_given: bool = False) -> None:
-    """Set ``e.verdict`` on every entry."""
+    """Set ``e.verdict`` on every entry that has none yet (the diff's lanes judge the large
+    pairs as they compare them)."""
     for e in entries:
-        e.verdict = judge(e, ma, mb, tolerance_given=tolerance_given)
+        if e.verdict is None:
+            e.verdict = judge(e, ma, mb, tolerance_given=tolerance_given)
 
 
 # ------------------------------------------------------------------------------------------------

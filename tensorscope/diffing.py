@@ -183,7 +183,8 @@ import numpy as np
 
 from . import dtypes
 from .diff_fused import fused_matches
-from .diff_verdict import aligned_pieces, judge_all, numel_of, pair_verdict, value_changed
+from .diff_verdict import (aligned_pieces, judge, judge_all, numel_of, pair_verdict,
+                           value_changed)
 from .errors import TensorscopeError
 from .model import ModelFile, TensorInfo, contiguous_stride
 from .native import optional_extension
@@ -859,7 +860,8 @@ def _lanes() -> ThreadPoolExecutor:
     global _LANES
     with _POOL_LOCK:
         if _LANES is None:
-            _LANES = ThreadPoolExecutor(LANES, thread_name_prefix="tensorscope-pair")
+            _LANES = ThreadPoolExecutor(LANES, thread_name_prefix="tensorscope-pair",
+                                        initializer=_blas_single_thread)
         return _LANES
 
 
@@ -1569,13 +1571,18 @@ def _large(ta: TensorInfo, tb: TensorInfo) -> bool:
     return ta.nbytes >= SMALL_BYTES or tb.nbytes >= SMALL_BYTES
 
 
-def _lane_pair(ma, ta, mb, tb, walker: _Walker, atol, rtol, nxt) -> TensorDiff:
+def _lane_pair(ma, ta, mb, tb, walker: _Walker, atol, rtol, nxt, judged) -> TensorDiff:
     """`_pair` in a lane, which first asks the kernel to read ahead the start of the next large
-    pair (``nxt``, or None), so that its pages come in while this one is compared."""
+    pair (``nxt``, or None), so that its pages come in while this one is compared; then, when
+    ``judged`` is (True, tolerance_given), its verdict, in the lane too (a candidate's extra
+    pass runs beside the other lane's comparison, with this thread's BLAS on one core)."""
     if nxt is not None and nxt[0].nbytes >= RELEASE_BYTES:
         walker.rel_a.prefetch_tensor(nxt[0])
         walker.rel_b.prefetch_tensor(nxt[1])
-    return _pair(ma, ta, mb, tb, walker, True, atol, rtol)
+    e = _pair(ma, ta, mb, tb, walker, True, atol, rtol)
+    if judged[0]:
+        e.verdict = judge(e, ma, mb, tolerance_given=judged[1])
+    return e
 
 
 def _serialised(progress: Callable[[int], None] | None) -> Callable[[int], None] | None:
@@ -1664,7 +1671,7 @@ def _diff(ma: ModelFile, mb: ModelFile, *, atol, rtol, values, strip, maps, dete
             lane_walker = _Walker(rel_a, rel_b, progress, chunk_bytes)
             lane_walker.want_norms = norms
             lanes.append(_lanes().submit(_lane_pair, ma, ta, mb, tb, lane_walker, atol, rtol,
-                                         following.get(ta.name)))
+                                         following.get(ta.name), (verdicts, tolerance_given)))
             entries.append(lanes[-1])
         elif tb is not None:
             entries.append(_pair(ma, ta, mb, tb, walker, values, atol, rtol))
