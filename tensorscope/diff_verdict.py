@@ -440,7 +440,7 @@ def judge(e, ma, mb, *, tolerance_given: bool = False) -> Verdict:
                        edited=v.mismatched)
     if (numeric and fa and fb and ta.shape == tb.shape and len(ta.shape) >= 2
             and min(ta.shape[0], math.prod(ta.shape[1:])) >= MIN_RANK_DIM):
-        est = _low_rank(ma, ta, mb, tb, lowrank.rounding_unit(tb.dtype))
+        est = _low_rank(ma, ta, mb, tb, lowrank.rounding_unit(tb.dtype), v.norm_diff ** 2)
         if est is not None:
             ev["rank"] = est.to_dict()
             if est.stage == "sketch" and est.explained >= LOW_RANK_SHARE:
@@ -453,7 +453,7 @@ def judge(e, ma, mb, *, tolerance_given: bool = False) -> Verdict:
     return verdict("changed", f"changed (‖B−A‖/‖A‖ {_g(v.rel_change)}, cosine {cos:.4g})")
 
 
-def _low_rank(ma, ta, mb, tb, unit: float) -> lowrank.RankEstimate | None:
+def _low_rank(ma, ta, mb, tb, unit: float, total: float) -> lowrank.RankEstimate | None:
     va, vb = ma.read(ta), mb.read(tb)
     rel_a, rel_b = PageReleaser(ma), PageReleaser(mb)
     try:
@@ -466,7 +466,7 @@ def _low_rank(ma, ta, mb, tb, unit: float) -> lowrank.RankEstimate | None:
         def release(side, piece):
             (rel_a if side == "a" else rel_b).release_piece(ta.file if side == "a" else tb.file,
                                                               piece)
-        return lowrank.sketch_rank(va, vb, s.rank, unit, release=release)
+        return lowrank.sketch_rank(va, vb, s.rank, total, release=release)
     finally:
         rel_a.release_tensor(ta)
         rel_b.release_tensor(tb)
