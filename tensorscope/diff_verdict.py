@@ -40,6 +40,13 @@ Per tensor, in this order (the first that holds wins; the statistics are those o
 - ``added``, ``removed``, ``renamed`` (same values under a new name), ``reshaped``,
   ``not_compared`` (values not read, or not comparable).
 
+The pair's ``kind``: ``identical``, ``same_values``, ``renamed`` (nothing changed but names),
+one tensor kind when all changed tensors share it (``cast``, ``quantized``, ``pruned``,
+``low_rank``, ``scaled``, ``reinitialised``...), ``fine_tune`` (all ``changed``), ``unrelated``
+(half the parameters or more re-initialised or unrelated), ``different`` (half the parameters or
+more only on one side or reshaped), ``structural`` (only added/removed/reshaped tensors), else
+``mixed``; the text names the modules and layers of each kind.
+
 The ``rule`` says which test the tensor's values met: ``"identical"`` (bytes), ``"equal"``
 (values), ``"tolerance"`` (|a-b| <= atol + rtol*|b| everywhere), ``"differs"``, or
 ``"structural"`` (added, removed, renamed, shapes differ). With a tolerance given by the caller
@@ -394,8 +401,10 @@ def judge(e, ma, mb, *, tolerance_given: bool = False) -> Verdict:
         if _quantized(tq) and _plain_float(tf):
             q = _quant_check(mf, tf, mq, tq)
             if q is not None and q["outside_step"] == 0:
-                return verdict("quantized", f"{side} is the other quantized to {q['scheme']}: "
-                               f"within {_g(q['max_error_steps'], 2)} of a step", quant=q,
+                what = (f"A quantized to {q['scheme']}" if side == "B"
+                        else f"B is A dequantized from {q['scheme']}")
+                return verdict("quantized", f"{what}: every value within "
+                               f"{_g(q['max_error_steps'], 2)} of a step", quant=q,
                                quantized_side=side)
             if q is not None:
                 ev["quant"] = q
@@ -413,9 +422,11 @@ def judge(e, ma, mb, *, tolerance_given: bool = False) -> Verdict:
                            rounding="truncation", dtype=tb.dtype, **c)
         ev.update(c)
     numeric = v.norm_a is not None and v.norm_b is not None
-    if numeric and v.zero_ref > 0 and (v.max_rel == 0.0 or (v.max_rel is None and v.norm_b == 0)):
-        zeros = _zeros(mb, tb) if _plain_float(tb) or dtypes.spec(tb.dtype).numpy is not None \
-            else v.zero_ref
+    sb = dtypes.spec(tb.dtype)
+    plain_b = sb.kind in ("float", "int", "uint", "bool") and not sb.packed and sb.numpy is not None
+    if numeric and plain_b and v.zero_ref > 0 and (
+            v.max_rel == 0.0 or (v.max_rel is None and v.norm_b == 0)):
+        zeros = _zeros(mb, tb)
         n = max(tb.numel, 1)
         return verdict("pruned", f"pruned: {_pct(v.zero_ref / n)} of A's values set to 0 "
                        f"(sparsity {_pct(zeros / n)})", new_zeros=v.zero_ref,
@@ -572,6 +583,13 @@ def pair_verdict(entries: Sequence, *, values_compared: bool = True,
         pv.kind, pv.text = "not_compared", "values not compared"
         return pv
     structural = {k: by_kind.pop(k) for k in ("added", "removed", "reshaped") if k in by_kind}
+    moved = sum(numel_of(e) for es in structural.values() for e in es)
+    if params and moved > 0.5 * params:
+        pv.kind = "different"
+        pv.text = "B and A are different models: " + ", ".join(
+            f"{len(es):,} tensor{'s' if len(es) != 1 else ''} {k}" for k, es in structural.items()) \
+            + f" ({_pct(moved / params)} of parameters)"
+        return pv
     renamed = kinds.get("renamed", 0)
     if not by_kind and not structural:
         same_values = kinds.get("same_values", 0)
@@ -639,11 +657,15 @@ def pair_verdict(entries: Sequence, *, values_compared: bool = True,
             parts.append(f"within tolerance on {where}{of_layers}")
         elif k == "not_compared":
             parts.append(f"{len(es)} tensors not compared")
-    for k, es in structural.items():
-        parts.append(f"{len(es):,} tensor{'s' if len(es) != 1 else ''} {k}")
+    extra = ", ".join(f"{len(es):,} tensor{'s' if len(es) != 1 else ''} {k}"
+                      for k, es in structural.items())
     main = [k for k in order if k in by_kind]
-    pv.kind = main[0] if len(main) == 1 and not structural else (
-        "fine_tune" if main == ["changed"] else "mixed")
+    if not main:
+        pv.kind = "structural"
+    elif len(main) == 1:
+        pv.kind = "fine_tune" if main == ["changed"] else main[0]
+    else:
+        pv.kind = "mixed"
     sq_a = sum(e.values.norm_a ** 2 for e in entries if e.values is not None
                and e.values.norm_a is not None and e.values.norm_diff is not None)
     sq_d = sum(e.values.norm_diff ** 2 for e in entries if e.values is not None
@@ -656,7 +678,10 @@ def pair_verdict(entries: Sequence, *, values_compared: bool = True,
         pv.text = (f"B is a fine-tune of A ({share}{rel})" if parts[0] == "fine-tuned"
                    else f"B is A {parts[0]} ({share}{rel})")
         return pv
-    pv.text = "B is A " + _join(parts) + f" ({share})"
+    if parts:
+        pv.text = "B is A " + _join(parts) + (f"; {extra}" if extra else "") + f" ({share})"
+    else:
+        pv.text = f"B is A with {extra} ({share})"
     if renamed:
         pv.text += f"; {renamed:,} tensor{'s' if renamed != 1 else ''} renamed"
     return pv

@@ -4,7 +4,7 @@ Two stages, so that a pair of full-rank changes (a fine-tune, where every tensor
 costs almost nothing and only a true candidate pays for a pass over its delta:
 
 1. `sample_rank`: the rank of ΔW restricted to a random submatrix of at most `SAMPLE_ROWS` rows
-   and 2x as many columns, gathered from the zero-copy views (a few pages per row). A submatrix
+   and `SAMPLE_ROWS` + 32 columns, gathered from the zero-copy views (a few pages per row). A submatrix
    of a rank-r matrix has rank at most r, and for a generic rank-r update exactly r, so a
    full-rank sample rejects the tensor at once (the cost of a fine-tune's pair is ~0.1 ms).
 2. `sketch_rank`: the single-pass randomized SVD of Tropp, Yurtsever, Udell and Cevher (2017,
@@ -19,7 +19,7 @@ The rank r is stage 1's: the singular values of the sample that stand above its 
 rounding floor of B's dtype (a merge in bfloat16 adds rounding error of full rank: |e| ≤ u·|b|,
 u = 2^-p, so Σe² ≤ u²‖B‖² = F) — above what a random matrix of energy F reaches.
 
-No full SVD of a big matrix is ever taken: the SVDs are of the sample (≤ 160 × 320) and of X
+No full SVD of a big matrix is ever taken: the SVDs are of the sample (≤ 160 × 192, as the eigenvalues of its Gram matrix) and of X
 (k × n, k ≤ ~170).
 """
 from __future__ import annotations
@@ -32,7 +32,8 @@ import numpy as np
 __all__ = ["RankEstimate", "sample_rank", "sketch_rank", "rounding_unit", "max_rank",
            "SAMPLE_ROWS", "OVERSAMPLE"]
 
-SAMPLE_ROWS = 160       # rows of the stage-1 sample (columns: twice as many)
+SAMPLE_ROWS = 160       # rows of the stage-1 sample (columns: 32 more, so that a noise sample's
+                        # smallest singular value stays well above the rounding threshold)
 OVERSAMPLE = 10         # sketch columns beyond the sample's rank
 BLOCK_ELEMS = 1 << 18   # elements of ΔW per block of rows in the sketch pass (1 MiB buffers)
 SEED = 0x7E5C0
@@ -105,7 +106,7 @@ def sample_rank(va: np.ndarray, vb: np.ndarray, unit: float) -> RankEstimate:
     b2 = vb.reshape(m, n) if vb.flags.c_contiguous else None
     rng = np.random.default_rng(SEED)
     s = min(m, SAMPLE_ROWS)
-    c = min(n, 2 * SAMPLE_ROWS)
+    c = min(n, SAMPLE_ROWS + 32)
     rows = np.sort(rng.choice(m, s, replace=False)) if s < m else np.arange(m)
     cols = np.sort(rng.choice(n, c, replace=False)) if c < n else np.arange(n)
     if a2 is None or b2 is None:   # strided views: gather rows first (s rows, not the tensor)
