@@ -419,3 +419,22 @@ def test_fused_qkv_against_split_projections(pairs, tmp_path):
     assert low == sorted(f"model.layers.{i}.self_attn.{m}_proj.weight"
                          for i in range(LAYERS) for m in "qv")
     assert all(e.verdict.evidence["rank"]["rank"] == 8 for e in _of(r, "low_rank"))
+
+
+def test_fetch_budget_flag_lets_a_url_diff_read_its_tensors(pairs, capsys, monkeypatch):
+    """`diff URL local` of a file larger than the fetch budget: a clear error naming the flag's
+    way out, and with --fetch-budget the diff reads what it must (the environment untouched)."""
+    import os
+    from http_server import Server
+    a, b = pairs["lora8"]
+    monkeypatch.delenv("TENSORSCOPE_FETCH_BUDGET", raising=False)
+    with Server(os.path.dirname(b)) as srv:
+        url = srv.url(os.path.basename(b))
+        size = os.path.getsize(b)
+        assert main(["diff", a, url, "--fetch-budget", str(size // 4)]) == 2
+        err = capsys.readouterr().err
+        assert "fetch budget" in err and "--fetch-budget" in err and len(err.strip().splitlines()) == 1
+        assert main(["diff", a, url, "--fetch-budget", str(2 * size), "--json"]) == 1
+        doc = json.loads(capsys.readouterr().out)
+        assert doc["verdict"]["kind"] == "low_rank"
+    assert "TENSORSCOPE_FETCH_BUDGET" not in os.environ

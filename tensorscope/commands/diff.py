@@ -152,10 +152,14 @@ def _positive(text: str) -> int:
 
 
 def run(args) -> int:
+    from ..remote import FetchBudgetExceeded
     gc_was = gc.isenabled()
     gc.disable()  # 100,000 records without cycles: collections would cost more than the diff
     try:
         return _run(args)
+    except FetchBudgetExceeded as e:   # a diff reads every tensor: say how to allow it here
+        raise FetchBudgetExceeded(e.url, f"{e.reason}; a diff reads all of its tensors: "
+                                         f"--fetch-budget 4G allows more") from None
     finally:
         if gc_was:
             gc.enable()
