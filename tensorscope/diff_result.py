@@ -166,6 +166,8 @@ class TensorDiff:
     changes: list[str] = field(default_factory=list)
     values: ValueDiff | None = None
     verdict: Any = None    # `diff_verdict.Verdict`: how B's tensor relates to A's
+    sample: Any = None     # the rank test's submatrices, gathered during the value pass (dropped
+                           # once judged)
 
     @property
     def name(self) -> str:

@@ -69,7 +69,7 @@ import numpy as np
 from . import dtypes, lowrank
 from .reader import PageReleaser, iter_flat_chunks
 
-__all__ = ["Verdict", "PairVerdict", "judge_all", "pair_verdict", "aligned_pieces", "KINDS",
+__all__ = ["Verdict", "PairVerdict", "judge", "judge_all", "rank_candidate", "pair_verdict", "aligned_pieces", "KINDS",
            "UNCHANGED_KINDS", "quant_steps", "STEP_TYPES"]
 
 KINDS = ("identical", "same_values", "quantized", "cast", "pruned", "scaled", "reinitialised",
@@ -449,9 +449,9 @@ def judge(e, ma, mb, *, tolerance_given: bool = False) -> Verdict:
     if sparse:   # a few edited values: that they are few is the news, not their low rank
         return verdict("changed", f"changed at {v.mismatched:,} of {tb.numel:,} values",
                        edited=v.mismatched)
-    if (numeric and fa and fb and ta.shape == tb.shape and len(ta.shape) >= 2
-            and min(ta.shape[0], math.prod(ta.shape[1:])) >= MIN_RANK_DIM):
-        est = _low_rank(ma, ta, mb, tb, lowrank.rounding_unit(tb.dtype), v.norm_diff ** 2)
+    if numeric and rank_candidate(ta, tb):
+        est = _low_rank(ma, ta, mb, tb, lowrank.rounding_unit(tb.dtype), v.norm_diff ** 2,
+                        e.sample)
         if est is not None:
             ev["rank"] = est.to_dict()
             if est.stage == "sketch" and est.explained >= LOW_RANK_SHARE:
@@ -464,11 +464,19 @@ def judge(e, ma, mb, *, tolerance_given: bool = False) -> Verdict:
     return verdict("changed", f"changed (‖B−A‖/‖A‖ {_g(v.rel_change)}, cosine {cos:.4g})")
 
 
-def _low_rank(ma, ta, mb, tb, unit: float, total: float) -> lowrank.RankEstimate | None:
+def rank_candidate(ta, tb) -> bool:
+    """A pair the rank test applies to: plain floats of one shape, a matrix of both dimensions
+    at least `MIN_RANK_DIM` (a conv kernel as out x in·kh·kw)."""
+    return (ta.shape == tb.shape and len(ta.shape) >= 2 and _plain_float(ta) and _plain_float(tb)
+            and min(ta.shape[0], math.prod(ta.shape[1:])) >= MIN_RANK_DIM)
+
+
+def _low_rank(ma, ta, mb, tb, unit: float, total: float,
+              sample=None) -> lowrank.RankEstimate | None:
     va, vb = ma.read(ta), mb.read(tb)
     rel_a, rel_b = PageReleaser(ma), PageReleaser(mb)
     try:
-        s = lowrank.sample_rank(va, vb, unit)
+        s = lowrank.sample_rank(va, vb, unit, sample)
         if s.rank == 0 or s.rank > lowrank.max_rank(ta.shape):
             return s
         if s.explained < LOW_RANK_SHARE:

@@ -138,13 +138,13 @@ from typing import Callable, Iterator, Sequence
 import ml_dtypes
 import numpy as np
 
-from . import dtypes
+from . import dtypes, lowrank
 from .diff_align import (PER_SAVE_KEYS, _keyed, _map, _metadata_diff, _strip_user, _tied,
                          detect_prefixes)
 from .diff_fused import fused_matches
 from .diff_result import (GROUP_BY, SCHEMA, STATUSES, DiffResult, GroupChange, TensorDiff,
                           ValueDiff, group_changes, ranked, reason)
-from .diff_verdict import aligned_pieces, judge, judge_all, pair_verdict
+from .diff_verdict import aligned_pieces, judge, judge_all, pair_verdict, rank_candidate
 from .errors import TensorscopeError
 from .model import ModelFile, TensorInfo, contiguous_stride
 from .native import optional_extension
@@ -304,6 +304,8 @@ class _Walker:
         self.chunk_bytes = max(64, int(chunk_bytes))
         self.seen = 0
         self.want_norms = False  # also read identical tensors for their norms (grouped views)
+        self.sampling = False    # gather the rank test's submatrix of a differing pair (lanes)
+        self.sample = None
 
     def pieces(self, va, vb, ia: TensorInfo, ib: TensorInfo, chunk_bytes: int, skip: int = 0):
         """Aligned pieces of both views. Progress is reported as pieces are handed out, except for
@@ -915,6 +917,10 @@ def _compare(walker: _Walker, ma, ta, mb, tb, atol, rtol) -> ValueDiff | None:
             return walker.decoded(ma, ta, mb, tb, atol, rtol, skip=walker.seen)
         if not numeric:
             return ValueDiff(ta.numel, False, mismatched=None, compared_as="bytes")
+        if walker.sampling and rank_candidate(ta, tb):
+            # the rank test's submatrix now: the value pass then finds its pages in memory,
+            # instead of the verdict faulting them in again after the pass released them
+            walker.sample = lowrank.gather(va, vb)
         # The byte pass stopped at the first difference: report only what it did not reach.
         return walker.floats(va, vb, ta, tb, atol, rtol, skip=walker.seen)
     if decoded:
@@ -1087,9 +1093,12 @@ def _lane_pair(ma, ta, mb, tb, walker: _Walker, atol, rtol, nxt, judged) -> Tens
     if nxt is not None and nxt[0].nbytes >= RELEASE_BYTES:
         walker.rel_a.prefetch_tensor(nxt[0])
         walker.rel_b.prefetch_tensor(nxt[1])
+    walker.sampling = judged[0]
     e = _pair(ma, ta, mb, tb, walker, True, atol, rtol)
+    e.sample, walker.sample = walker.sample, None
     if judged[0]:
         e.verdict = judge(e, ma, mb, tolerance_given=judged[1])
+    e.sample = None
     return e
 
 

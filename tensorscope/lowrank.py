@@ -29,7 +29,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-__all__ = ["RankEstimate", "sample_rank", "sketch_rank", "rounding_unit", "max_rank",
+__all__ = ["RankEstimate", "gather", "sample_rank", "sketch_rank", "rounding_unit", "max_rank",
            "SAMPLE_ROWS", "OVERSAMPLE"]
 
 SAMPLE_ROWS = 160       # rows of the stage-1 sample (columns: 32 more, so that a noise sample's
@@ -97,10 +97,10 @@ def _float(x: np.ndarray) -> np.ndarray:
     return np.asarray(x).astype(np.float64)
 
 
-def sample_rank(va: np.ndarray, vb: np.ndarray, unit: float) -> RankEstimate:
-    """Stage 1 over the views ``va``, ``vb`` (same shape, rank >= 2): the numerical rank of ΔW on
-    a random submatrix (rows and columns sorted, gathered by fancy indexing, which touches only
-    their pages)."""
+def gather(va: np.ndarray, vb: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Stage 1's random submatrix of both views (same shape, rank >= 2), as float64 copies: rows
+    and columns sorted, fixed by `SEED` and the shape (the same positions on both sides and in
+    every run). Touches only the pages of the sampled rows."""
     m, n = _matrix_shape(va.shape)
     a2 = va.reshape(m, n) if va.flags.c_contiguous else None
     b2 = vb.reshape(m, n) if vb.flags.c_contiguous else None
@@ -110,11 +110,21 @@ def sample_rank(va: np.ndarray, vb: np.ndarray, unit: float) -> RankEstimate:
     rows = np.sort(rng.choice(m, s, replace=False)) if s < m else np.arange(m)
     cols = np.sort(rng.choice(n, c, replace=False)) if c < n else np.arange(n)
     if a2 is None or b2 is None:   # strided views: gather rows first (s rows, not the tensor)
-        ra = _float(np.take(va[rows].reshape(s, n), cols, axis=1))
-        rb = _float(np.take(vb[rows].reshape(s, n), cols, axis=1))
-    else:   # rows, then columns: two takes cost a fifth of one 2-D fancy index (measured)
-        ra = _float(np.take(np.take(a2, rows, axis=0), cols, axis=1))
-        rb = _float(np.take(np.take(b2, rows, axis=0), cols, axis=1))
+        return (_float(np.take(va[rows].reshape(s, n), cols, axis=1)),
+                _float(np.take(vb[rows].reshape(s, n), cols, axis=1)))
+    # rows, then columns: two takes cost a fifth of one 2-D fancy index (measured)
+    return (_float(np.take(np.take(a2, rows, axis=0), cols, axis=1)),
+            _float(np.take(np.take(b2, rows, axis=0), cols, axis=1)))
+
+
+def sample_rank(va: np.ndarray, vb: np.ndarray, unit: float,
+                sample: tuple[np.ndarray, np.ndarray] | None = None) -> RankEstimate:
+    """Stage 1 over the views ``va``, ``vb``: the numerical rank of ΔW on the random submatrix
+    (`gather`, or ``sample`` when the caller gathered it already: the diff does while the pair's
+    pages are in memory)."""
+    m, n = _matrix_shape(va.shape)
+    ra, rb = sample if sample is not None else gather(va, vb)
+    s, c = ra.shape
     d = rb - ra
     with np.errstate(all="ignore"):
         if not np.isfinite(d).all():
