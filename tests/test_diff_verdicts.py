@@ -438,3 +438,25 @@ def test_fetch_budget_flag_lets_a_url_diff_read_its_tensors(pairs, capsys, monke
         doc = json.loads(capsys.readouterr().out)
         assert doc["verdict"]["kind"] == "low_rank"
     assert "TENSORSCOPE_FETCH_BUDGET" not in os.environ
+
+
+def test_lora_on_a_convolution_is_low_rank_as_out_by_in_kh_kw(tmp_path):
+    """peft's LoRA on a Conv2d factors the kernel as (out, r) x (r, in·kh·kw): the rank test
+    reads a conv kernel as that matrix."""
+    from peft import LoraConfig, get_peft_model
+    torch.manual_seed(0)
+    net = torch.nn.Sequential()
+    net.add_module("conv", torch.nn.Conv2d(32, 96, 3))
+    net.add_module("head", torch.nn.Conv2d(96, 8, 1))
+    base = {k: v.detach().clone() for k, v in net.state_dict().items()}
+    cfg = LoraConfig(r=4, lora_alpha=4, target_modules=["conv"], init_lora_weights=False)
+    merged = get_peft_model(copy.deepcopy(net), cfg).merge_and_unload()
+    a = _save_st(base, tmp_path / "a.safetensors")
+    b = _save_st({k: v.detach().clone() for k, v in merged.state_dict().items()},
+                 tmp_path / "b.safetensors")
+    r = diff_models(a, b)
+    kinds = {e.name: e.verdict.kind for e in r.entries}
+    assert kinds == {"conv.weight": "low_rank", "conv.bias": "identical",
+                     "head.weight": "identical", "head.bias": "identical"}
+    (e,) = _of(r, "low_rank")
+    assert e.verdict.evidence["rank"]["rank"] == 4
