@@ -43,7 +43,8 @@ Per tensor, in this order (the first that holds wins; the statistics are those o
 The pair's ``kind``: ``identical``, ``same_values``, ``renamed`` (nothing changed but names),
 one tensor kind when all changed tensors share it (``cast``, ``quantized``, ``pruned``,
 ``low_rank``, ``scaled``, ``reinitialised``...), ``fine_tune`` (all ``changed``), ``unrelated``
-(half the parameters or more re-initialised or unrelated), ``different`` (half the parameters or
+(half the parameters or more re-initialised or unrelated, and under a fifth of the matrices
+keeping a relation to A's), ``different`` (half the parameters or
 more only on one side or reshaped), ``structural`` (only added/removed/reshaped tensors), else
 ``mixed``; the text names the modules and layers of each kind.
 
@@ -547,6 +548,8 @@ def _where(entries) -> str:
         path = info.path if info is not None and len(info.path) > 1 else ()
         mk = grouping.module_key(e.name, path)
         lk = grouping.layer_key(e.name, path)
+        if mk == grouping.components(e.name, path)[-1]:   # a parameter of the indexed module
+            mk = lk                                       # itself (``4.weight``): name it
         mods.setdefault(mk, set()).add(lk if lk != mk else None)
     names = list(mods)
     text = _and([n for n in names[:6]]) + (f" and {len(names) - 6} more" if len(names) > 6 else "")
@@ -614,8 +617,29 @@ def pair_verdict(entries: Sequence, *, values_compared: bool = True,
         if formats[0] and formats[1] and formats[0] != formats[1]:
             pv.text += f", re-saved as {formats[1]}"
         return pv
+    # a bias beside a re-initialised weight went with it (a 1-D init has no fan-in to recognise)
+    fresh = {e.name.rsplit(".", 1)[0] for e in by_kind.get("reinitialised", [])}
+    if fresh and by_kind.get("unrelated"):
+        moved_too = [e for e in by_kind["unrelated"] if e.name.rsplit(".", 1)[0] in fresh]
+        by_kind["unrelated"] = [e for e in by_kind["unrelated"] if e not in moved_too]
+        by_kind["reinitialised"].extend(moved_too)
+        if not by_kind["unrelated"]:
+            del by_kind["unrelated"]
     unrelated = sum(numel_of(e) for k in ("reinitialised", "unrelated") for e in by_kind.get(k, []))
-    if params and unrelated >= 0.5 * params:
+    # Matrices that keep A's values (or a relation to them) say B comes from A, however much
+    # was re-initialised; 1-D tensors do not (two fresh inits share their LayerNorm ones).
+    matrices = related = 0
+    for e in entries:
+        t = e.b if e.b is not None else e.a
+        if t is None or len(t.shape) < 2:
+            continue
+        matrices += 1   # counted as tensors: a big head re-initialised is still one module
+        vd = getattr(e, "verdict", None)
+        if vd is not None and vd.kind not in ("reinitialised", "unrelated", "added", "removed",
+                                              "reshaped", "not_compared") \
+                and not (e.values is not None and e.values.norm_a == 0):
+            related += 1
+    if params and unrelated >= 0.5 * params and related < 0.2 * max(matrices, 1):
         pv.kind = "unrelated"
         same_arch = not structural
         pv.text = ("B and A are unrelated models of the same architecture" if same_arch else

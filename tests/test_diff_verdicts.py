@@ -460,3 +460,25 @@ def test_lora_on_a_convolution_is_low_rank_as_out_by_in_kh_kw(tmp_path):
                      "head.weight": "identical", "head.bias": "identical"}
     (e,) = _of(r, "low_rank")
     assert e.verdict.evidence["rank"]["rank"] == 4
+
+
+def test_a_large_reinitialised_head_is_not_an_unrelated_model(tmp_path):
+    """A small model whose head holds most parameters, re-initialised: still "A with a
+    re-initialised head", since its other matrices keep A's values; two fresh inits of a plain
+    torch MLP are unrelated (their biases included), never a fine-tune."""
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Linear(32, 48), torch.nn.ReLU(), torch.nn.Linear(48, 48),
+                              torch.nn.ReLU(), torch.nn.Linear(48, 4000))
+    a = _save_st(_sd(net), tmp_path / "a.safetensors")
+    head = copy.deepcopy(net)
+    head[4].reset_parameters()
+    b = _save_st(_sd(head), tmp_path / "b.safetensors")
+    r = diff_models(a, b)
+    assert r.verdict.kind == "reinitialised", r.verdict.text
+    assert r.verdict.text.startswith("B is A with a re-initialised 4 (")
+    torch.manual_seed(1)
+    twin = torch.nn.Sequential(torch.nn.Linear(32, 48), torch.nn.ReLU(), torch.nn.Linear(48, 48),
+                               torch.nn.ReLU(), torch.nn.Linear(48, 4000))
+    r = diff_models(a, _save_st(_sd(twin), tmp_path / "twin.safetensors"))
+    assert r.verdict.kind == "unrelated"
+    assert {e.verdict.kind for e in r.entries} <= {"reinitialised", "unrelated"}
