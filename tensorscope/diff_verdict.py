@@ -3,7 +3,7 @@
 `judge_all(entries, ma, mb, ...)` runs after the value comparison of `tensorscope.diffing` and
 gives every `TensorDiff` a `Verdict` (``kind``, words, evidence, the tolerance ``rule`` it met);
 `pair_verdict(entries)` sums them up in one sentence ("B is A cast to bfloat16", "B is A plus a
-rank-8 update on self_attn.q_proj and self_attn.v_proj of all 2 layers (12.5% of parameters
+rank-8 update on self_attn.q_proj and self_attn.v_proj of all 2 layers (18.5% of parameters
 changed)").
 
 Per tensor, in this order (the first that holds wins; the statistics are those of the value pass,
@@ -22,6 +22,9 @@ Per tensor, in this order (the first that holds wins; the statistics are those o
   (numpy's and ml_dtypes' casts, torch's ``.to()``), or, for float32 -> bfloat16, truncation
   (the upper 16 bits). One extra pass over A and B, only for pairs whose relative change is
   within B's rounding unit.
+- ``within_tolerance`` ("same within tolerance"): values differ but every one is within
+  atol + rtol·|b| (torch.isclose) and B is neither a quantization nor a cast of A (checked
+  first); the relations below are not looked for.
 - ``pruned``: B equals A wherever B is non-zero (``max_rel`` = 0 exactly) and B has new zeros
   (``zero_ref`` > 0); one extra pass over B counts its zeros: the new sparsity.
 - ``scaled``: B = c·A up to B's rounding (‖B − cA‖² = ‖B‖²(1 − cos²), from the pass's sums).
@@ -35,8 +38,6 @@ Per tensor, in this order (the first that holds wins; the statistics are those o
 - ``changed``: anything else that differs (a fine-tune): relative change and cosine as evidence;
   a tensor where at most 1% of the values changed is "changed at N of M values" (an edit) and is
   not tested for rank.
-- ``within_tolerance``: values differ but every one is within atol + rtol·|b| (torch.isclose),
-  and none of the relations above was found.
 - ``added``, ``removed``, ``renamed`` (same values under a new name), ``reshaped``,
   ``not_compared`` (values not read, or not comparable).
 
@@ -76,7 +77,8 @@ __all__ = ["Verdict", "PairVerdict", "judge", "judge_all", "rank_candidate", "pa
 KINDS = ("identical", "same_values", "quantized", "cast", "pruned", "scaled", "reinitialised",
          "unrelated", "low_rank", "changed", "within_tolerance", "added", "removed", "renamed",
          "reshaped", "not_compared")
-UNCHANGED_KINDS = frozenset({"identical", "same_values", "renamed"})  # no value changed
+# no value changed (within tolerance: by less than the tolerance, which says "the same")
+UNCHANGED_KINDS = frozenset({"identical", "same_values", "renamed", "within_tolerance"})
 
 COS_ZERO = 0.1          # |cosine| below this (or 4/sqrt(n) for small tensors) is "about 0"
 INIT_MATCH = 0.15       # B's RMS within 15% of a fresh init's
@@ -422,6 +424,8 @@ def judge(e, ma, mb, *, tolerance_given: bool = False) -> Verdict:
             return verdict("cast", f"A truncated to {tb.dtype} (round toward zero)",
                            rounding="truncation", dtype=tb.dtype, **c)
         ev.update(c)
+    if rule == "tolerance":   # every value within atol + rtol·|b|: no other relation is claimed
+        return verdict("within_tolerance", "same within tolerance")
     numeric = v.norm_a is not None and v.norm_b is not None
     sb = dtypes.spec(tb.dtype)
     plain_b = sb.kind in ("float", "int", "uint", "bool") and not sb.packed and sb.numpy is not None
@@ -458,8 +462,6 @@ def judge(e, ma, mb, *, tolerance_given: bool = False) -> Verdict:
             if est.stage == "sketch" and est.explained >= LOW_RANK_SHARE:
                 return verdict("low_rank", f"low-rank update: rank {est.rank} explains "
                                f"{_pct(est.explained)} of ‖B−A‖²")
-    if rule == "tolerance":
-        return verdict("within_tolerance", "within tolerance")
     if cos is None:
         return verdict("changed", "changed")
     return verdict("changed", f"changed (‖B−A‖/‖A‖ {_g(v.rel_change)}, cosine {cos:.4g})")
@@ -604,7 +606,12 @@ def pair_verdict(entries: Sequence, *, values_compared: bool = True,
     renamed = kinds.get("renamed", 0)
     if not by_kind and not structural:
         same_values = kinds.get("same_values", 0)
-        if same_values:
+        within = kinds.get("within_tolerance", 0)
+        if within:
+            pv.kind = "within_tolerance"
+            pv.text = (f"B is A within tolerance: {within:,} tensor{'s' if within != 1 else ''} "
+                       f"differ{'s' if within == 1 else ''} by less than atol + rtol·|b|")
+        elif same_values:
             dts = sorted({e.b.dtype for e in entries
                           if getattr(e, "verdict", None) is not None
                           and e.verdict.kind == "same_values"})

@@ -482,3 +482,20 @@ def test_a_large_reinitialised_head_is_not_an_unrelated_model(tmp_path):
     r = diff_models(a, _save_st(_sd(twin), tmp_path / "twin.safetensors"))
     assert r.verdict.kind == "unrelated"
     assert {e.verdict.kind for e in r.entries} <= {"reinitialised", "unrelated"}
+
+
+def test_within_tolerance_is_said_so_and_not_a_change(tmp_path, capsys):
+    """Values that differ by less than the tolerance: "same within tolerance", exit 0, nothing
+    else claimed (not a low-rank update, not a fine-tune)."""
+    x = torch.randn(64, 64, dtype=torch.float64)
+    a = _save_st({"w": x}, tmp_path / "a.safetensors")
+    b = _save_st({"w": x * (1 + 1e-9 * torch.randn(64, 64, dtype=torch.float64))},
+                 tmp_path / "b.safetensors")
+    r = diff_models(a, b)
+    (e,) = r.entries
+    assert e.status == "same" and e.verdict.kind == "within_tolerance"
+    assert e.verdict.rule == "tolerance" and not e.verdict.differs and r.exit_code == 0
+    assert r.verdict.text.startswith("B is A within tolerance: 1 tensor differs")
+    assert r.verdict.params_changed == 0
+    assert main(["diff", a, b, "--atol", "0", "--rtol", "0"]) == 1
+    capsys.readouterr()
