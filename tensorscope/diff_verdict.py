@@ -14,10 +14,13 @@ Per tensor, in this order (the first that holds wins; the statistics are those o
 - ``quantized``: one side is block-quantized (GGUF ``q8_0``, ``q4_k`` ...) or torch-quantized
   (``qint8`` per tensor or per channel) and, at every element, |A − dequant(B)| is at most one
   quantization step of its block or channel (``d`` of a ``q8_0`` block, ``d·scale`` of a K-quant
-  sub-block, the channel's ``scale``), plus `STEP_SLACK` for the rounding of float16 scales;
-  the largest error, in steps, is the evidence. Rounding to the nearest level costs half a step;
-  a whole step is reached only at the clamped edge of an asymmetric grid (``q4_0`` maps the
-  block's largest magnitude to -8·d, so the other side stops at +7·d).
+  sub-block, the channel's ``scale``), plus `STEP_SLACK` for the rounding of float16 scales,
+  plus, for K-quants, what rounding the sub-block scales and mins to their 6-bit (4-bit, int8)
+  grid moves the range's edge by (levels·d/2 + dmin/2); at most `QUANT_OUTLIERS` of the values
+  may exceed that bound (a quantizer's search may clip), none by twice it. The largest error, in
+  steps, is the evidence. Rounding to the nearest level costs half a step; a whole step is
+  reached only at the clamped edge of an asymmetric grid (``q4_0`` maps the block's largest
+  magnitude to -8·d, so the other side stops at +7·d).
 - ``cast``: other float dtype and B equals A rounded to B's dtype exactly: round-to-nearest-even
   (numpy's and ml_dtypes' casts, torch's ``.to()``), or, for float32 -> bfloat16, truncation
   (the upper 16 bits). One extra pass over A and B, only for pairs whose relative change is
@@ -86,6 +89,7 @@ LOW_RANK_SHARE = 0.9    # the share of ‖ΔW‖² that rank r must explain
 MIN_RANK_DIM = 16       # smaller matrices are not tested for rank
 PIECE = 1 << 16         # elements per step of the extra passes
 SPARSE_EDIT = 0.01      # at most this share of values outside tolerance: an edit, not an update
+QUANT_OUTLIERS = 1e-3    # values beyond the bound (within twice it) a quantizer's search may leave
 STEP_SLACK = 1 / 16     # beyond one step: the rounding of float16 block scales (q·d rounds with d)
 
 
@@ -180,56 +184,73 @@ def _k4_scales(packed: np.ndarray) -> np.ndarray:
     return np.concatenate([d & 0x3F, (md & 0x0F) | ((d >> 2) & 0x30)], axis=1).astype(np.float64)
 
 
-# block type -> (values per sub-block, per-sub-block step from the block bytes [nblocks, bytes])
+def _k(levels: int, d_off: int, sub: int, scales, min_off: int | None = None):
+    """A K-quant's (steps, allowance) per sub-block: the step is d·scale; the allowance is what
+    rounding the sub-block scales and mins to their integer grid can move the top level by
+    (levels·d/2 + dmin/2): a value clamped at the range's edge is off by at most that."""
+    def fn(b):
+        d = _f16(b, d_off)
+        sc = scales(b)
+        steps = (d[:, None] * sc).reshape(-1)
+        dmin = _f16(b, min_off) if min_off is not None else 0.0
+        allow = np.abs(levels * d / 2 + np.abs(dmin) / 2)
+        return steps, np.repeat(allow, sc.shape[1])
+    return sub, fn
+
+
+def _plain(sub: int, fn):
+    return sub, lambda b: (fn(b), None)
+
+
+# block type -> (values per sub-block, block bytes [nblocks, bytes] -> (step per sub-block,
+# allowance per sub-block or None))
 STEP_TYPES = {
-    "q8_0": (32, lambda b: _f16(b, 0)),
-    "q4_0": (32, lambda b: _f16(b, 0)),
-    "q4_1": (32, lambda b: _f16(b, 0)),
-    "q5_0": (32, lambda b: _f16(b, 0)),
-    "q5_1": (32, lambda b: _f16(b, 0)),
-    "q8_k": (256, lambda b: np.ascontiguousarray(b[:, 0:4]).view(np.float32)
-             .astype(np.float64).reshape(-1)),
-    "q4_k": (32, lambda b: (_f16(b, 0)[:, None] * _k4_scales(b[:, 4:16])).reshape(-1)),
-    "q5_k": (32, lambda b: (_f16(b, 0)[:, None] * _k4_scales(b[:, 4:16])).reshape(-1)),
-    "q6_k": (16, lambda b: (_f16(b, 208)[:, None]
-                            * b[:, 192:208].view(np.int8).astype(np.float64)).reshape(-1)),
-    "q2_k": (16, lambda b: (_f16(b, 80)[:, None]
-                            * (b[:, 0:16] & 0x0F).astype(np.float64)).reshape(-1)),
+    "q8_0": _plain(32, lambda b: _f16(b, 0)),
+    "q4_0": _plain(32, lambda b: _f16(b, 0)),
+    "q4_1": _plain(32, lambda b: _f16(b, 0)),
+    "q5_0": _plain(32, lambda b: _f16(b, 0)),
+    "q5_1": _plain(32, lambda b: _f16(b, 0)),
+    "q8_k": _plain(256, lambda b: np.ascontiguousarray(b[:, 0:4]).view(np.float32)
+                   .astype(np.float64).reshape(-1)),
+    "q4_k": _k(15, 0, 32, lambda b: _k4_scales(b[:, 4:16]), 2),
+    "q5_k": _k(31, 0, 32, lambda b: _k4_scales(b[:, 4:16]), 2),
+    "q6_k": _k(32, 208, 16, lambda b: b[:, 192:208].view(np.int8).astype(np.float64)),
+    "q2_k": _k(3, 80, 16, lambda b: (b[:, 0:16] & 0x0F).astype(np.float64), 82),
 }
 
 
-def quant_steps(model, info) -> tuple[np.ndarray, int]:
-    """(steps, run): the quantization step of every run of ``run`` consecutive values of
-    ``info`` (C order): a block type's sub-block steps, a torch tensor's per-tensor scale
-    (run = numel) or per-channel scales (run = the elements of one channel's slice, repeated
-    over the outer dimensions)."""
+def quant_steps(model, info) -> tuple[np.ndarray, np.ndarray | None, int]:
+    """(steps, allowance, run): the quantization step of every run of ``run`` consecutive values
+    of ``info`` (C order) and what else may move a value (None: nothing): a block type's
+    sub-block steps, a torch tensor's per-tensor scale (run = numel) or per-channel scales (run =
+    the elements of one channel's slice, repeated over the outer dimensions)."""
     s = dtypes.spec(info.dtype)
     if s.kind == "block":
         sub, fn = STEP_TYPES[info.dtype]
         raw = model.read(info)
-        blocks = raw.reshape(-1, s.block_bytes)
-        return np.abs(fn(blocks)), sub
+        steps, allow = fn(raw.reshape(-1, s.block_bytes))
+        return np.abs(steps), allow, sub
     scheme = str(info.extras.get("qscheme", ""))
     if scheme.startswith("per_tensor"):
-        return np.array([abs(float(info.extras["scale"]))]), max(1, info.numel)
+        return np.array([abs(float(info.extras["scale"]))]), None, max(1, info.numel)
     from .dequant import _qparam   # the bounds-checked reader of per-channel parameter storages
     scales = np.abs(_qparam(model, info, "scales").astype(np.float64))
     axis = int(info.extras.get("axis"))
     inner = math.prod(info.shape[axis + 1:])
     outer = math.prod(info.shape[:axis])
-    return np.tile(scales, outer), max(1, inner)
+    return np.tile(scales, outer), None, max(1, inner)
 
 
 def _quant_check(mf, tf, mq, tq) -> dict | None:
     """Largest |F − dequant(Q)| in steps of Q's scheme, streaming; None when it cannot be told."""
     from . import dequant
     try:
-        steps, run = quant_steps(mq, tq)
+        steps, allow, run = quant_steps(mq, tq)
     except Exception:   # noqa: BLE001 - parameters we cannot read: no verdict, the diff stands
         return None
     rel_f, rel_q = PageReleaser(mf), PageReleaser(mq)
     worst = 0.0
-    over = 0
+    over = far = 0
     pos = 0
     try:
         dec = dequant.iter_decoded(mq, tq, PIECE, release=rel_q.release_range)
@@ -238,7 +259,11 @@ def _quant_check(mf, tf, mq, tq) -> dict | None:
         with np.errstate(all="ignore"):
             for pf, pq in aligned_pieces(vf, dec):
                 n = pf.size
-                st = steps[np.arange(pos, pos + n) // run]
+                idx = np.arange(pos, pos + n) // run
+                st = steps[idx]
+                bound = st * (1.0 + STEP_SLACK)
+                if allow is not None:
+                    bound += allow[idx]
                 err = np.abs(pf.astype(np.float64) - pq.astype(np.float64))
                 # a step of 0 (an all-zero block): the value must be 0 too; tiny slack for the
                 # float32 arithmetic of the decoders
@@ -247,7 +272,9 @@ def _quant_check(mf, tf, mq, tq) -> dict | None:
                 if not math.isfinite(m):
                     return None
                 worst = max(worst, m)
-                over += int(np.count_nonzero(ratio > 1.0 + STEP_SLACK))
+                out = err > bound
+                over += int(np.count_nonzero(out))
+                far += int(np.count_nonzero(err > 2 * bound))
                 pos += n
     finally:
         rel_f.release_tensor(tf)
@@ -257,6 +284,7 @@ def _quant_check(mf, tf, mq, tq) -> dict | None:
     if q:
         scheme = f"{tq.dtype} {q.replace('_', '-')}"
     return {"scheme": scheme, "max_error_steps": worst, "outside_step": over,
+            "outside_twice": far, "numel": tq.numel,
             "step_min": float(steps.min()) if steps.size else 0.0,
             "step_max": float(steps.max()) if steps.size else 0.0}
 
@@ -403,7 +431,8 @@ def judge(e, ma, mb, *, tolerance_given: bool = False) -> Verdict:
     for mf, tf, mq, tq, side in ((ma, ta, mb, tb, "B"), (mb, tb, ma, ta, "A")):
         if _quantized(tq) and _plain_float(tf):
             q = _quant_check(mf, tf, mq, tq)
-            if q is not None and q["outside_step"] == 0:
+            if q is not None and q["outside_twice"] == 0 \
+                    and q["outside_step"] <= QUANT_OUTLIERS * q["numel"]:
                 what = (f"A quantized to {q['scheme']}" if side == "B"
                         else f"B is A dequantized from {q['scheme']}")
                 return verdict("quantized", f"{what}: every value within "

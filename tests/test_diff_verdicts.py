@@ -499,3 +499,56 @@ def test_within_tolerance_is_said_so_and_not_a_change(tmp_path, capsys):
     assert r.verdict.params_changed == 0
     assert main(["diff", a, b, "--atol", "0", "--rtol", "0"]) == 1
     capsys.readouterr()
+
+
+def _q4_k_blocks(x: np.ndarray) -> np.ndarray:
+    """Q4_K blocks of float32 rows, quantized the way llama.cpp's quantize_row_q4_K_ref
+    finishes (per 32-value sub-block a scale and a min; both rounded to 6 bits against the
+    super-block's float16 d and dmin; the values re-quantized with the rounded ones and clamped
+    to 0..15), without its iterative search. gguf-py has no Q4_K quantizer; its dequantize is the
+    oracle that these bytes are Q4_K."""
+    v = x.reshape(-1, 8, 32).astype(np.float32)
+    lo = np.minimum(v.min(axis=2), 0)
+    scale = (v.max(axis=2) - lo) / 15
+    d = (scale.max(axis=1) / 63).astype(np.float16)
+    dmin = ((-lo).max(axis=1) / 63).astype(np.float16)
+    df, mf = d.astype(np.float32)[:, None], dmin.astype(np.float32)[:, None]
+    with np.errstate(divide="ignore", invalid="ignore"):
+        sc = np.clip(np.rint(np.where(df > 0, scale / df, 0)), 0, 63).astype(np.uint8)
+        mn = np.clip(np.rint(np.where(mf > 0, -lo / mf, 0)), 0, 63).astype(np.uint8)
+        step = (df * sc)[:, :, None]
+        q = np.where(step > 0, np.rint((v + (mf * mn)[:, :, None]) / step), 0)
+    q = np.clip(q, 0, 15).astype(np.uint8)
+    packed = np.zeros((v.shape[0], 12), np.uint8)
+    packed[:, 0:4] = sc[:, 0:4] | ((sc[:, 4:8] >> 4) << 6)
+    packed[:, 4:8] = mn[:, 0:4] | ((mn[:, 4:8] >> 4) << 6)
+    packed[:, 8:12] = (sc[:, 4:8] & 0x0F) | ((mn[:, 4:8] & 0x0F) << 4)
+    qs = np.zeros((v.shape[0], 128), np.uint8)
+    for c in range(4):   # value 64c + 32n + l is nibble n of qs[32c + l]
+        qs[:, 32 * c:32 * c + 32] = q[:, 2 * c] | (q[:, 2 * c + 1] << 4)
+    out = np.concatenate([d.view(np.uint8).reshape(-1, 2), dmin.view(np.uint8).reshape(-1, 2),
+                          packed, qs], axis=1)
+    return out.reshape(x.shape[0], -1)
+
+
+def test_q4_k_within_its_bound_and_a_changed_model_not(tmp_path):
+    import gguf
+    torch.manual_seed(3)
+    w = torch.randn(64, 512) * 0.05
+    x = w.numpy()
+    blocks = _q4_k_blocks(x)
+    deq = gguf.quants.dequantize(blocks, gguf.GGMLQuantizationType.Q4_K)
+    assert deq.shape == x.shape and np.abs(deq - x).max() < 0.05   # the layout gguf-py reads
+    a = _save_st({"w": w, "u": w + 0.02 * torch.randn(64, 512)}, tmp_path / "a.safetensors")
+    g = gguf.GGUFWriter(str(tmp_path / "b.gguf"), "llama")
+    for name in ("w", "u"):
+        g.add_tensor(name, blocks, raw_shape=blocks.shape, raw_dtype=gguf.GGMLQuantizationType.Q4_K)
+    g.write_header_to_file()
+    g.write_kv_data_to_file()
+    g.write_tensors_to_file()
+    g.close()
+    r = diff_models(a, str(tmp_path / "b.gguf"))
+    kinds = {e.name: e.verdict.kind for e in r.entries}
+    assert kinds == {"w": "quantized", "u": "changed"}, kinds   # u's blocks are w's, not u's
+    q = next(e for e in r.entries if e.name == "w").verdict.evidence["quant"]
+    assert q["scheme"] == "q4_k" and q["outside_twice"] == 0 and q["outside_step"] == 0
