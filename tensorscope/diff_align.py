@@ -140,3 +140,27 @@ def _tied(mine: dict[str, TensorInfo], other: dict[str, TensorInfo]) -> dict[str
                 if k not in other:
                     out[mine[k].name] = other[shared[0]]
     return out
+
+
+# torch.ao's quantized Linear keeps its weight and bias as the two items of one packed-params
+# state (``fc._packed_params._packed_params`` = (qweight, bias)), which a loader hands back as
+# ``fc.weight`` and ``fc.bias``: the float model's names.
+_PACKED = (("._packed_params._packed_params.0", ".weight"),
+           ("._packed_params._packed_params.1", ".bias"))
+
+
+def unpack_keys(mine: dict[str, TensorInfo], other: dict[str, TensorInfo]) -> dict[str, TensorInfo]:
+    """``mine`` with packed-params keys renamed to the float module's (``weight``, ``bias``)
+    where ``other`` has that name and ``mine`` does not (so nothing that matched stops matching)."""
+    if not any("._packed_params._packed_params." in k for k in mine):
+        return mine
+    out: dict[str, TensorInfo] = {}
+    for k, t in mine.items():
+        for suffix, leaf in _PACKED:
+            if k.endswith(suffix):
+                new = k[: -len(suffix)] + leaf
+                if new in other and new not in mine:
+                    k = new
+                break
+        out[k] = t
+    return out

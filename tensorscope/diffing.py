@@ -140,7 +140,7 @@ import numpy as np
 
 from . import dtypes, lowrank
 from .diff_align import (PER_SAVE_KEYS, _keyed, _map, _metadata_diff, _strip_user, _tied,
-                         detect_prefixes)
+                         detect_prefixes, unpack_keys)
 from .diff_fused import fused_matches
 from .diff_result import (GROUP_BY, SCHEMA, STATUSES, DiffResult, GroupChange, TensorDiff,
                           ValueDiff, group_changes, ranked, reason)
@@ -1131,6 +1131,7 @@ def _diff(ma: ModelFile, mb: ModelFile, *, atol, rtol, values, strip, maps, dete
         pa, pb = detect_prefixes(names_a, names_b, (lambda n: _map(n, maps)) if maps else None)
     ka = _keyed(ma.tensors, strip, maps, pa)
     kb = _keyed(mb.tensors, strip, maps, pb)
+    ka, kb = unpack_keys(ka, kb), unpack_keys(kb, ka)   # torch.ao's packed Linear parameters
 
     rel_a, rel_b = _Pages(ma), _Pages(mb)
     progress = _serialised(progress)   # the lanes and the pool report too

@@ -552,3 +552,25 @@ def test_q4_k_within_its_bound_and_a_changed_model_not(tmp_path):
     assert kinds == {"w": "quantized", "u": "changed"}, kinds   # u's blocks are w's, not u's
     q = next(e for e in r.entries if e.name == "w").verdict.evidence["quant"]
     assert q["scheme"] == "q4_k" and q["outside_twice"] == 0 and q["outside_step"] == 0
+
+
+def test_torch_ao_dynamic_per_channel_int8_aligned_and_quantized(tmp_path):
+    """torch.ao.quantization.quantize_dynamic with the per-channel qconfig: the Linear weights
+    live in packed params (``0._packed_params._packed_params.0``), which a loader hands back as
+    ``0.weight``: aligned with the float model's names, each weight quantized within a step."""
+    import warnings
+    from torch.ao.quantization import per_channel_dynamic_qconfig, quantize_dynamic
+    torch.manual_seed(0)
+    m = torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.ReLU(), torch.nn.Linear(128, 32))
+    torch.save(m.state_dict(), tmp_path / "fp.pt")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        q = quantize_dynamic(copy.deepcopy(m), {torch.nn.Linear: per_channel_dynamic_qconfig},
+                             dtype=torch.qint8)
+        torch.save(q.state_dict(), tmp_path / "dyn.pt")
+    r = diff_models(tmp_path / "fp.pt", tmp_path / "dyn.pt")
+    kinds = {e.name: e.verdict.kind for e in r.entries}
+    assert kinds["0.weight"] == kinds["2.weight"] == "quantized"
+    assert kinds["0.bias"] == kinds["2.bias"] == "identical"
+    assert {k for n, k in kinds.items() if "scale" in n or "zero_point" in n} == {"added"}
+    assert r.verdict.text.startswith("B is A quantized to qint8 per-channel-affine; 4 tensors added")
