@@ -23,6 +23,12 @@ Alignment (in this order; every step is reported, none is silent):
 5. Renames (``detect_renames``): a removed and an added tensor with the same dtype, shape and
    size whose bytes hash alike (BLAKE2b, streamed) are one tensor under a new name ("renamed").
    Only candidates of equal (dtype, shape) are ever read.
+6. Packed parameters: torch.ao's quantized Linear keeps ``X._packed_params._packed_params.0`` and
+   ``.1``, which a loader returns as ``X.weight`` and ``X.bias``: those names, where the other side
+   has them (`diff_align.unpack_keys`, applied right after the maps).
+7. Fused projections (`tensorscope.diff_fused`): a ``qkv_proj`` (``query_key_value``, ``Wqkv``
+   ...) that only one side has, against the split parts only the other side has, when the rows
+   add up: each part is compared with its rows of the fused tensor.
 
 Per aligned pair:
 
