@@ -281,7 +281,7 @@ class GroupChange:
     sq_a: float = 0.0
     sq_diff: float = 0.0
     params: int = 0           # elements of the group's tensors (B's, or A's when only A has it)
-    params_changed: int = 0   # ... of those whose values changed (verdict not identical/same values)
+    params_changed: int = 0   # ... of those whose values changed (`diff_verdict.value_changed`)
 
     @property
     def share_changed(self) -> float:

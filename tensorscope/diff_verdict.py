@@ -74,8 +74,8 @@ import numpy as np
 from . import dtypes, lowrank
 from .reader import PageReleaser, iter_flat_chunks
 
-__all__ = ["Verdict", "PairVerdict", "judge", "judge_all", "rank_candidate", "pair_verdict", "aligned_pieces", "KINDS",
-           "UNCHANGED_KINDS", "quant_steps", "STEP_TYPES"]
+__all__ = ["Verdict", "PairVerdict", "judge", "judge_all", "rank_candidate", "pair_verdict",
+           "aligned_pieces", "KINDS", "UNCHANGED_KINDS", "quant_steps", "STEP_TYPES"]
 
 KINDS = ("identical", "same_values", "quantized", "cast", "pruned", "scaled", "reinitialised",
          "unrelated", "low_rank", "changed", "within_tolerance", "added", "removed", "renamed",
@@ -629,7 +629,8 @@ def pair_verdict(entries: Sequence, *, values_compared: bool = True,
     if params and moved > 0.5 * params:
         pv.kind = "different"
         pv.text = "B and A are different models: " + ", ".join(
-            f"{len(es):,} tensor{'s' if len(es) != 1 else ''} {k}" for k, es in structural.items()) \
+            f"{len(es):,} tensor{'s' if len(es) != 1 else ''} {k}"
+            for k, es in structural.items()) \
             + f" ({_pct(moved / params)} of parameters)"
         return pv
     renamed = kinds.get("renamed", 0)

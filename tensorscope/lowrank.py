@@ -4,7 +4,8 @@ Two stages, so that a pair of full-rank changes (a fine-tune, where every tensor
 costs almost nothing and only a true candidate pays for a pass over its delta:
 
 1. `sample_rank`: the rank of ΔW restricted to a random submatrix of at most `SAMPLE_ROWS` rows
-   and `SAMPLE_ROWS` + 32 columns, gathered from the zero-copy views (a few pages per row). A submatrix
+   and `SAMPLE_ROWS` + 32 columns, gathered from the zero-copy views (a few pages per row).
+   A submatrix
    of a rank-r matrix has rank at most r, and for a generic rank-r update exactly r, so a
    full-rank sample rejects the tensor at once (the cost of a fine-tune's pair is ~0.1 ms).
 2. `sketch_rank`: the single-pass randomized SVD of Tropp, Yurtsever, Udell and Cevher (2017,
@@ -19,8 +20,8 @@ The rank r is stage 1's: the singular values of the sample that stand above its 
 rounding floor of B's dtype (a merge in bfloat16 adds rounding error of full rank: |e| ≤ u·|b|,
 u = 2^-p, so Σe² ≤ u²‖B‖² = F) — above what a random matrix of energy F reaches.
 
-No full SVD of a big matrix is ever taken: the SVDs are of the sample (≤ 160 × 192, as the eigenvalues of its Gram matrix) and of X
-(k × n, k ≤ ~170).
+No full SVD of a big matrix is ever taken: the decompositions are of the sample (at most
+160 x 192, as the eigenvalues of its Gram matrix) and of X (k x n, k <= ~150).
 """
 from __future__ import annotations
 

@@ -120,7 +120,8 @@ def _build_pairs(tmp_path_factory):
     sd = _sd(base)
     a = _save_st(sd, d / "base.safetensors")
     torch.save(sd, d / "base.pt")
-    out = {"bf16": (a, _save_st({k: v.to(torch.bfloat16) for k, v in sd.items()}, d / "bf16.safetensors")),
+    bf16 = {k: v.to(torch.bfloat16) for k, v in sd.items()}
+    out = {"bf16": (a, _save_st(bf16, d / "bf16.safetensors")),
            "half": (a, _save_st({k: v.half() for k, v in sd.items()}, d / "half.safetensors"))}
     out["lora4"] = (a, _save_st(_lora(base, 4, ("q_proj", "v_proj"), 1), d / "lora4.safetensors"))
     out["lora8"] = (a, _save_st(_lora(base, 8, ("q_proj", "v_proj"), 2), d / "lora8.safetensors"))
@@ -271,7 +272,8 @@ def test_quantized_within_a_step(pairs, case, scheme):
         assert q["max_error_steps"] <= (1.0625 if case == "q4_0" else 0.5625)
     others = {e.verdict.kind for e in r.entries if not _is_linear(e.name)}
     assert others == {"identical"}
-    assert r.verdict.kind == "quantized" and r.verdict.text.startswith(f"B is A quantized to {scheme}")
+    assert r.verdict.kind == "quantized"
+    assert r.verdict.text.startswith(f"B is A quantized to {scheme}")
 
 
 def test_a_fine_tune_then_quantized_is_not_within_a_step(pairs, tmp_path):
@@ -433,7 +435,8 @@ def test_fetch_budget_flag_lets_a_url_diff_read_its_tensors(pairs, capsys, monke
         size = os.path.getsize(b)
         assert main(["diff", a, url, "--fetch-budget", str(size // 4)]) == 2
         err = capsys.readouterr().err
-        assert "fetch budget" in err and "--fetch-budget" in err and len(err.strip().splitlines()) == 1
+        assert "fetch budget" in err and "--fetch-budget" in err
+        assert len(err.strip().splitlines()) == 1
         assert main(["diff", a, url, "--fetch-budget", str(2 * size), "--json"]) == 1
         doc = json.loads(capsys.readouterr().out)
         assert doc["verdict"]["kind"] == "low_rank"
@@ -573,4 +576,5 @@ def test_torch_ao_dynamic_per_channel_int8_aligned_and_quantized(tmp_path):
     assert kinds["0.weight"] == kinds["2.weight"] == "quantized"
     assert kinds["0.bias"] == kinds["2.bias"] == "identical"
     assert {k for n, k in kinds.items() if "scale" in n or "zero_point" in n} == {"added"}
-    assert r.verdict.text.startswith("B is A quantized to qint8 per-channel-affine; 4 tensors added")
+    assert r.verdict.text.startswith(
+        "B is A quantized to qint8 per-channel-affine; 4 tensors added")
