@@ -683,7 +683,8 @@ def pair_verdict(entries: Sequence, *, values_compared: bool = True,
                    "B and A are unrelated models")
         pv.text += f" ({_pct(unrelated / params)} of parameters uncorrelated, cosine ≈ 0)"
         return pv
-    parts = []
+    parts: list[str] = []
+    notes: list[str] = []   # after the share of parameters changed
     order = ("cast", "quantized", "low_rank", "pruned", "scaled", "reinitialised", "unrelated",
              "changed", "within_tolerance", "not_compared")
     for k in order:
@@ -707,8 +708,15 @@ def pair_verdict(entries: Sequence, *, values_compared: bool = True,
         elif k == "low_rank":
             ranks = sorted({e.verdict.evidence["rank"]["rank"] for e in es})
             r = f"rank-{ranks[0]}" if len(ranks) == 1 else f"rank-{ranks[0]}..{ranks[-1]}"
+            # the factors' size, r·(m + n) per matrix: what an adapter of this rank holds
+            factors = sum(e.verdict.evidence["rank"]["rank"] * (e.b.shape[0] + e.b.numel
+                                                                 // max(e.b.shape[0], 1))
+                          for e in es)
             parts.append(f"plus a {r} update on {where}{of_layers}")
+            if params:
+                notes.append(f"its factors hold {factors:,} parameters, {_pct(factors / params)}")
             pv.evidence["ranks"] = ranks
+            pv.evidence["factor_params"] = factors
         elif k == "pruned":
             sp = [e.verdict.evidence["sparsity"] for e in es]
             parts.append(f"pruned on {where}{of_layers} (sparsity {_pct(min(sp))}"
@@ -747,6 +755,7 @@ def pair_verdict(entries: Sequence, *, values_compared: bool = True,
         pv.text = (f"B is a fine-tune of A ({share}{rel})" if parts[0] == "fine-tuned"
                    else f"B is A {parts[0]} ({share}{rel})")
         return pv
+    share = "; ".join([share] + notes)
     if parts:
         pv.text = "B is A " + _join(parts) + (f"; {extra}" if extra else "") + f" ({share})"
     else:

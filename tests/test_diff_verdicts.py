@@ -225,6 +225,8 @@ def test_lora_merge_is_a_low_rank_update(pairs, case, rank, mods):
                                      f"{LAYERS} layers (")
     changed = sum(e.b.numel for e in low)
     assert r.verdict.params_changed == changed
+    # what the adapter held: r·(out + in) per adapted matrix
+    assert r.verdict.evidence["factor_params"] == sum(rank * sum(e.b.shape) for e in low)
     assert f"{100 * changed / r.verdict.params:.1f}% of parameters changed" in r.verdict.text
 
 
@@ -377,8 +379,9 @@ def test_tui_shows_the_pair_verdict_and_each_tensors(pairs):
             await settle(pilot)
             screen = app.screen
             assert isinstance(screen, DiffScreen)
-            top = static_text(screen, "#diff-summary")
-            assert top.splitlines()[0].startswith("B is A plus a rank-8 update on")
+            top = static_text(screen, "#diff-verdict")
+            assert top.startswith("B is A plus a rank-8 update on")
+            assert screen.query_one("#diff-verdict").size.height <= 2
             table = screen.query_one("#diff-table")
             rows = [[str(c) for c in table.get_row_at(r)] for r in range(table.row_count)]
             verdicts = {r[1]: r[3] for r in rows}

@@ -81,6 +81,11 @@ def bar(frac: float, width: int = BAR) -> str:
 class DiffScreen(Screen):
     """Aligned tensors of two models."""
 
+    # the pair's verdict: at most two lines at 80x24, so that the table keeps its rows
+    DEFAULT_CSS = """
+    #diff-verdict { height: auto; max-height: 2; padding: 0 1; text-style: bold; }
+    """
+
     BINDINGS = [
         Binding("c", "toggle_changed", "Changed only"),
         Binding("l", "toggle_layers", "Layers"),
@@ -107,6 +112,7 @@ class DiffScreen(Screen):
                      f"B {safe(basename(self.model_b.path))} ({self.model_b.format})")
         yield Static(title, id="titlebar")
         yield SafetyBanner(id="banner")
+        yield Static(id="diff-verdict")
         yield Static(Text("comparing…", style="dim italic"), id="diff-summary")
         yield DataTable(id="diff-table", cursor_type="row")
         with VerticalScroll(id="diff-details"):
@@ -157,10 +163,6 @@ class DiffScreen(Screen):
         r = self.result
         counts = dict(getattr(r, "counts", {}) or {})
         summary = Text()
-        pv = getattr(r, "verdict", None)
-        if pv is not None and pv.text:
-            summary.append(safe(pv.text), style="bold")
-            summary.append("\n")
         for status in ("same", "changed", "added", "removed", "renamed"):
             if counts.get(status):
                 summary.append(f"{counts[status]:,} {status}  ", style=STATUS_STYLES[status])
@@ -177,6 +179,9 @@ class DiffScreen(Screen):
         return summary
 
     def fill(self) -> None:
+        pv = getattr(self.result, "verdict", None)
+        self.query_one("#diff-verdict", Static).update(
+            Text(safe(pv.text)) if pv is not None and pv.text else "")
         self.query_one("#diff-summary", Static).update(self._summary())
         table = self.query_one("#diff-table", DataTable)
         table.clear()
