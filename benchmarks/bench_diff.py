@@ -4,6 +4,7 @@
     python benchmarks/bench_diff.py --runs 5 --formats safetensors
     python benchmarks/bench_diff.py --cases finetune many --baseline ../main   # issue 17 / 13 cases
     python benchmarks/bench_diff.py --cases finetune kernel    # the all-changed pair, CPU per pair
+    python benchmarks/bench_diff.py --cases verdicts           # what the verdicts add (issue 26)
 
 Cases (``--cases``, default all):
 
@@ -17,6 +18,11 @@ Cases (``--cases``, default all):
   the CPU has it, and its portable loop), each numpy call of the float16 pass timed
   on its own (the per-element cost breakdown), and ``diff_models`` on the fine-tune pair (wall, CPU
   of every thread, CPU per element pair);
+- ``verdicts``: what the verdicts (issue 26) add: ``diff --json`` against ``diff --json
+  --no-verdicts`` and the read-once floor, on the all-changed fine-tune pair (every pair a
+  low-rank candidate, rejected by the submatrix sample) and on a LoRA pair (A against A plus a
+  rank-16 update on q_proj and v_proj of all 48 layers, merged in float16: the sketch pass reads
+  those 96 deltas once more);
 - ``many``: a 100,000-tensor torch zip (``model.layers.L.mlp.experts.E.{gate,up,down}_proj.weight``,
   bfloat16 [4, 4]) against itself and against a copy where every 100th tensor changed; the peer
   loads both with ``torch.load(mmap=True)`` and runs ``torch.equal`` and max |a - b| per key.
@@ -189,6 +195,27 @@ def generate_finetune(cache: Path) -> tuple[Path, Path]:
     return a, b
 
 
+def generate_lora(cache: Path) -> tuple[Path, Path]:
+    """The fine-tune base and a LoRA merge of it: rank 16 on q_proj and v_proj of every layer."""
+    a, _ = generate_finetune(cache)
+    b = cache / "llama_lora16.pt"
+    if b.exists():
+        return a, b
+    import torch
+    print(f"generating the LoRA pair in {cache} (once) ...", file=sys.stderr)
+    sd = torch.load(a, mmap=True, weights_only=True)
+    g = torch.Generator().manual_seed(1)
+    out = {}
+    for k, v in sd.items():
+        if k.endswith(("q_proj.weight", "v_proj.weight")):
+            u = torch.randn(v.shape[0], 16, generator=g) * 0.01
+            w = torch.randn(16, v.shape[1], generator=g) * 0.01
+            v = (v.float() + u @ w).half()   # merged as peft's merge_and_unload does, then cast
+        out[k] = v
+    torch.save(out, b)
+    return a, b
+
+
 def generate_many(cache: Path) -> tuple[Path, Path]:
     """100,000 bf16 [4, 4] experts; B changes every 100th tensor."""
     a, b = cache / f"moe{MANY}_a.pt", cache / f"moe{MANY}_b.pt"
@@ -313,6 +340,17 @@ def issue_cases(args, py: str) -> list[tuple[str, dict]]:
         size = os.path.getsize(a) / 1e9
         out.append((f"fine-tune pair, 2 x {size:.2f} GB fp16, all 483 tensors differ",
                     bench_round(cmds, args.runs)))
+    if "verdicts" in args.cases:
+        floor_label = "read-once floor (cat A B)"
+        for label, (a, b) in (("fine-tune pair, all 483 tensors differ",
+                               generate_finetune(args.cache)),
+                              ("LoRA pair, rank 16 on q/v of 48 layers", generate_lora(args.cache))):
+            a, b = str(a), str(b)
+            cmds = {"tensorscope diff --json": (me + ["diff", a, b, "--json"], None),
+                    "tensorscope diff --json --no-verdicts":
+                        (me + ["diff", a, b, "--json", "--no-verdicts"], None),
+                    floor_label: (["sh", "-c", f"cat '{a}' '{b}' > /dev/null"], None)}
+            out.append((f"verdicts: {label}", bench_round(cmds, args.runs)))
     if "many" in args.cases:
         a, b = map(str, generate_many(args.cache))
         for case, other in (("identical (A A)", a), ("1,000 of 100,000 changed", b)):
@@ -331,13 +369,13 @@ def main(argv=None) -> int:
                     choices=["pt", "safetensors"])
     ap.add_argument("--cache", type=Path, default=CACHE)
     ap.add_argument("--cases", nargs="+", default=["pair", "finetune", "many"],
-                    choices=["pair", "finetune", "many", "kernel"])
+                    choices=["pair", "finetune", "many", "kernel", "verdicts"])
     ap.add_argument("--baseline", metavar="DIR",
                     help="also run `python -m tensorscope` from this checkout (before/after)")
     args = ap.parse_args(argv)
     py = sys.executable
     rows = []
-    if set(args.cases) & {"finetune", "many"}:
+    if set(args.cases) & {"finetune", "many", "verdicts"}:
         for label, res in issue_cases(args, py):
             print(f"\n{label}")
             ours = res["tensorscope diff --json"]

@@ -23,6 +23,12 @@ Alignment (in this order; every step is reported, none is silent):
 5. Renames (``detect_renames``): a removed and an added tensor with the same dtype, shape and
    size whose bytes hash alike (BLAKE2b, streamed) are one tensor under a new name ("renamed").
    Only candidates of equal (dtype, shape) are ever read.
+6. Packed parameters: torch.ao's quantized Linear keeps ``X._packed_params._packed_params.0`` and
+   ``.1``, which a loader returns as ``X.weight`` and ``X.bias``: those names, where the other side
+   has them (`diff_align.unpack_keys`, applied right after the maps).
+7. Fused projections (`tensorscope.diff_fused`): a ``qkv_proj`` (``query_key_value``, ``Wqkv``
+   ...) that only one side has, against the split parts only the other side has, when the rows
+   add up: each part is compared with its rows of the fused tensor.
 
 Per aligned pair:
 
@@ -103,7 +109,12 @@ Where it changed (`group_changes`): entries grouped by `tensorscope.grouping.lay
 the group's pairs (never a mean of ratios): ``rel_change`` = sqrt(Σ‖B−A‖²) / sqrt(Σ‖A‖²), ranked.
 Run the diff with ``norms=True`` so that identical tensors count in the denominators.
 
-Exit code: 0 when every tensor is "same" (after prefix stripping), 1 otherwise. Metadata
+Verdicts (`tensorscope.diff_verdict`): how each tensor of B relates to A's (identical, cast,
+quantized, pruned, low-rank update ...) and one sentence for the pair, each with its evidence.
+
+Exit code: 0 when every tensor is "same" (after prefix stripping), 1 otherwise; when the caller
+gave atol or rtol, a pair whose values are all within that tolerance is not a difference even
+when its dtypes differ (its verdict's ``rule`` says which test it met). Metadata
 differences (format names, versions, safetensors ``__metadata__``) are reported, never counted:
 ``model.metadata`` is flattened to dotted keys (``producer.version``); between two files of one
 format every key present on either side is compared, between two formats only the keys both have
@@ -114,42 +125,9 @@ Memory stays flat: values are read through zero-copy views piece by piece into r
 and pages of the memory maps that were compared are handed back to the kernel as the walk goes,
 so the resident set does not grow with the files (``benchmarks/bench_diff.py``).
 
-JSON schema (``DiffResult.to_dict()``; keys sorted by the CLI; non-finite floats as the strings
-``"inf"``, ``"-inf"``, ``"nan"``). ``tensorscope.diff/2`` (from /1: ``max_rel`` leaves out zeros of
-B, counted in ``zero_ref``; norms and ``rel_change``; ``per_save``; ``by``/``groups``)::
-
-    {
-      "schema": "tensorscope.diff/2",
-      "a_path": str, "b_path": str, "a_format": str, "b_format": str,
-      "prefix_a": str, "prefix_b": str,          # detected wrapper prefixes ("" when none)
-      "strip_prefix": [str], "maps": [[OLD, NEW]],
-      "atol": float, "rtol": float, "values_compared": bool,
-      "identical": bool, "exit_code": 0 | 1,
-      "counts": {"same": int, "changed": int, "added": int, "removed": int, "renamed": int},
-      "metadata": [{"key": str, "a": any | null, "b": any | null,   # null: key absent on that side
-                    "per_save": bool}],          # differs between any two saves (-v shows it)
-      "by": "layer" | "module",                  # CLI --by only
-      "groups": [{"key": str, "tensors": int, "changed": int, "compared": int, "unknown": int,
-                  "norm_a": float, "norm_diff": float, "rel_change": float | null}],  # ranked
-      "entries": [{                                # the CLI's --only-changed/--limit/--top filter
-                                                   # these (ranked); "counts" covers every tensor
-        "status": "same" | "changed" | "added" | "removed" | "renamed",
-        "name": str,                               # name_a, or name_b for added tensors
-        "name_a": str | null, "name_b": str | null,
-        "a": {"dtype": str, "shape": [int], "stride": [int], "nbytes": int} | null,
-        "b": {...same...} | null,
-        "changes": [str],                          # "dtype float32 -> bfloat16", "shape [2, 3] -> [3, 2]",
-                                                   # "stride [3, 1] -> [1, 2]", "values", "name x -> y"
-        "values": null | {
-          "numel": int, "identical_bytes": bool, "compared_as": "bytes" | "float64" | "complex128",
-          "max_abs": float | null, "max_rel": float | null, "zero_ref": int,
-          "mean_abs": float | null, "rms": float | null, "cosine": float | null,
-          "norm_a": float | null, "norm_b": float | null, "norm_diff": float | null,
-          "rel_change": float | null,
-          "mismatched": int | null, "nan_mismatch": int, "inf_mismatch": int
-        }
-      }]
-    }
+The JSON document and the result records live in `tensorscope.diff_result` (schema there);
+alignment by name in `tensorscope.diff_align`; fused projections in `tensorscope.diff_fused`;
+verdicts in `tensorscope.diff_verdict` and `tensorscope.lowrank`.
 """
 from __future__ import annotations
 
@@ -161,12 +139,17 @@ import mmap
 import os
 import threading
 from concurrent.futures import Future, ThreadPoolExecutor, wait
-from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator, Sequence
+from typing import Callable, Iterator, Sequence
 
 import numpy as np
 
-from . import dtypes
+from . import dtypes, lowrank
+from .diff_align import (PER_SAVE_KEYS, _keyed, _map, _metadata_diff, _strip_user, _tied,
+                         detect_prefixes, unpack_keys)
+from .diff_fused import fused_matches
+from .diff_result import (GROUP_BY, SCHEMA, STATUSES, DiffResult, GroupChange, TensorDiff,
+                          ValueDiff, group_changes, ranked, reason)
+from .diff_verdict import aligned_pieces, judge, judge_all, pair_verdict, rank_candidate
 from .errors import TensorscopeError
 from .model import ModelFile, TensorInfo, contiguous_stride
 from .native import optional_extension
@@ -176,8 +159,6 @@ __all__ = ["ValueDiff", "TensorDiff", "DiffResult", "GroupChange", "diff_models"
            "detect_prefixes", "group_changes", "ranked", "reason", "STATUSES", "SCHEMA", "GROUP_BY",
            "PER_SAVE_KEYS"]
 
-STATUSES = ("same", "changed", "added", "removed", "renamed")
-SCHEMA = "tensorscope.diff/2"
 
 # Kinds whose elements numpy can convert to float64 one by one.
 _NUMERIC_KINDS = ("float", "int", "uint", "bool", "complex")
@@ -196,343 +177,8 @@ PROBE_BYTES = 64 << 10    # the byte comparison looks at this many first bytes b
 
 
 # ------------------------------------------------------------------------------------------------
-# Result records
-# ------------------------------------------------------------------------------------------------
-
-def _num(x: float | None):
-    """A float for JSON: non-finite values become strings (JSON has no inf/nan)."""
-    if x is None:
-        return None
-    if math.isnan(x):
-        return "nan"
-    if math.isinf(x):
-        return "inf" if x > 0 else "-inf"
-    return x
-
-
-@dataclass(slots=True)
-class ValueDiff:
-    """How the values of one aligned pair differ (see the module docstring for each definition).
-
-    Attributes:
-        numel: elements compared.
-        identical_bytes: the stored bytes of both sides are equal (same dtype and shape only).
-        max_abs, mean_abs, rms: over positions where both sides are finite; 0.0 when the bytes are
-            identical; None for bytes-only dtypes or when no position is finite.
-        max_rel: max |a-b|/|b| over finite positions where b != 0 (None when there is none).
-        zero_ref: positions where b is exactly 0 and a is not (left out of ``max_rel``).
-        cosine: None when undefined (a zero side, nothing finite) or not computed (identical bytes
-            whose norms were not asked for).
-        norm_a, norm_b, norm_diff: the 2-norms of A, B and B - A over the finite positions (None
-            when not computed).
-        mismatched: positions outside ``atol + rtol*|b|`` as ``torch.isclose`` counts them (NaN and
-            Inf mismatches included); None for bytes-only dtypes whose bytes differ.
-        nan_mismatch: positions where either side is NaN.
-        inf_mismatch: positions with an Inf on either side (no NaN) whose values differ.
-        compared_as: ``"bytes"``, ``"float64"`` or ``"complex128"``.
-    """
-
-    numel: int
-    identical_bytes: bool
-    max_abs: float | None = None
-    max_rel: float | None = None
-    mean_abs: float | None = None
-    rms: float | None = None
-    cosine: float | None = None
-    mismatched: int | None = 0
-    nan_mismatch: int = 0
-    inf_mismatch: int = 0
-    compared_as: str = "bytes"
-    norm_a: float | None = None
-    norm_b: float | None = None
-    norm_diff: float | None = None
-    zero_ref: int = 0
-
-    @property
-    def differs(self) -> bool:
-        """True when the values are not the same within tolerance."""
-        if self.identical_bytes:
-            return False
-        return self.mismatched is None or self.mismatched > 0
-
-    @property
-    def rel_change(self) -> float | None:
-        """‖B − A‖₂ / ‖A‖₂: 0.0 when nothing changed, None when unknown or when A is all zero."""
-        if self.norm_diff == 0.0:
-            return 0.0
-        if self.norm_diff is None or not self.norm_a:
-            return None
-        return self.norm_diff / self.norm_a
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"numel": self.numel, "identical_bytes": self.identical_bytes,
-                "max_abs": _num(self.max_abs), "max_rel": _num(self.max_rel),
-                "zero_ref": self.zero_ref,
-                "mean_abs": _num(self.mean_abs), "rms": _num(self.rms), "cosine": _num(self.cosine),
-                "norm_a": _num(self.norm_a), "norm_b": _num(self.norm_b),
-                "norm_diff": _num(self.norm_diff), "rel_change": _num(self.rel_change),
-                "mismatched": self.mismatched, "nan_mismatch": self.nan_mismatch,
-                "inf_mismatch": self.inf_mismatch, "compared_as": self.compared_as}
-
-
-def _brief(t: TensorInfo | None) -> dict[str, Any] | None:
-    if t is None:
-        return None
-    return {"dtype": t.dtype, "shape": list(t.shape), "stride": list(t.stride), "nbytes": t.nbytes}
-
-
-@dataclass(slots=True)
-class TensorDiff:
-    """One tensor of A, of B, or of both, and how they differ.
-
-    ``status`` is one of `STATUSES`. ``changes`` lists every difference found, in words
-    (``"dtype float32 -> bfloat16"``, ``"shape (2, 3) -> (3, 2)"``, ``"stride ..."``, ``"values"``,
-    ``"name x -> y"``); a layout-only change ("stride") leaves the status "same".
-    """
-
-    status: str
-    name_a: str | None
-    name_b: str | None
-    a: TensorInfo | None
-    b: TensorInfo | None
-    changes: list[str] = field(default_factory=list)
-    values: ValueDiff | None = None
-
-    @property
-    def name(self) -> str:
-        """The name in A, or in B for an added tensor."""
-        return self.name_a if self.name_a is not None else self.name_b  # type: ignore[return-value]
-
-    @property
-    def structural(self) -> bool:
-        """Added, removed, renamed, or a dtype/shape change: what a loader would trip on."""
-        if self.status in ("added", "removed", "renamed"):
-            return True
-        return any(c.startswith(("dtype ", "shape ")) for c in self.changes)
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"status": self.status, "name": self.name, "name_a": self.name_a,
-                "name_b": self.name_b, "a": _brief(self.a), "b": _brief(self.b),
-                "changes": list(self.changes),
-                "values": None if self.values is None else self.values.to_dict()}
-
-
-@dataclass
-class DiffResult:
-    """Everything `diff_models` found. ``entries`` follow A's order; added tensors come last."""
-
-    a_path: str
-    b_path: str
-    a_format: str
-    b_format: str
-    entries: list[TensorDiff]
-    prefix_a: str = ""
-    prefix_b: str = ""
-    metadata: list[tuple[str, Any, Any]] = field(default_factory=list)
-    atol: float = 1e-8
-    rtol: float = 1e-5
-    values_compared: bool = True
-    strip_prefix: tuple[str, ...] = ()
-    maps: tuple[tuple[str, str], ...] = ()
-
-    @property
-    def counts(self) -> dict[str, int]:
-        out = dict.fromkeys(STATUSES, 0)
-        for e in self.entries:
-            out[e.status] += 1
-        return out
-
-    @property
-    def identical(self) -> bool:
-        """Every tensor is "same" (within tolerance, after the reported prefix stripping)."""
-        return all(e.status == "same" for e in self.entries)
-
-    @property
-    def exit_code(self) -> int:
-        return 0 if self.identical else 1
-
-    def to_dict(self, entries: bool = True) -> dict[str, Any]:
-        """The JSON document (module docstring); ``entries=False`` leaves the entries out, for a
-        writer that streams them."""
-        return {"schema": SCHEMA, "a_path": self.a_path, "b_path": self.b_path,
-                "a_format": self.a_format,
-                "b_format": self.b_format, "prefix_a": self.prefix_a, "prefix_b": self.prefix_b,
-                "strip_prefix": list(self.strip_prefix), "maps": [list(m) for m in self.maps],
-                "atol": self.atol, "rtol": self.rtol, "values_compared": self.values_compared,
-                "identical": self.identical, "exit_code": self.exit_code, "counts": self.counts,
-                "metadata": [{"key": k, "a": _jsonable(va), "b": _jsonable(vb),
-                              "per_save": k in PER_SAVE_KEYS}
-                             for k, va, vb in self.metadata],
-                "entries": [e.to_dict() for e in self.entries] if entries else None}
-
-
-def _jsonable(v):
-    if isinstance(v, dict):
-        return {str(k): _jsonable(x) for k, x in v.items()}
-    if isinstance(v, (list, tuple)):
-        return [_jsonable(x) for x in v]
-    if isinstance(v, float):
-        return _num(v)
-    if isinstance(v, (str, int, bool)) or v is None:
-        return v
-    return str(v)
-
-
-# ------------------------------------------------------------------------------------------------
-# Where the model changed: relative change per layer / module kind
-# ------------------------------------------------------------------------------------------------
-
-@dataclass
-class GroupChange:
-    """The tensors of one layer (``model.layers.3``) or one module kind (``self_attn.q_proj``).
-
-    Norms add as sums of squares over the group's compared pairs (never a mean of per-tensor
-    ratios): ``rel_change`` = sqrt(Σ‖B−A‖²) / sqrt(Σ‖A‖²). ``unknown`` counts pairs whose norms
-    were not computed (identical bytes without ``norms=True``, bytes-only dtypes, shape changes);
-    ``added``/``removed`` tensors count in ``tensors`` and ``changed`` only.
-    """
-
-    key: str
-    tensors: int = 0
-    changed: int = 0
-    unknown: int = 0
-    compared: int = 0
-    sq_a: float = 0.0
-    sq_diff: float = 0.0
-
-    @property
-    def norm_a(self) -> float:
-        return math.sqrt(self.sq_a)
-
-    @property
-    def norm_diff(self) -> float:
-        return math.sqrt(self.sq_diff)
-
-    @property
-    def rel_change(self) -> float | None:
-        """None when no pair of the group has known norms, or when ‖A‖ is 0 and B differs."""
-        if not self.compared:
-            return None
-        if self.sq_diff == 0.0:
-            return 0.0
-        return self.norm_diff / self.norm_a if self.sq_a > 0 else None
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"key": self.key, "tensors": self.tensors, "changed": self.changed,
-                "unknown": self.unknown, "compared": self.compared, "norm_a": _num(self.norm_a),
-                "norm_diff": _num(self.norm_diff), "rel_change": _num(self.rel_change)}
-
-
-GROUP_BY = ("layer", "module")
-
-
-def group_changes(entries: Sequence["TensorDiff"], by: str) -> list[GroupChange]:
-    """Aggregate entries per layer (``by="layer"``, `grouping.layer_key`) or per module kind
-    (``"module"``, `grouping.module_key`), ranked by relative change (largest first; groups whose
-    change is unknown last), ties in first-seen order."""
-    from . import grouping
-    keyf = {"layer": grouping.layer_key, "module": grouping.module_key}.get(by)
-    if keyf is None:
-        raise ValueError(f"group by one of {GROUP_BY}, not {by!r}")
-    groups: dict[str, GroupChange] = {}
-    for e in entries:
-        info = e.a if e.a is not None else e.b
-        key = keyf(e.name, info.path if info is not None and len(info.path) > 1 else ())
-        g = groups.get(key)
-        if g is None:
-            g = groups[key] = GroupChange(key)
-        g.tensors += 1
-        if e.status != "same":
-            g.changed += 1
-        v = e.values
-        if e.status in ("added", "removed"):
-            continue
-        if v is None or v.norm_a is None or v.norm_diff is None:
-            g.unknown += 1
-            continue
-        g.compared += 1
-        g.sq_a += v.norm_a * v.norm_a
-        g.sq_diff += v.norm_diff * v.norm_diff
-    order = sorted(enumerate(groups.values()),
-                   key=lambda ig: (ig[1].rel_change is None, -(ig[1].rel_change or 0.0), ig[0]))
-    return [g for _, g in order]
-
-
-def ranked(entries: Sequence["TensorDiff"]) -> list["TensorDiff"]:
-    """Largest change first: structural changes (added, removed, renamed, dtype, shape), then value
-    changes, then layout-only changes, then the rest; within each, by relative change
-    ‖B−A‖/‖A‖, then max_abs, both descending (NaN first); ties keep the model's order."""
-    def key(item):
-        i, e = item
-        if e.structural:
-            rank = 0
-        elif e.status == "changed":
-            rank = 1
-        elif e.changes:
-            rank = 2
-        else:
-            rank = 3
-        v = e.values
-        rel = v.rel_change if v is not None and v.rel_change is not None else -1.0
-        m = v.max_abs if v is not None and v.max_abs is not None else -1.0
-        return (rank, -(math.inf if rel != rel else rel), -(math.inf if m != m else m), i)
-    return [e for _, e in sorted(enumerate(entries), key=key)]
-
-
-def reason(e: "TensorDiff") -> str:
-    """Why a pair is listed as it is, in words, for every surface (CLI table, TUI):
-    ``"values: 12 of 4,096 outside tolerance; NaN 1"``, ``"dtype float32 -> bfloat16"``,
-    ``"identical"``, ``"within tolerance"``."""
-    if e.status == "added":
-        return f"only in B: {e.b.dtype} {list(e.b.shape)}"
-    if e.status == "removed":
-        return f"only in A: {e.a.dtype} {list(e.a.shape)}"
-    if e.status == "renamed":
-        return f"renamed to {e.name_b}"
-    parts = [c for c in e.changes if c != "values"]
-    v = e.values
-    if v is not None and "values" in e.changes:
-        if v.mismatched is None:
-            parts.append("stored bytes differ")
-        else:
-            parts.append(f"values: {v.mismatched:,} of {v.numel:,} outside tolerance")
-        if v.nan_mismatch:
-            parts.append(f"NaN on a side at {v.nan_mismatch:,}")
-        if v.inf_mismatch:
-            parts.append(f"Inf differs at {v.inf_mismatch:,}")
-    elif v is not None and v.identical_bytes:
-        parts.append("identical")
-    elif v is not None:
-        parts.append("within tolerance")
-    elif e.status == "same" and not parts:
-        parts.append("values not compared")
-    return "; ".join(parts)
-
-
-# ------------------------------------------------------------------------------------------------
 # Streaming comparison
 # ------------------------------------------------------------------------------------------------
-
-def _aligned(it_a: Iterator[np.ndarray], it_b: Iterator[np.ndarray]):
-    """Pair up two streams of 1-D pieces holding the same number of elements, piece sizes aside."""
-    pa = pb = None
-    ia = ib = 0
-    while True:
-        while pa is None or ia >= len(pa):
-            pa = next(it_a, None)
-            ia = 0
-            if pa is None:
-                return
-        while pb is None or ib >= len(pb):
-            pb = next(it_b, None)
-            ib = 0
-            if pb is None:
-                return
-        n = min(len(pa) - ia, len(pb) - ib)
-        yield pa[ia:ia + n], pb[ib:ib + n]
-        ia += n
-        ib += n
-
 
 def _numeric(t: TensorInfo) -> bool:
     s = dtypes.spec(t.dtype)
@@ -663,13 +309,15 @@ class _Walker:
         self.chunk_bytes = max(64, int(chunk_bytes))
         self.seen = 0
         self.want_norms = False  # also read identical tensors for their norms (grouped views)
+        self.sampling = False    # gather the rank test's submatrix of a differing pair (lanes)
+        self.sample = None
 
     def pieces(self, va, vb, ia: TensorInfo, ib: TensorInfo, chunk_bytes: int, skip: int = 0):
         """Aligned pieces of both views. Progress is reported as pieces are handed out, except for
         the first ``skip`` bytes (already reported by an earlier pass over the same pair);
         ``self.seen`` is the number of bytes handed out so far."""
         self.seen = 0
-        for pa, pb in _aligned(iter_flat_chunks(va, chunk_bytes), iter_flat_chunks(vb, chunk_bytes)):
+        for pa, pb in aligned_pieces(iter_flat_chunks(va, chunk_bytes), iter_flat_chunks(vb, chunk_bytes)):
             n = pa.nbytes + pb.nbytes
             if self.progress is not None and self.seen + n > skip:
                 self.progress(self.seen + n - max(self.seen, skip))
@@ -788,7 +436,7 @@ class _Walker:
         acc = _Accumulator(atol, rtol, elems, cplx)
         per_value = ta.nbytes / max(ta.numel, 1) + tb.nbytes / max(tb.numel, 1)
         done = reported = 0
-        for pa, pb in _aligned(it_a, it_b):
+        for pa, pb in aligned_pieces(it_a, it_b):
             acc.add(pa, pb)
             done += pa.size
             upto = int(done * per_value)
@@ -840,7 +488,8 @@ def _lanes() -> ThreadPoolExecutor:
     global _LANES
     with _POOL_LOCK:
         if _LANES is None:
-            _LANES = ThreadPoolExecutor(LANES, thread_name_prefix="tensorscope-pair")
+            _LANES = ThreadPoolExecutor(LANES, thread_name_prefix="tensorscope-pair",
+                                        initializer=_blas_single_thread)
         return _LANES
 
 
@@ -1283,6 +932,10 @@ def _compare(walker: _Walker, ma, ta, mb, tb, atol, rtol) -> ValueDiff | None:
             return walker.decoded(ma, ta, mb, tb, atol, rtol, skip=walker.seen)
         if not numeric:
             return ValueDiff(ta.numel, False, mismatched=None, compared_as="bytes")
+        if walker.sampling and rank_candidate(ta, tb):
+            # the rank test's submatrix now: the value pass then finds its pages in memory,
+            # instead of the verdict faulting them in again after the pass released them
+            walker.sample = lowrank.gather(va, vb)
         # The byte pass stopped at the first difference: report only what it did not reach.
         return walker.floats(va, vb, ta, tb, atol, rtol, skip=walker.seen)
     if decoded:
@@ -1290,119 +943,6 @@ def _compare(walker: _Walker, ma, ta, mb, tb, atol, rtol) -> ValueDiff | None:
     if not numeric:
         return None
     return walker.floats(ma.read(ta), mb.read(tb), ta, tb, atol, rtol)
-
-
-# ------------------------------------------------------------------------------------------------
-# Alignment
-# ------------------------------------------------------------------------------------------------
-
-def _strip_user(name: str, strip: Sequence[str]) -> str:
-    for p in strip:
-        if p and name.startswith(p):
-            name = name[len(p):]
-    return name
-
-
-def _map(name: str, maps: Sequence[tuple[str, str]]) -> str:
-    for old, new in maps:
-        if name.startswith(old):
-            name = new + name[len(old):]
-            break
-    return name
-
-
-def _common_prefixes(names: Sequence[str]) -> list[str]:
-    """Every dotted prefix shared by all ``names`` that leaves each name non-empty, shortest first."""
-    if not names:
-        return [""]
-    # The string prefix common to all names is the one common to the smallest and the largest.
-    common = os.path.commonprefix([min(names), max(names)])
-    dotted = common[: common.rfind(".") + 1]      # whole components only, the leaf excluded
-    parts = dotted.split(".")[:-1]
-    return ["".join(c + "." for c in parts[:i]) for i in range(len(parts) + 1)]
-
-
-def _strip(names: Sequence[str], prefix: str) -> set[str]:
-    n = len(prefix)
-    return {x[n:] for x in names} if n else set(names)
-
-
-def detect_prefixes(names_a: Sequence[str], names_b: Sequence[str],
-                    rewrite: Callable[[str], str] | None = None) -> tuple[str, str]:
-    """The wrapper prefixes to strip from A's and B's names ("" for none).
-
-    A prefix counts only when every name of its side carries it and stripping it matches strictly
-    more names; among equal matches the shortest prefixes win (no stripping when nothing gains).
-    ``rewrite`` (the ``maps``) is applied to the names after a prefix is stripped.
-    """
-    rw = rewrite or (lambda n: n)
-
-    def keys(names, prefix):
-        return {rw(x) for x in _strip(names, prefix)}
-
-    best = (len(keys(names_a, "") & keys(names_b, "")), 0, "", "")
-    if best[0] == min(len(set(names_a)), len(set(names_b))):
-        return "", ""  # every name already matches: no prefix can match more
-    kb_by_prefix = {pb: keys(names_b, pb) for pb in _common_prefixes(names_b)}
-    for pa in _common_prefixes(names_a):
-        ka = keys(names_a, pa)
-        for pb, kb in kb_by_prefix.items():
-            hits = len(ka & kb)
-            if hits > best[0]:
-                best = (hits, len(pa) + len(pb), pa, pb)
-    return best[2], best[3]
-
-
-def _keyed(tensors: Sequence[TensorInfo], strip, maps, prefix: str) -> dict[str, TensorInfo]:
-    out: dict[str, TensorInfo] = {}
-    for t in tensors:
-        key = _strip_user(t.name, strip)
-        if prefix and key.startswith(prefix):
-            key = key[len(prefix):]
-        key = _map(key, maps)
-        if key in out:  # two names collapsed into one key: keep the later one under its own name
-            key = t.name
-        out.setdefault(key, t)
-    return out
-
-
-# ------------------------------------------------------------------------------------------------
-# Metadata
-# ------------------------------------------------------------------------------------------------
-
-_MISSING = object()
-
-
-def _flatten(d: Any, prefix: str = "") -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    if isinstance(d, dict):
-        for k, v in d.items():
-            key = f"{prefix}.{k}" if prefix else str(k)
-            if isinstance(v, dict) and v:
-                out.update(_flatten(v, key))
-            else:
-                out[key] = v
-    return out
-
-
-# Metadata that differs between any two saves of one model (torch writes a fresh serialization id
-# and names the archive folder after the file): shown only on request (``-v``).
-PER_SAVE_KEYS = frozenset({"serialization_id", "archive_prefix"})
-
-
-def _metadata_diff(ma: ModelFile, mb: ModelFile) -> list[tuple[str, Any, Any]]:
-    rows: list[tuple[str, Any, Any]] = []
-    if ma.format != mb.format:
-        rows.append(("format", ma.format, mb.format))
-    fa, fb = _flatten(dict(ma.metadata or {})), _flatten(dict(mb.metadata or {}))
-    # Keys of two different formats mostly describe different things (an ONNX opset, a safetensors
-    # header length): across formats only the keys both sides have are compared.
-    keys = set(fa) | set(fb) if ma.format == mb.format else set(fa) & set(fb)
-    for key in sorted(keys):
-        va, vb = fa.get(key, _MISSING), fb.get(key, _MISSING)
-        if va is _MISSING or vb is _MISSING or va != vb:
-            rows.append((key, None if va is _MISSING else va, None if vb is _MISSING else vb))
-    return rows
 
 
 # ------------------------------------------------------------------------------------------------
@@ -1483,17 +1023,21 @@ def _pair(ma, ta, mb, tb, walker: _Walker, values: bool, atol, rtol) -> TensorDi
     return TensorDiff("changed" if structural else "same", ta.name, tb.name, ta, tb, changes, vd)
 
 
-def diff_models(a, b, *, atol: float = 1e-8, rtol: float = 1e-5, values: bool = True,
+def diff_models(a, b, *, atol: float | None = None, rtol: float | None = None,
+                values: bool = True,
                 strip_prefix: Sequence[str] = (), maps: Sequence[tuple[str, str]] = (),
                 detect_prefix: bool = True, detect_renames: bool = True,
                 progress: Callable[[int], None] | None = None,
-                chunk_bytes: int = 16 << 20, norms: bool = False) -> DiffResult:
+                chunk_bytes: int = 16 << 20, norms: bool = False,
+                verdicts: bool = True) -> DiffResult:
     """Compare two models tensor by tensor.
 
     Args:
         a, b: paths (opened with `tensorscope.open` and closed before returning) or open
             `ModelFile` objects (left open).
-        atol, rtol: tolerance as in ``torch.isclose``: mismatch when |a-b| > atol + rtol*|b|.
+        atol, rtol: tolerance as in ``torch.isclose``: mismatch when |a-b| > atol + rtol*|b|
+            (defaults 1e-8 and 1e-5). When either is given, a pair within tolerance does not
+            count as a difference for the exit code, even across dtypes.
         values: compare values (False: dtype/shape/layout only, no tensor byte is read and no
             rename is looked for).
         strip_prefix: prefixes removed from the names of both sides before aligning.
@@ -1505,6 +1049,8 @@ def diff_models(a, b, *, atol: float = 1e-8, rtol: float = 1e-5, values: bool = 
         chunk_bytes: stored bytes compared per step (peak memory is a small multiple of it).
         norms: also read tensors whose bytes are identical for their 2-norms, so that grouped
             relative changes (`group_changes`) have every tensor in their denominators.
+        verdicts: say how each tensor of B relates to A's and sum it up for the pair
+            (`tensorscope.diff_verdict`; an extra pass only over changed pairs that need one).
 
     Returns:
         The `DiffResult`.
@@ -1517,6 +1063,9 @@ def diff_models(a, b, *, atol: float = 1e-8, rtol: float = 1e-5, values: bool = 
         >>> r = diff_models("old.pt", "new.safetensors", atol=1e-6)   # doctest: +SKIP
         >>> r.counts, r.exit_code                                      # doctest: +SKIP
     """
+    tolerance_given = atol is not None or rtol is not None
+    atol = 1e-8 if atol is None else atol
+    rtol = 1e-5 if rtol is None else rtol
     for label, tol in (("atol", atol), ("rtol", rtol)):
         if not tol >= 0:  # also rejects NaN; torch.isclose refuses negative tolerances too
             raise TensorscopeError(f"{label} must be a number >= 0, got {tol}")
@@ -1529,7 +1078,7 @@ def diff_models(a, b, *, atol: float = 1e-8, rtol: float = 1e-5, values: bool = 
         return _diff(ma, mb, atol=atol, rtol=rtol, values=values, strip=tuple(strip_prefix),
                      maps=tuple((str(o), str(n)) for o, n in maps), detect_prefix=detect_prefix,
                      detect_renames=detect_renames, progress=progress, chunk_bytes=chunk_bytes,
-                     norms=norms)
+                     norms=norms, verdicts=verdicts, tolerance_given=tolerance_given)
     finally:
         if gc_was:
             gc.enable()
@@ -1551,13 +1100,21 @@ def _large(ta: TensorInfo, tb: TensorInfo) -> bool:
     return ta.nbytes >= SMALL_BYTES or tb.nbytes >= SMALL_BYTES
 
 
-def _lane_pair(ma, ta, mb, tb, walker: _Walker, atol, rtol, nxt) -> TensorDiff:
+def _lane_pair(ma, ta, mb, tb, walker: _Walker, atol, rtol, nxt, judged) -> TensorDiff:
     """`_pair` in a lane, which first asks the kernel to read ahead the start of the next large
-    pair (``nxt``, or None), so that its pages come in while this one is compared."""
+    pair (``nxt``, or None), so that its pages come in while this one is compared; then, when
+    ``judged`` is (True, tolerance_given), its verdict, in the lane too (a candidate's extra
+    pass runs beside the other lane's comparison, with this thread's BLAS on one core)."""
     if nxt is not None and nxt[0].nbytes >= RELEASE_BYTES:
         walker.rel_a.prefetch_tensor(nxt[0])
         walker.rel_b.prefetch_tensor(nxt[1])
-    return _pair(ma, ta, mb, tb, walker, True, atol, rtol)
+    walker.sampling = judged[0]
+    e = _pair(ma, ta, mb, tb, walker, True, atol, rtol)
+    e.sample, walker.sample = walker.sample, None
+    if judged[0]:
+        e.verdict = judge(e, ma, mb, tolerance_given=judged[1])
+    e.sample = None
+    return e
 
 
 def _serialised(progress: Callable[[int], None] | None) -> Callable[[int], None] | None:
@@ -1572,23 +1129,6 @@ def _serialised(progress: Callable[[int], None] | None) -> Callable[[int], None]
     return advance
 
 
-def _tied(mine: dict[str, TensorInfo], other: dict[str, TensorInfo]) -> dict[str, TensorInfo]:
-    """Names only ``mine`` has whose bytes are exactly those of another of its tensors that
-    ``other`` has too: name -> that tensor in ``other``."""
-    groups: dict[tuple, list[str]] = {}
-    for key, t in mine.items():
-        if t.byte_offset is not None and t.numel and not t.chunks:
-            groups.setdefault((t.file, t.byte_offset, t.dtype, t.shape, t.stride), []).append(key)
-    out: dict[str, TensorInfo] = {}
-    for keys in groups.values():
-        shared = [k for k in keys if k in other]
-        if len(keys) > 1 and shared:
-            for k in keys:
-                if k not in other:
-                    out[mine[k].name] = other[shared[0]]
-    return out
-
-
 def _tied_pair(ma, ta, mb, tb, walker, values, atol, rtol, side: str) -> TensorDiff:
     e = _pair(ma, ta, mb, tb, walker, values, atol, rtol)
     kept = tb.name if side == "B" else ta.name
@@ -1597,7 +1137,8 @@ def _tied_pair(ma, ta, mb, tb, walker, values, atol, rtol, side: str) -> TensorD
 
 
 def _diff(ma: ModelFile, mb: ModelFile, *, atol, rtol, values, strip, maps, detect_prefix,
-          detect_renames, progress, chunk_bytes, norms=False) -> DiffResult:
+          detect_renames, progress, chunk_bytes, norms=False, verdicts=False,
+          tolerance_given=False) -> DiffResult:
     names_a = [_strip_user(t.name, strip) for t in ma.tensors]
     names_b = [_strip_user(t.name, strip) for t in mb.tensors]
     pa, pb = ("", "")
@@ -1605,6 +1146,7 @@ def _diff(ma: ModelFile, mb: ModelFile, *, atol, rtol, values, strip, maps, dete
         pa, pb = detect_prefixes(names_a, names_b, (lambda n: _map(n, maps)) if maps else None)
     ka = _keyed(ma.tensors, strip, maps, pa)
     kb = _keyed(mb.tensors, strip, maps, pb)
+    ka, kb = unpack_keys(ka, kb), unpack_keys(kb, ka)   # torch.ao's packed Linear parameters
 
     rel_a, rel_b = _Pages(ma), _Pages(mb)
     progress = _serialised(progress)   # the lanes and the pool report too
@@ -1621,6 +1163,17 @@ def _diff(ma: ModelFile, mb: ModelFile, *, atol, rtol, values, strip, maps, dete
         for ta, tb in _find_renames(ma, mb, removed, added, rel_a, rel_b, chunk_bytes, progress):
             renamed[ta.name] = tb
     renamed_b = {t.name for t in renamed.values()}
+    # a fused projection on one side, its split parts on the other (`diff_fused`)
+    only_a = {k: t for k, t in ka.items() if k not in kb and t.name not in tied_a
+              and t.name not in renamed}
+    only_b = {k: t for k, t in kb.items() if k not in ka and t.name not in tied_b
+              and t.name not in renamed_b}
+    fused_a = {t.name: pairs for t, pairs in fused_matches(only_a, only_b, ma, mb)} \
+        if only_a and only_b else {}
+    fused_b = {t.name: pairs for t, pairs in fused_matches(only_b, only_a, mb, ma)} \
+        if only_a and only_b else {}
+    parts_b = {p.name for pairs in fused_a.values() for _, p in pairs}   # B's split parts
+    parts_a = {p.name for pairs in fused_b.values() for _, p in pairs}   # A's split parts
 
     pending = list(ka.items())
     large = [(ta, kb[key]) for key, ta in pending if key in kb and _large(ta, kb[key])]
@@ -1634,13 +1187,20 @@ def _diff(ma: ModelFile, mb: ModelFile, *, atol, rtol, values, strip, maps, dete
             lane_walker = _Walker(rel_a, rel_b, progress, chunk_bytes)
             lane_walker.want_norms = norms
             lanes.append(_lanes().submit(_lane_pair, ma, ta, mb, tb, lane_walker, atol, rtol,
-                                         following.get(ta.name)))
+                                         following.get(ta.name), (verdicts, tolerance_given)))
             entries.append(lanes[-1])
         elif tb is not None:
             entries.append(_pair(ma, ta, mb, tb, walker, values, atol, rtol))
         elif ta.name in tied_a:
             entries.append(_tied_pair(ma, ta, mb, tied_a[ta.name], walker, values, atol, rtol,
                                       "B"))
+        elif ta.name in fused_a:
+            for rows, part in fused_a[ta.name]:
+                e = _pair(ma, rows, mb, part, walker, values, atol, rtol)
+                e.changes.append(f"fused: rows of A's {ta.name} are B's {part.name}")
+                entries.append(e)
+        elif ta.name in parts_a:
+            continue   # compared with its rows of B's fused tensor, below
         elif ta.name in renamed:
             tb = renamed[ta.name]
             entries.append(TensorDiff("renamed", ta.name, tb.name, ta, tb,
@@ -1649,6 +1209,14 @@ def _diff(ma: ModelFile, mb: ModelFile, *, atol, rtol, values, strip, maps, dete
         else:
             entries.append(TensorDiff("removed", ta.name, None, ta, None))
     for key, tb in kb.items():
+        if key not in ka and tb.name in fused_b:
+            for part, rows in ((p, r) for r, p in fused_b[tb.name]):
+                e = _pair(ma, part, mb, rows, walker, values, atol, rtol)
+                e.changes.append(f"fused: A's {part.name} is rows of B's {tb.name}")
+                entries.append(e)
+            continue
+        if key not in ka and tb.name in parts_b:
+            continue
         if key not in ka and tb.name in tied_b:
             e = _tied_pair(ma, tied_b[tb.name], mb, tb, walker, values, atol, rtol, "A")
             e.name_a = None     # listed under B's name: A stores it once under the other
@@ -1665,7 +1233,13 @@ def _diff(ma: ModelFile, mb: ModelFile, *, atol, rtol, values, strip, maps, dete
         raise
     rel_a.flush()
     rel_b.flush()
-    return DiffResult(a_path=ma.path, b_path=mb.path, a_format=ma.format, b_format=mb.format,
-                      entries=entries, prefix_a=pa, prefix_b=pb, metadata=_metadata_diff(ma, mb),
-                      atol=float(atol), rtol=float(rtol), values_compared=bool(values),
-                      strip_prefix=tuple(strip), maps=tuple(maps))
+    result = DiffResult(a_path=ma.path, b_path=mb.path, a_format=ma.format, b_format=mb.format,
+                        entries=entries, prefix_a=pa, prefix_b=pb,
+                        metadata=_metadata_diff(ma, mb), atol=float(atol), rtol=float(rtol),
+                        values_compared=bool(values), strip_prefix=tuple(strip),
+                        maps=tuple(maps), tolerance_given=bool(tolerance_given))
+    if verdicts:
+        judge_all(entries, ma, mb, tolerance_given=tolerance_given)
+        result.verdict = pair_verdict(entries, values_compared=bool(values),
+                                      formats=(ma.format, mb.format))
+    return result

@@ -364,13 +364,13 @@ def test_to_dict_is_json_with_non_finite_as_strings(tmp_path):
     d = diff_models(ma, mb).to_dict()
     text = json.dumps(d, allow_nan=False, sort_keys=True)  # strict JSON
     v = d["entries"][0]["values"]
-    assert d["schema"] == SCHEMA == "tensorscope.diff/2"
+    assert d["schema"] == SCHEMA == "tensorscope.diff/3"
     assert (v["max_abs"], v["zero_ref"], v["max_rel"]) == ("inf", 1, "inf")  # 2e308 overflows
     assert set(d) == {"schema", "a_path", "b_path", "a_format", "b_format", "prefix_a", "prefix_b",
                       "strip_prefix", "maps", "atol", "rtol", "values_compared", "identical",
-                      "exit_code", "counts", "metadata", "entries"}
+                      "exit_code", "counts", "metadata", "entries", "tolerance_given", "verdict"}
     assert set(d["entries"][0]) == {"status", "name", "name_a", "name_b", "a", "b", "changes",
-                                    "values"}
+                                    "values", "verdict"}
     assert json.loads(text)["exit_code"] == 1
 
 

@@ -403,7 +403,7 @@ def test_cli_by_layer_top_json(tmp_path, capsys):
     code, out, _ = _cli(capsys, tmp_path / "a.safetensors", tmp_path / "b.safetensors",
                         "--by", "layer", "--top", "2", "--json")
     doc = json.loads(out)
-    assert code == 1 and doc["schema"] == "tensorscope.diff/2" and doc["by"] == "layer"
+    assert code == 1 and doc["schema"] == "tensorscope.diff/3" and doc["by"] == "layer"
     assert [g["key"] for g in doc["groups"]][:1] == ["model.layers.1"] and len(doc["groups"]) == 2
     assert len(doc["entries"]) == 2 and all(e["status"] == "changed" for e in doc["entries"])
     rel = [e["values"]["rel_change"] for e in doc["entries"]]

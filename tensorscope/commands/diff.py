@@ -25,13 +25,23 @@ memory-compare speed; otherwise max/mean abs difference, max relative difference
 the count of elements outside atol + rtol*|b|, as torch.isclose counts them). Memory stays flat
 whatever the file sizes. Nothing in the files is executed.
 
+How is B related to A? Every tensor gets a verdict with its evidence (identical; the same
+values in another dtype; A cast to B's dtype, saying which rounding; quantized within a step of
+B's scheme; pruned, with the new sparsity; a low-rank update, with its rank; scaled;
+re-initialised; unrelated; changed), and the pair one sentence: "B is A cast to bfloat16", "B is
+A plus a rank-8 update on self_attn.q_proj and self_attn.v_proj of all 32 layers", "B and A are
+unrelated models of the same architecture", with the share of parameters changed.
+
 Where did the model change? Each pair also gets its relative change ||B-A||/||A||; --by layer or
 --by module adds those up per layer (model.layers.3) or per module kind (self_attn.q_proj) as
-sums of squares, ranked, and --top N keeps the N largest.
+sums of squares, with the share of parameters changed, ranked; --top N keeps the N largest
+changed groups.
 
 Exit status: 0 when every tensor is the same within tolerance, 1 when anything differs
-(changed, added, removed, renamed), 2 on error. Metadata differences are shown, not counted;
-per-save ones (torch's serialization id and archive name) only with -v.
+(changed, added, removed, renamed), 2 on error. With --atol or --rtol given, a tensor whose
+values are all within that tolerance is "same within tolerance" even when its dtype changed.
+Metadata differences are shown, not counted; per-save ones (torch's serialization id and archive
+name) only with -v.
 
 Example:
   tensorscope diff old.pt new.pt
@@ -40,6 +50,8 @@ Example:
   tensorscope diff a.pt b.pt --map encoder.=model.encoder. --strip-prefix backbone.
   tensorscope diff a.onnx b.onnx --no-values --json
   tensorscope diff base.safetensors finetune.safetensors --by layer --top 10
+  tensorscope diff model.safetensors model-bf16.safetensors --rtol 0.004
+  tensorscope diff https://host/model.safetensors local.safetensors --fetch-budget 4G
 """
 
 
@@ -53,17 +65,56 @@ def _map_arg(text: str) -> tuple[str, str]:
     return old, new
 
 
+def _tolerance(label: str):
+    def parse(text: str) -> float:
+        try:
+            x = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{label} must be a number >= 0 such as 1e-6, "
+                                             f"got {text!r}")
+        if not x >= 0:   # also NaN
+            raise argparse.ArgumentTypeError(f"{label} must be a number >= 0, got {x}")
+        return x
+    return parse
+
+
+def _budget(text: str) -> int:
+    from ..remote import parse_budget
+    try:
+        return parse_budget(text)
+    except Exception:   # noqa: BLE001 - its message names the environment variable
+        raise argparse.ArgumentTypeError(f"expected bytes like 512M or 4G, got {text!r}")
+
+
+def _one_line_errors(p) -> None:
+    """A usage error of diff's own arguments is one line naming the argument, and a hint: not a
+    usage block before the line that matters."""
+    import sys
+
+    def error(message: str):
+        print(f"{p.prog}: error: {message} (see {p.prog} --help)", file=sys.stderr)
+        raise SystemExit(2)
+    p.error = error
+
+
 def add_arguments(p):
+    _one_line_errors(p)
     p.add_argument("a", help="first model (file or folder)")
     p.add_argument("b", help="second model (file or folder)")
-    p.add_argument("--atol", type=float, default=1e-8, metavar="X",
-                   help="absolute tolerance (default 1e-8, as torch.allclose)")
-    p.add_argument("--rtol", type=float, default=1e-5, metavar="Y",
-                   help="relative tolerance (default 1e-5, as torch.allclose)")
+    p.add_argument("--atol", type=_tolerance("atol"), default=None, metavar="X",
+                   help="absolute tolerance (default 1e-8, as torch.allclose); when given, "
+                        "tensors within tolerance do not count as differences, even across dtypes")
+    p.add_argument("--rtol", type=_tolerance("rtol"), default=None, metavar="Y",
+                   help="relative tolerance (default 1e-5, as torch.allclose); as --atol")
+    p.add_argument("--fetch-budget", type=_budget, default=None, metavar="BYTES",
+                   help="most bytes to fetch per remote file (512M, 4G; default 1G, or "
+                        "TENSORSCOPE_FETCH_BUDGET): a diff of a URL reads all of its tensors")
     p.add_argument("--only-changed", action="store_true",
                    help="leave out tensors that are the same (in the table and the JSON entries)")
     p.add_argument("--no-values", action="store_true",
                    help="compare names, dtypes, shapes and layout only; read no tensor bytes")
+    p.add_argument("--no-verdicts", action="store_true",
+                   help="the statistics only: no verdicts (no extra pass over any tensor)")
     p.add_argument("--json", action="store_true", help="machine-readable output (schema in README)")
     p.add_argument("--strip-prefix", metavar="P", action="append", default=[],
                    help="remove this prefix from names on both sides before aligning (repeatable)")
@@ -101,10 +152,14 @@ def _positive(text: str) -> int:
 
 
 def run(args) -> int:
+    from ..remote import FetchBudgetExceeded
     gc_was = gc.isenabled()
     gc.disable()  # 100,000 records without cycles: collections would cost more than the diff
     try:
         return _run(args)
+    except FetchBudgetExceeded as e:   # a diff reads every tensor: say how to allow it here
+        raise FetchBudgetExceeded(e.url, f"{e.reason}; a diff reads all of its tensors: "
+                                         f"--fetch-budget 4G allows more") from None
     finally:
         if gc_was:
             gc.enable()
@@ -113,6 +168,8 @@ def run(args) -> int:
 def _run(args) -> int:
     # the records only: no object trees, no per-call evidence (~1 KB less per torch tensor)
     with contextlib.ExitStack() as stack:
+        if getattr(args, "fetch_budget", None) is not None:
+            stack.enter_context(_fetch_budget(args.fetch_budget))
         with opening(f"{shown_text(args.a)} and {shown_text(args.b)}"):
             ma = stack.enter_context(open_model(args.a, listing=True))
             mb = stack.enter_context(open_model(args.b, listing=True))
@@ -123,7 +180,8 @@ def _run(args) -> int:
                                  strip_prefix=args.strip_prefix, maps=args.map,
                                  detect_prefix=not args.no_detect_prefix,
                                  detect_renames=not args.no_renames, progress=advance,
-                                 norms=bool(args.by))
+                                 norms=bool(args.by),
+                                 verdicts=not getattr(args, "no_verdicts", False))
     from ..diffing import group_changes
     groups = group_changes(result.entries, args.by) if args.by else None
     entries = ordered(result.entries)
@@ -131,8 +189,8 @@ def _run(args) -> int:
         entries = [e for e in entries if e.status != "same" or e.changes]
     limit = args.top or args.limit
     shown = entries[:limit] if limit else entries
-    if groups is not None and args.top:
-        groups = groups[:args.top]
+    if groups is not None and args.top:   # the N largest CHANGES: unchanged groups fill no slot
+        groups = [g for g in groups if g.changed or g.params_changed][:args.top]
     if args.json:
         _emit_json(result, shown, groups, args.by)
     else:
@@ -176,6 +234,23 @@ def _emit_json(result: DiffResult, shown: list[TensorDiff], groups, by) -> None:
     out.write("}\n")
 
 
+@contextlib.contextmanager
+def _fetch_budget(nbytes: int):
+    """--fetch-budget: the remote reader's budget for this command (the library reads it from
+    the environment when a source is opened; the CLI tunes itself, and puts it back)."""
+    import os
+    key = "TENSORSCOPE_FETCH_BUDGET"
+    old = os.environ.get(key)
+    os.environ[key] = str(int(nbytes))
+    try:
+        yield
+    finally:
+        if old is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = old
+
+
 def ordered(entries: list[TensorDiff]) -> list[TensorDiff]:
     """Largest change first (`tensorscope.diffing.ranked`)."""
     from ..diffing import ranked
@@ -207,9 +282,17 @@ def _print_human(result: DiffResult, shown: list[TensorDiff], total_rows: int, g
         note = f"   [yellow]wrapper prefix {markup(repr(prefix))} stripped[/]" if prefix else ""
         console.print(f"[bold]{side}[/] {markup(path)} ({markup(fmt)}){note}")
     c = result.counts
-    verdict = "[green]same[/]" if result.identical else "[red]different[/]"
-    console.print(f"{verdict}: {c['same']:,} same, {c['changed']:,} changed, {c['added']:,} added, "
-                  f"{c['removed']:,} removed, {c['renamed']:,} renamed"
+    pv = result.verdict
+    if pv is not None and pv.text:
+        console.print(f"[bold]verdict[/] {markup(pv.text)}")
+    verdict = "[green]same[/]" if result.exit_code == 0 else "[red]different[/]"
+    within = sum(1 for e in result.entries if e.status != "same" and e.verdict is not None
+                 and not e.verdict.differs)
+    share = (f"; {_pct(pv.share_changed)} of {pv.params:,} parameters changed"
+             if pv is not None and pv.params else "")
+    console.print(f"{verdict}: {c['same']:,} same, {c['changed']:,} changed"
+                  f"{f' ({within:,} within tolerance)' if within else ''}, {c['added']:,} added, "
+                  f"{c['removed']:,} removed, {c['renamed']:,} renamed{share}"
                   f"   (atol {result.atol:g}, rtol {result.rtol:g}"
                   f"{'' if result.values_compared else ', values not compared'})")
     if groups is not None:
@@ -220,12 +303,13 @@ def _print_human(result: DiffResult, shown: list[TensorDiff], total_rows: int, g
         table = Table(box=None, header_style="bold", pad_edge=False)
         table.add_column("status")
         table.add_column("name", overflow="fold")
+        table.add_column("verdict", overflow="fold")
         table.add_column("change", overflow="fold")
         for col in ("rel_change", "max_abs", "max_rel", "cosine"):
             table.add_column(col, justify="right")
         for e in shown:
             table.add_row(f"[{_STYLE[e.status]}]{e.status}[/]", markup(e.name),
-                          markup(reason(e)), *_stats(e))
+                          markup(_verdict(e)), markup(reason(e)), *_stats(e))
         console.print(table)
     if hidden_same:
         console.print(f"{hidden_same:,} tensors the same, not listed (--all lists every tensor)")
@@ -251,12 +335,23 @@ def _print_human(result: DiffResult, shown: list[TensorDiff], total_rows: int, g
 PLAIN_ROWS = 500  # above this, rows are written as plain aligned lines as they come (no table)
 
 
+def _verdict(e: TensorDiff) -> str:
+    return e.verdict.text if e.verdict is not None else ""
+
+
+def _pct(x: float) -> str:
+    p = 100 * x
+    return f"{p:.1f}%" if p == 0 or p >= 1 else f"{p:.2g}%"
+
+
 def _stats(e: TensorDiff) -> list[str]:
     v = e.values
     if v is None:
         return ["-"] * 4
     if v.identical_bytes:
-        return ["0", "0", "0", _g(v.cosine, 6) if v.cosine is not None else "-"]
+        # identical values have cosine 1 whether or not their norms were read (--by reads them),
+        # unless a side is known to be all zeros (then it is undefined)
+        return ["0", "0", "0", "-" if v.norm_a == 0 else "1"]
     return [_g(v.rel_change), _g(v.max_abs), _g(v.max_rel), _g(v.cosine, 6)]
 
 
@@ -268,10 +363,11 @@ def _print_plain(shown: list[TensorDiff]) -> None:
     out = sys.stdout
     width = max(len(shown_text(e.name)) for e in shown[:2000])
     out.write(f"{'status':8} {'name':{width}} {'rel_change':>10} {'max_abs':>10} {'max_rel':>10} "
-              f"{'cosine':>10}  change\n")
+              f"{'cosine':>10}  verdict; change\n")
     for e in shown:
         out.write(f"{e.status:8} {shown_text(e.name):{width}} "
-                  + " ".join(f"{x:>10}" for x in _stats(e)) + f"  {shown_text(reason(e))}\n")
+                  + " ".join(f"{x:>10}" for x in _stats(e))
+                  + f"  {shown_text(_verdict(e))}; {shown_text(reason(e))}\n")
 
 
 def _print_groups(console, groups, by: str) -> None:
@@ -282,6 +378,7 @@ def _print_groups(console, groups, by: str) -> None:
     table.add_column(by, overflow="fold")
     table.add_column("tensors", justify="right")
     table.add_column("changed", justify="right")
+    table.add_column("params changed", justify="right")
     table.add_column("||A||", justify="right")
     table.add_column("||B-A||", justify="right")
     table.add_column("rel_change", justify="right")
@@ -289,7 +386,8 @@ def _print_groups(console, groups, by: str) -> None:
     for g in groups:
         rel = g.rel_change
         note = f" ({g.unknown} not compared)" if g.unknown else ""
-        table.add_row(markup(g.key), f"{g.tensors:,}", f"{g.changed:,}{note}", _g(g.norm_a),
+        table.add_row(markup(g.key), f"{g.tensors:,}", f"{g.changed:,}{note}",
+                      _pct(g.share_changed), _g(g.norm_a),
                       _g(g.norm_diff), _g(rel),
                       f"[red]{_bar(rel / top if rel is not None and top else 0.0)}[/]")
     console.print(table)

@@ -1,9 +1,12 @@
 """Two models side by side: where they differ, largest relative change first.
 
 `tensorscope.diff` runs in a worker when the screen mounts (with ``norms=True``, so identical
-tensors count in the per-layer denominators). The table lists the pairs ranked by relative change
-‖B−A‖/‖A‖ with the reason each is listed (``values: 12 of 4,096 outside tolerance; NaN on a side at
-1``); ``l`` switches it to the layers, ranked, each with a bar of its relative change (norms added
+tensors count in the per-layer denominators). The top line is the pair's verdict ("B is A plus a
+rank-8 update on self_attn.q_proj and self_attn.v_proj of all 32 layers (0.4% of parameters
+changed)", `tensorscope.diff_verdict`). The table lists the pairs ranked by relative change
+‖B−A‖/‖A‖ with each tensor's verdict (``low-rank update: rank 8 explains 100.0% of ‖B−A‖²``,
+``A rounded to bfloat16 (round-to-nearest-even)``); the pane gives the reason it is listed
+(``values: 12 of 4,096 outside tolerance; NaN on a side at 1``); ``l`` switches it to the layers, ranked, each with a bar of its relative change (norms added
 as sums of squares, `tensorscope.diffing.group_changes`). For the highlighted pair the pane shows
 the `ValueDiff` statistics and, from a second worker, a histogram of ``a - b``.
 
@@ -78,6 +81,11 @@ def bar(frac: float, width: int = BAR) -> str:
 class DiffScreen(Screen):
     """Aligned tensors of two models."""
 
+    # the pair's verdict: at most two lines at 80x24, so that the table keeps its rows
+    DEFAULT_CSS = """
+    #diff-verdict { height: auto; max-height: 2; padding: 0 1; text-style: bold; }
+    """
+
     BINDINGS = [
         Binding("c", "toggle_changed", "Changed only"),
         Binding("l", "toggle_layers", "Layers"),
@@ -105,6 +113,7 @@ class DiffScreen(Screen):
                      f"B {safe(basename(self.model_b.path))} ({self.model_b.format})")
         yield Static(title, id="titlebar")
         yield SafetyBanner(id="banner")
+        yield Static(id="diff-verdict")
         yield Static(Text("comparing…", style="dim italic"), id="diff-summary")
         yield DataTable(id="diff-table", cursor_type="row")
         with VerticalScroll(id="diff-details"):
@@ -122,7 +131,7 @@ class DiffScreen(Screen):
         table = self.query_one("#diff-table", DataTable)
         table.clear(columns=True)
         cols = (("layer", "tensors", "changed", "rel Δ", "‖B−A‖/‖A‖") if self.layers_view
-                else ("status", "tensor", "rel Δ", "why"))
+                else ("status", "tensor", "rel Δ", "verdict"))
         for col in cols:
             table.add_column(col, key=col)
 
@@ -171,6 +180,9 @@ class DiffScreen(Screen):
         return summary
 
     def fill(self) -> None:
+        pv = getattr(self.result, "verdict", None)
+        self.query_one("#diff-verdict", Static).update(
+            Text(safe(pv.text)) if pv is not None and pv.text else "")
         self.query_one("#diff-summary", Static).update(self._summary())
         table = self.query_one("#diff-table", DataTable)
         table.clear()
@@ -183,9 +195,10 @@ class DiffScreen(Screen):
         from tensorscope.diffing import reason
         for i, e in enumerate(self.shown):
             style = STATUS_STYLES.get(e.status, "")
+            why = e.verdict.text if e.verdict is not None else reason(e)
             table.add_row(Text(e.status, style=style), Text(_entry_name(e), style=style),
                           Text(_rel(e.values), style=style, justify="right"),
-                          Text(safe(reason(e)), style=style), key=str(i))
+                          Text(safe(why), style=style), key=str(i))
         if self.shown:
             table.move_cursor(row=0)
             self.show_entry(0)
@@ -257,6 +270,8 @@ class DiffScreen(Screen):
             sides.append(f"{side} {_side(info)}" if name in (None, e.name)
                          else f"{side} {safe(name)} {_side(info)}")
         grid.add_row("sides", "   ".join(sides))
+        if e.verdict is not None and not narrow:   # at 80 columns its table cell says it
+            grid.add_row("verdict", Text(safe(e.verdict.text) + f"   (rule: {e.verdict.rule})"))
         v = e.values
         if v is not None:
             grid.add_row("rel Δ", f"{_rel(v)}   cosine {_cosine(v)}")

@@ -1,0 +1,195 @@
+"""Is ΔW = B − A a low-rank update? Its numerical rank, estimated without a full SVD.
+
+Two stages, so that a pair of full-rank changes (a fine-tune, where every tensor is a candidate)
+costs almost nothing and only a true candidate pays for a pass over its delta:
+
+1. `sample_rank`: the rank of ΔW restricted to a random submatrix of at most `SAMPLE_ROWS` rows
+   and `SAMPLE_ROWS` + 32 columns, gathered from the zero-copy views (a few pages per row).
+   A submatrix
+   of a rank-r matrix has rank at most r, and for a generic rank-r update exactly r, so a
+   full-rank sample rejects the tensor at once (the cost of a fine-tune's pair is ~0.1 ms).
+2. `sketch_rank`: the single-pass randomized SVD of Tropp, Yurtsever, Udell and Cevher (2017,
+   "Practical sketching algorithms for low-rank matrix approximation", alg. 7): ΔW is read ONCE,
+   in blocks of rows, into a range sketch Y = ΔW·Ω (m × k) and a co-range sketch Z = Ψ·ΔW
+   (l × n), k = r₀ + `OVERSAMPLE`, l = 2k + 1, with Gaussian Ω and Ψ (a fixed seed: the figures
+   do not change between runs). Then Q = qr(Y), X = (ΨQ)⁺Z ≈ QᵀΔW and the singular values of the
+   small X estimate the top k of ΔW: the share of ‖ΔW‖²_F that the top r explain (an estimate,
+   good to ~0.1% of the energy).
+
+The rank r is stage 1's: the singular values of the sample that stand above its noise, the
+rounding floor of B's dtype (a merge in bfloat16 adds rounding error of full rank: |e| ≤ u·|b|,
+u = 2^-p, so Σe² ≤ u²‖B‖² = F) — above what a random matrix of energy F reaches.
+
+No full SVD of a big matrix is ever taken: the decompositions are of the sample (at most
+160 x 192, as the eigenvalues of its Gram matrix) and of X (k x n, k <= ~150).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+__all__ = ["RankEstimate", "gather", "sample_rank", "sketch_rank", "rounding_unit", "max_rank",
+           "SAMPLE_ROWS", "OVERSAMPLE"]
+
+SAMPLE_ROWS = 160       # rows of the stage-1 sample (columns: 32 more, so that a noise sample's
+                        # smallest singular value stays well above the rounding threshold)
+OVERSAMPLE = 10         # sketch columns beyond the sample's rank
+BLOCK_ELEMS = 1 << 18   # elements of ΔW per block of rows in the sketch pass (1 MiB buffers)
+SEED = 0x7E5C0
+
+# float dtypes -> bits of significand (with the implicit bit): the unit roundoff is 2^-p
+_SIGNIFICAND = {"float64": 53, "float32": 24, "float16": 11, "bfloat16": 8, "float8_e4m3fn": 4,
+                "float8_e4m3fnuz": 4, "float8_e5m2": 3, "float8_e5m2fnuz": 3}
+
+
+def rounding_unit(dtype: str) -> float:
+    """Unit roundoff 2^-p of a float dtype (0.0 for integer dtypes, whose values are exact)."""
+    p = _SIGNIFICAND.get(dtype)
+    return 0.0 if p is None else 2.0 ** -p
+
+
+def max_rank(shape: tuple[int, ...]) -> int:
+    """The largest rank still called low: a quarter of min(shape) ("r ≪ min(shape)"), and below
+    what the stage-1 sample can tell from full rank."""
+    m, n = _matrix_shape(shape)
+    return min(min(m, n) // 4, SAMPLE_ROWS - 2 * OVERSAMPLE)
+
+
+@dataclass(slots=True)
+class RankEstimate:
+    rank: int               # numerical rank (as defined in the module docstring)
+    explained: float        # share of ‖ΔW‖²_F explained by the top `rank` singular values
+    sketch: int             # columns of the range sketch (or rows of the sample, stage 1)
+    singular: list[float]   # the leading estimated singular values (at most rank + 4)
+    stage: str              # "sample" (rejected at stage 1) or "sketch"
+
+    def to_dict(self) -> dict:
+        return {"rank": self.rank, "explained": self.explained, "sketch": self.sketch,
+                "singular_values": self.singular, "stage": self.stage}
+
+
+def _matrix_shape(shape: tuple[int, ...]) -> tuple[int, int]:
+    """A tensor of rank >= 2 as a matrix: (shape[0], prod(shape[1:])) (a conv kernel's
+    (out, in·kh·kw), as LoRA for convolutions factors it)."""
+    m = int(shape[0])
+    return m, int(math.prod(shape[1:]))
+
+
+def _noise_rank(sq: np.ndarray, total: float, floor: float, shape: tuple[int, int]) -> int:
+    """How many squared singular values ``sq`` (descending) of an s × c matrix stand above its
+    noise: above what a full-rank rounding error of total energy ``floor`` can reach (the largest
+    squared singular value of a random s × c matrix of energy F is about F·(1/√s + 1/√c)², taken
+    4x), and above 1e-12 of the largest (float64's own error)."""
+    if total <= 0 or sq.size == 0:
+        return 0
+    return int(np.count_nonzero(sq > _threshold(float(sq[0]), floor, shape)))
+
+
+def _threshold(top: float, floor: float, shape: tuple[int, int]) -> float:
+    """The noise threshold of `_noise_rank` (``top``: the largest squared singular value, or a
+    bound of it: the largest diagonal entry of the Gram matrix is at most that)."""
+    s, c = shape
+    return max(1e-12 * top, 4.0 * floor * (1 / math.sqrt(s) + 1 / math.sqrt(c)) ** 2)
+
+
+def _float(x: np.ndarray) -> np.ndarray:
+    return np.asarray(x).astype(np.float64)
+
+
+def gather(va: np.ndarray, vb: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Stage 1's random submatrix of both views (same shape, rank >= 2), as float64 copies: rows
+    and columns sorted, fixed by `SEED` and the shape (the same positions on both sides and in
+    every run). Touches only the pages of the sampled rows."""
+    m, n = _matrix_shape(va.shape)
+    a2 = va.reshape(m, n) if va.flags.c_contiguous else None
+    b2 = vb.reshape(m, n) if vb.flags.c_contiguous else None
+    rng = np.random.default_rng(SEED)
+    s = min(m, SAMPLE_ROWS)
+    c = min(n, SAMPLE_ROWS + 32)
+    rows = np.sort(rng.choice(m, s, replace=False)) if s < m else np.arange(m)
+    cols = np.sort(rng.choice(n, c, replace=False)) if c < n else np.arange(n)
+    if a2 is None or b2 is None:   # strided views: gather rows first (s rows, not the tensor)
+        return (_float(np.take(va[rows].reshape(s, n), cols, axis=1)),
+                _float(np.take(vb[rows].reshape(s, n), cols, axis=1)))
+    # rows, then columns: two takes cost a fifth of one 2-D fancy index (measured)
+    return (_float(np.take(np.take(a2, rows, axis=0), cols, axis=1)),
+            _float(np.take(np.take(b2, rows, axis=0), cols, axis=1)))
+
+
+def sample_rank(va: np.ndarray, vb: np.ndarray, unit: float,
+                sample: tuple[np.ndarray, np.ndarray] | None = None) -> RankEstimate:
+    """Stage 1 over the views ``va``, ``vb``: the numerical rank of ΔW on the random submatrix
+    (`gather`, or ``sample`` when the caller gathered it already: the diff does while the pair's
+    pages are in memory)."""
+    m, n = _matrix_shape(va.shape)
+    ra, rb = sample if sample is not None else gather(va, vb)
+    s, c = ra.shape
+    d = rb - ra
+    with np.errstate(all="ignore"):
+        if not np.isfinite(d).all():
+            return RankEstimate(min(s, c), 0.0, s, [], "sample")
+        # the squared singular values as the eigenvalues of the small Gram matrix (a fifth of
+        # an SVD's time; their absolute error, ~1e-16·σ₁², is far below the energies compared)
+        gram = d @ d.T if s <= c else d.T @ d
+        total = float(np.trace(gram))
+        floor = unit * unit * float(np.dot(rb.ravel(), rb.ravel()))
+        # Every eigenvalue above the noise threshold (a full-rank sample, a fine-tune's case)
+        # exactly when Cholesky of gram - tau*I succeeds: a tenth of the eigenvalues' cost
+        tau = _threshold(float(np.max(np.diag(gram))) if total > 0 else 0.0, floor, d.shape)
+        k = gram.shape[0]
+        if total > 0 and k > max_rank((m, n)):
+            try:
+                np.linalg.cholesky(gram - tau * np.eye(k))
+                return RankEstimate(k, 1.0, s, [], "sample")
+            except np.linalg.LinAlgError:
+                pass   # some eigenvalue is at or below tau: count them
+        sq = np.clip(np.linalg.eigvalsh(gram)[::-1], 0.0, None)
+    r = _noise_rank(sq, total, floor, d.shape)
+    share = float(min(1.0, sq[:r].sum() / total)) if total > 0 else 1.0
+    return RankEstimate(r, share, s, [math.sqrt(float(x)) for x in sq[:min(r + 4, 12)]], "sample")
+
+
+def sketch_rank(va: np.ndarray, vb: np.ndarray, rank: int, total: float,
+                release=None) -> RankEstimate:
+    """Stage 2: the single-pass sketch (module docstring) of ΔW = vb − va with ``rank`` +
+    `OVERSAMPLE` range columns, reading both views once in blocks of rows: the share of ‖ΔW‖²_F
+    (``total``, exact from the value pass) that the top ``rank`` singular
+    values explain. The sketches are float32 products (their error, ~√n·2⁻²⁴ relative, is far
+    below the 0.1% the estimate is good to; float16 and bfloat16 differences are exact in
+    float32), into buffers made once. ``release(side, piece)`` is called with each block of rows
+    once it is used (map pages handed back)."""
+    m, n = _matrix_shape(va.shape)
+    k = max(1, min(rank + OVERSAMPLE, m, n))
+    l_ = min(2 * k + 1, m)
+    rng = np.random.default_rng(SEED)
+    omega = rng.standard_normal((n, k)).astype(np.float32)
+    psi = rng.standard_normal((l_, m)).astype(np.float32)
+    y = np.empty((m, k), np.float32)
+    z = np.zeros((l_, n), np.float32)
+    step = max(1, min(m, BLOCK_ELEMS // max(n, 1)))
+    da, db = np.empty((step, n), np.float32), np.empty((step, n), np.float32)
+    fa, fb = va.reshape(m, n), vb.reshape(m, n)   # a copy only for strided views
+    with np.errstate(all="ignore"):
+        for i in range(0, m, step):
+            j = min(m, i + step)
+            pa, pb = fa[i:j], fb[i:j]
+            d, t = db[:j - i], da[:j - i]
+            np.copyto(d, pb, casting="unsafe")
+            np.copyto(t, pa, casting="unsafe")
+            np.subtract(d, t, out=d)
+            np.matmul(d, omega, out=y[i:j])
+            z += psi[:, i:j] @ d
+            if release is not None:
+                release("a", pa)
+                release("b", pb)
+    if not (math.isfinite(total) and total > 0 and np.isfinite(y).all() and np.isfinite(z).all()):
+        return RankEstimate(k, 0.0, k, [], "sketch")
+    y, z, psi = y.astype(np.float64), z.astype(np.float64), psi.astype(np.float64)
+    q, _ = np.linalg.qr(y)
+    x = np.linalg.lstsq(psi @ q, z, rcond=None)[0]
+    sv = np.linalg.svd(x, compute_uv=False)
+    r = min(rank, sv.size)
+    share = float(min(1.0, np.sum(sv[:r] ** 2) / total))
+    return RankEstimate(r, share, k, [float(v) for v in sv[:min(r + 4, 12)]], "sketch")
