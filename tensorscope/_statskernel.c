@@ -168,32 +168,33 @@ typedef struct {
  * the block's own mean; folded into `m` by Chan's update. */
 VECTOR_CLONES
 static void block_moments(const double *x, Py_ssize_t n, double shift, Moments *m) {
-    double s = 0.0, lo = INFINITY, hi = -INFINITY;
-    long long fin = 0, nan = 0, zeros = 0;
+    /* counts kept as doubles inside a block (exact: n <= BLOCK), so the loop stays in one
+     * vector type */
+    double s = 0.0, lo = INFINITY, hi = -INFINITY, fin = 0.0, nan = 0.0, zeros = 0.0;
 #pragma omp simd reduction(+:s, fin, nan, zeros) reduction(min:lo) reduction(max:hi)
     for (Py_ssize_t i = 0; i < n; i++) {
         double v = x[i];
         int f = fabs(v) <= 1.7976931348623157e308;
-        nan += v != v;
-        zeros += v == 0.0;
-        fin += f;
+        nan += v != v ? 1.0 : 0.0;
+        zeros += v == 0.0 ? 1.0 : 0.0;
+        fin += f ? 1.0 : 0.0;
         s += f ? v - shift : 0.0;
         double a = f ? v : INFINITY, b = f ? v : -INFINITY;
         lo = a < lo ? a : lo;
         hi = b > hi ? b : hi;
     }
-    m->nan += nan;
-    m->zeros += zeros;
-    m->inf += (long long)n - fin - nan;
-    if (fin == 0) return;
-    double bm = s / (double)fin, q = 0.0;
+    m->nan += (long long)nan;
+    m->zeros += (long long)zeros;
+    m->inf += (long long)n - (long long)fin - (long long)nan;
+    if (fin == 0.0) return;
+    double bm = s / fin, q = 0.0;
 #pragma omp simd reduction(+:q)
     for (Py_ssize_t i = 0; i < n; i++) {
         double v = x[i];
         double d = (fabs(v) <= 1.7976931348623157e308) ? (v - shift) - bm : 0.0;
         q += d * d;
     }
-    double nb = (double)fin, total = m->count + nb, delta = bm - m->mean;
+    double nb = fin, total = m->count + nb, delta = bm - m->mean;
     m->mean += delta * (nb / total);
     m->m2 += q + delta * delta * (m->count * nb / total);
     m->count = total;
