@@ -8,6 +8,10 @@ byte for byte, and its argument checks.
 from __future__ import annotations
 
 import math
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import ml_dtypes
 import numpy as np
@@ -241,3 +245,58 @@ def test_cancelled_between_steps():
 def test_tensor_stats_is_the_pass():
     arr = np.array([1.0, np.nan, np.inf, -2.0, 0.0, -0.0] * 301)
     assert_matches(tensor_stats(arr), oracle(arr))
+
+
+_SANITIZED = r"""
+import importlib.util, sys, random
+import numpy as np
+spec = importlib.util.spec_from_file_location("_statskernel", sys.argv[1])
+K = importlib.util.module_from_spec(spec); spec.loader.exec_module(K)
+rnd = random.Random(0)
+table = np.arange(256, dtype=np.float64).tobytes()
+for trial in range(3000):
+    n = rnd.choice([0, 1, 2, 3, 7, 8, 1023, 1024, 1025, 4099])
+    skip = rnd.randrange(8)
+    raw = bytearray(rnd.getrandbits(8) for _ in range(n + skip))
+    view = memoryview(raw)[skip:]
+    for code, size in (("t", 1), ("e", 2), ("b", 2), ("h", 2), ("H", 2), ("f", 4), ("i", 4),
+                       ("I", 4), ("d", 8), ("q", 8), ("Q", 8)):
+        part = view[: len(view) // size * size]
+        K.moments(part, code, table if code == "t" else b"", rnd.choice([0.0, 1.5, -1e300]))
+    for width in (1, 2):
+        part = view[: len(view) // width * width]
+        lanes = rnd.randint(1, 8)
+        K.count(part, width, np.zeros((lanes, 1 << (8 * width)), np.uint64))
+for bad in ((b"abc", 2, np.zeros(65536, np.uint64)), (b"ab", 1, np.zeros(255, np.uint64))):
+    try:
+        K.count(*bad)
+    except ValueError:
+        pass
+print("ok")
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="gcc's sanitizers, Linux")
+def test_kernel_under_asan_and_ubsan(tmp_path):
+    """The kernel built with AddressSanitizer and UndefinedBehaviorSanitizer (any report aborts)
+    over random bytes at every alignment, every code, lane count and length around the block."""
+    import shutil
+    import sysconfig
+    gcc = shutil.which("gcc")
+    if gcc is None:
+        pytest.skip("no gcc")
+    src = Path(__file__).resolve().parent.parent / "tensorscope" / "_statskernel.c"
+    so = tmp_path / "_statskernel.so"
+    build = subprocess.run([gcc, "-O1", "-g", "-fsanitize=address,undefined",
+                            "-fno-sanitize-recover=all", "-fno-omit-frame-pointer", "-fopenmp-simd",
+                            "-shared", "-fPIC", f"-I{sysconfig.get_paths()['include']}", str(src),
+                            "-o", str(so)], capture_output=True, text=True)
+    if build.returncode != 0:
+        pytest.skip(f"no sanitizer runtime: {build.stderr[-300:]}")
+    libs = [subprocess.run([gcc, f"-print-file-name={lib}"], capture_output=True, text=True).stdout.strip()
+            for lib in ("libasan.so", "libubsan.so")]
+    env = {**os.environ, "LD_PRELOAD": ":".join(libs), "ASAN_OPTIONS": "detect_leaks=0:abort_on_error=1",
+           "UBSAN_OPTIONS": "halt_on_error=1:print_stacktrace=1"}
+    out = subprocess.run([sys.executable, "-c", _SANITIZED, str(so)], capture_output=True, text=True,
+                         env=env, timeout=600)
+    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr[-3000:]
