@@ -650,8 +650,14 @@ def value_stats(model: "ModelFile", info: "TensorInfo", chunk_elems: int = DEFAU
         got = summarize(arr, workers=workers)
         pages.release_later(info)
         return got.stats()
-    return summarize(arr, workers=workers,
-                     release=lambda piece: pages.release_piece(info.file, piece)).stats()
+    from .reader import RELEASE_BEHIND
+    got = summarize(arr, workers=workers, release=lambda piece: pages.release_piece(
+        info.file, piece, RELEASE_BEHIND))
+    # and once more the whole span with a margin: what one thread's faults mapped again around
+    # a step another thread had released (fault-around maps both ways) goes too
+    pages.release_range(info.file, max(0, info.byte_offset - RELEASE_BEHIND),
+                        info.span_bytes + 2 * RELEASE_BEHIND)
+    return got.stats()
 
 
 def many_value_stats(model: "ModelFile", tensors, advance: Callable[[int], None] | None = None):

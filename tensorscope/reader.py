@@ -175,6 +175,7 @@ def tensor_stats(arr: np.ndarray, chunk_bytes: int = CHUNK_BYTES) -> TensorStats
 
 
 _PAGE = mmap.PAGESIZE
+RELEASE_BEHIND = 2 << 20   # see `PageReleaser.release_piece`: a large folio, at most
 
 
 class PageReleaser:
@@ -217,15 +218,20 @@ class PageReleaser:
             # advice only: a refused hint costs memory, never correctness
             pass
 
-    def release_piece(self, file: str, piece: np.ndarray) -> None:
-        """Release the pages under ``piece`` when it is a view into ``file``'s map (not a copy)."""
+    def release_piece(self, file: str, piece: np.ndarray, behind: int = 0) -> None:
+        """Release the pages under ``piece`` when it is a view into ``file``'s map (not a copy),
+        and the ``behind`` bytes before it: a fault maps the cached pages around it too (the
+        kernel's fault-around, 64 KiB, or a whole large folio), so the first read of a step maps
+        again the tail of the step released before it; releasing a step's lead-in as well drops
+        those (`RELEASE_BEHIND`), else ~200 KiB per tensor stay mapped and the RSS creeps up."""
         got = self._map(file)
         if got is None:
             return
         _, base, size = got
         addr = piece.__array_interface__["data"][0]
         if base <= addr < base + size:
-            self.release_range(file, addr - base, piece.nbytes)
+            lead = min(behind, addr - base)
+            self.release_range(file, addr - base - lead, piece.nbytes + lead)
 
     def release_tensor(self, info: "TensorInfo") -> None:
         if info.byte_offset is not None and info.file:
@@ -244,7 +250,8 @@ class PageReleaser:
                 self.pending[info.file] = (lo, hi, n)
                 return
             self.pending.pop(info.file, None)
-        self.release_range(info.file, lo, hi - lo)
+        lead = min(lo, RELEASE_BEHIND)   # the tail of the batch before, mapped again by fault-around
+        self.release_range(info.file, lo - lead, hi - lo + lead)
 
     def flush(self) -> None:
         with self.lock:
