@@ -9,8 +9,8 @@
   stay zero-copy, numpy views included (``raw``; only bytes a `view` returned are valid there).
 - **Coalesced, concurrent requests.** The missing blocks of one `view` (or of a `prefetch`
   list, e.g. every local header of a zip) are merged into runs (`plan_requests`: a hole is
-  filled only when fetching it costs less time than a round trip, `merge_gap` = `ROUND_TRIP` x
-  `BANDWIDTH`, both settable), split at `MAX_REQUEST` and fetched by up to `WORKERS` threads.
+  filled only when fetching it costs less time than one more request, `merge_gap` =
+  `ROUND_TRIP` x `BANDWIDTH` / `WORKERS`, both settable), split at `MAX_REQUEST` and fetched by up to `WORKERS` threads.
 - **Retries with backoff** on connection errors, timeouts, 5xx/429 and responses cut short.
 - **A byte budget** (`DEFAULT_BUDGET`, or ``TENSORSCOPE_FETCH_BUDGET`` = ``512M``, ``4G`` ...):
   a read that would pass it is refused before it is made, with a message that says so.
@@ -53,17 +53,17 @@ MAX_BLOCKS = 1 << 24             # bigger objects get bigger blocks: the block m
 MAX_SIZE = 1 << 46               # 64 TiB: a larger size is a server's claim, not an object
 HEAD_FETCH = 64 << 10            # the first request: sniffing head + most headers, one round trip
 # The range planner's cost model: filling a hole of g bytes between two wanted runs costs g /
-# BANDWIDTH seconds (and g billed bytes); leaving it costs one more request, a ROUND_TRIP. So holes
-# are filled only while g < ROUND_TRIP * BANDWIDTH (`merge_gap`). Defaults: a user's link to a
-# cloud bucket (S3/GCS/the Hub's CDN): 30 ms to the first byte, 100 Mbit/s (12.5 MB/s), i.e.
-# holes under ~375 KB. Set TENSORSCOPE_ROUND_TRIP (seconds, "30ms") and TENSORSCOPE_BANDWIDTH
-# (bytes per second, "12.5M", "1G") for another network; in a bucket's own region (~10 ms, ~100
-# MB/s) the holes filled grow to ~1 MB, on a far, slow link they shrink.
+# BANDWIDTH seconds (and g billed bytes); leaving it costs one more request, and requests go out
+# WORKERS at a time, so a request adds ROUND_TRIP / WORKERS. Holes are filled only while
+# g < ROUND_TRIP * BANDWIDTH / WORKERS (`merge_gap`). Defaults: a user's link to a cloud bucket
+# (S3/GCS/the Hub's CDN): 30 ms to the first byte, 100 Mbit/s (12.5 MB/s): holes under ~23 KB.
+# Set TENSORSCOPE_ROUND_TRIP (seconds, "30ms") and TENSORSCOPE_BANDWIDTH (bytes per second,
+# "12.5M", "1G") for another network.
 ROUND_TRIP = 0.030               # seconds to first byte of a ranged GET
 BANDWIDTH = 12_500_000           # bytes per second of one connection
-MAX_GAP = int(ROUND_TRIP * BANDWIDTH)   # the hole filled at the defaults (see `merge_gap`)
 MAX_REQUEST = 8 << 20            # split big reads so they go out concurrently
 WORKERS = 16
+MAX_GAP = int(ROUND_TRIP * BANDWIDTH / WORKERS)   # the hole filled at the defaults (`merge_gap`)
 RETRIES = 4                      # attempts per request
 BACKOFF = 0.1                    # seconds, doubled per attempt (+ jitter)
 TIMEOUT = 30.0
@@ -123,15 +123,15 @@ def _knob(name: str, default: float, units: dict[str, float]) -> float:
 
 
 def merge_gap(round_trip: float | None = None, bandwidth: float | None = None) -> int:
-    """The largest hole (bytes) the planner fills between two wanted runs: what one round trip
-    costs in transfer time, ``round_trip * bandwidth`` (defaults `ROUND_TRIP`, `BANDWIDTH`, or
-    TENSORSCOPE_ROUND_TRIP / TENSORSCOPE_BANDWIDTH)."""
+    """The largest hole (bytes) the planner fills between two wanted runs: what one more request
+    costs in transfer time, ``round_trip * bandwidth / WORKERS`` (requests go out `WORKERS` at a
+    time; defaults `ROUND_TRIP`, `BANDWIDTH`, or TENSORSCOPE_ROUND_TRIP / TENSORSCOPE_BANDWIDTH)."""
     rt = round_trip if round_trip is not None else _knob(
         "TENSORSCOPE_ROUND_TRIP", ROUND_TRIP, {"": 1.0, "s": 1.0, "ms": 1e-3})
     bw = bandwidth if bandwidth is not None else _knob(
         "TENSORSCOPE_BANDWIDTH", BANDWIDTH, {"": 1, "b": 1, "k": 1e3, "m": 1e6, "g": 1e9,
                                              "kb": 1e3, "mb": 1e6, "gb": 1e9})
-    return max(0, int(rt * bw))
+    return max(0, int(rt * bw / WORKERS))
 
 
 def plan_requests(runs, gap: int, max_request: int = MAX_REQUEST) -> list[tuple[int, int]]:
