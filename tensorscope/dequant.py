@@ -681,6 +681,18 @@ def many_value_stats(model: "ModelFile", tensors, advance: Callable[[int], None]
         except (TypeError, ValueError, TensorscopeError) as e:
             return e
 
+    tensors = list(tensors)
+    if _workers() == 1 or sum(t.nbytes for t in tensors) < PARALLEL_BYTES:
+        # a small file: no thread is started for it (nor left behind)
+        try:
+            for t in tensors:
+                got = one(t)
+                if advance is not None:
+                    advance(t.nbytes)
+                yield t, got
+        finally:
+            pages.flush()
+        return
     pool, window = _pool(), deque()
     width = 2 * _workers()
     try:
