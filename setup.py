@@ -27,4 +27,6 @@ setup(ext_modules=[
               optional=True),
     Extension("tensorscope._torchstep", ["tensorscope/_torchstep.c"], extra_compile_args=FLAGS,
               optional=True),
+    Extension("tensorscope._statskernel", ["tensorscope/_statskernel.c"], extra_compile_args=FLAGS,
+              optional=True),
 ])

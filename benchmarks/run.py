@@ -28,7 +28,9 @@ Cases (``--only``): inspect, scale, read, scan, diff, convert, tui, pertensor (e
 1k / 10k / 100k / 1M tiny tensors, `bench_scale.py`; ``--skip-1m`` leaves out the 1M listing),
 remote (inspect and scan of the 2 GB models over HTTP from a local server with 20 ms per request,
 `bench_remote.py`) and fleet (``scan`` of a folder of 1,000 small model files at ``--jobs 1``,
-``--jobs 2`` and ``--dask local``, and 300 of them as URLs, `bench_remote.py`).
+``--jobs 2`` and ``--dask local``, and 300 of them as URLs, `bench_remote.py`) and stats
+(``inspect --stats`` of the 2 GB models against the read-once floor, ``cat``, and a numpy / torch
+float64 loop; the sparse 2 and 20 GB torch zips for flatness, `bench_stats.py`).
 Output: the results table with the machine it ran on, in BENCHMARKS.md (``--out``), and the raw
 samples in ``<cache>/results.json``.
 """
@@ -53,7 +55,7 @@ ROOT = HERE.parent
 PY = sys.executable
 TS = [PY, "-m", "tensorscope"]
 CASES = ("inspect", "scale", "read", "scan", "diff", "convert", "tui", "pertensor", "remote",
-         "fleet")
+         "fleet", "stats")
 REMOTE_DELAY = 0.02                     # seconds added to every request of the local HTTP server
 READ_NAME = "layer.250.weight"          # a tensor in the middle of the 2 GB state dict
 ONNX_READ_NAME = "model.layers.25.mlp.w0.weight"
@@ -145,6 +147,11 @@ CASE_NOTES = {
             "compares every tensor (bytes first, then the full statistics for those that differ: "
             "max/mean abs difference, relative difference, RMS, cosine, count outside tolerance). "
             "Its exit code is checked: 1 when 4 tensors differ, 0 for identical copies.",
+    "stats": "`inspect --stats` reads every value once (min, max, mean, std, NaN/Inf/zero counts "
+             "in float64) and must list as many tensors as the peer read. The read-once floor is "
+             "`cat` of the file to /dev/null (warm page cache); the numpy/torch peers cast each "
+             "tensor to float64 and reduce it. The sparse rows read holes (zeros): their note "
+             "divides time and peak RSS by the ~2 GB sparse file's.",
     "convert": "tensorscope also scans the input first, hashes it (sha256 in `__metadata__`), "
                "streams the tensors, fsyncs and renames the output; the peers do none of that.",
 }
@@ -291,12 +298,17 @@ class Bench:
         self.cache.mkdir(parents=True, exist_ok=True)
         print(f"inputs in {self.cache} (generated once)", flush=True)
         calls = []
-        if set(cases) & {"inspect", "read", "scan", "diff", "convert", "tui", "remote"}:
+        if set(cases) & {"inspect", "read", "scan", "diff", "convert", "tui", "remote", "stats"}:
             calls.append(("gen_state_dicts", (str(self.cache), self.quick)))
         if set(cases) & {"inspect", "read", "remote"}:
             calls.append(("gen_onnx", (str(self.cache), self.quick)))
         if set(cases) & {"inspect", "tui"}:
             calls.append(("gen_many", (str(self.cache), self.many)))
+        if "stats" in cases and "scale" not in cases:
+            n = 20 if self.quick else 500
+            for label, rows, cols in self.sparse_sizes[:2]:
+                calls.append(("gen_sparse", (str(self.cache / "sparse" / label), n, rows, cols,
+                                             20_000 if self.quick else SHARD_BYTES)))
         if "scale" in cases:
             n = 20 if self.quick else 500
             shard = 20_000 if self.quick else SHARD_BYTES
@@ -358,6 +370,39 @@ class Bench:
                         row.extra["flat"] = {"wall": ours.wall / first[kind].wall, "rss": ours.rss / first[kind].rss}
                 first.setdefault(kind, ours)
                 self.rows.append(row)
+
+    def case_stats(self) -> None:
+        import bench_stats   # only strings at import time
+        p = self.paths()
+        cat = lambda path: self.m(bench_stats.CAT + [str(path)], capture=True)   # noqa: E731
+        items = [("safetensors", p["st"], "safe_open + float64 min/max/mean/std/isnan (numpy)",
+                  bench_stats.ST_STATS),
+                 ("torch zip", p["pt"], "torch.load(mmap=True) + float64 min/max/mean/std/isnan",
+                  bench_stats.TORCH_STATS)]
+        for label, path, peer_label, code in items:
+            print(f"stats {label}", flush=True)
+            ours = self.ours("inspect", ["inspect", "--stats", "--json", str(path)], capture=True)
+            floor = cat(path)
+            self.rows.append(Row("stats", f"{label}, {_gb(_size(path))}", "inspect --stats --json", ours,
+                                 "cat FILE > /dev/null (read-once floor)", floor,
+                                 headline=f"inspect --stats {_gb(_size(path))} {label} vs the read-once floor"))
+            peer = self.m([PY, "-c", code, str(path)], capture=True)
+            _check_counts(ours, peer)
+            self.rows.append(Row("stats", f"{label}, {_gb(_size(path))}", "inspect --stats --json", ours,
+                                 peer_label, peer))
+        first = None
+        for size_label, _, _ in self.sparse_sizes[:2]:
+            path = self.cache / "sparse" / size_label / "model.pt"
+            print(f"stats sparse {size_label}", flush=True)
+            ours = self.ours("inspect", ["inspect", "--stats", "--json", str(path)], capture=True)
+            row = Row("stats", f"sparse torch zip, {_gb(_size(path))}", "inspect --stats --json", ours,
+                      "cat FILE > /dev/null (read-once floor)", cat(path))
+            if first is not None and ours.ok and first.ok:
+                row.note = f"vs smallest: time {ours.wall / first.wall:.2f}x, RSS {ours.rss / first.rss:.2f}x"
+                row.headline = (f"inspect --stats of a {_gb(_size(path))} sparse torch zip vs the "
+                                f"read-once floor")
+            first = first or ours
+            self.rows.append(row)
 
     def case_read(self) -> None:
         p = self.paths()
@@ -553,7 +598,8 @@ class Bench:
                   "scan": "Scan (static safety scan)",
                   "diff": "Diff two checkpoints down to the values",
                   "convert": "Convert to safetensors",
-                  "tui": "TUI: time to first screen"}
+                  "tui": "TUI: time to first screen",
+                  "stats": "Statistics of every value (`inspect --stats`)"}
         for case in cases:
             if case == "pertensor" and getattr(self, "pertensor", None):
                 import bench_scale
@@ -584,13 +630,13 @@ class Bench:
                 lines += ["", "No peer: no other tool opens these files in a terminal UI.", ""]
                 continue
             lines += ["| input | tensorscope | wall | peak RSS | peer | wall | peak RSS | "
-                      "time ratio | RSS ratio |" + (" note |" if case == "scale" else ""),
-                      "|---|---|---:|---:|---|---:|---:|---:|---:|" + ("---|" if case == "scale" else "")]
+                      "time ratio | RSS ratio |" + (" note |" if case in ("scale", "stats") else ""),
+                      "|---|---|---:|---:|---|---:|---:|---:|---:|" + ("---|" if case in ("scale", "stats") else "")]
             for r in rows:
                 lines.append(f"| {r.input} | `{r.ours_label}` | {_fmt_wall(r.ours)} | {_fmt_rss(r.ours)} | "
                              f"{r.peer_label} | {_fmt_wall(r.peer)} | {_fmt_rss(r.peer)} | "
                              f"{_ratio(r.peer, r.ours, 'wall')} | {_ratio(r.peer, r.ours, 'rss')} |"
-                             + (f" {r.note} |" if case == "scale" else ""))
+                             + (f" {r.note} |" if case in ("scale", "stats") else ""))
             if case in CASE_NOTES:
                 lines += ["", CASE_NOTES[case]]
             lines.append("")

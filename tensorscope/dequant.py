@@ -81,7 +81,7 @@ from .errors import FormatError, LimitExceeded, TensorscopeError
 if TYPE_CHECKING:
     from .model import ModelFile, TensorInfo
 
-__all__ = ["is_decoded", "decoded_shape", "decode", "iter_decoded", "value_stats", "DECODABLE_BLOCK_TYPES",
+__all__ = ["is_decoded", "decoded_shape", "decode", "iter_decoded", "value_stats", "many_value_stats", "DECODABLE_BLOCK_TYPES",
            "DEFAULT_CHUNK_ELEMS", "MAX_BROADCAST_BYTES"]
 
 DEFAULT_CHUNK_ELEMS = 1 << 20      # 4 MiB of float32 per piece
@@ -630,30 +630,98 @@ def _per_channel(codes, sc, zp, work, inner, channels):
         yield ((q.astype(work) - zp[ch]) * sc[ch]).astype(_F32, copy=False)
 
 
-def value_stats(model: "ModelFile", info: "TensorInfo", chunk_elems: int = DEFAULT_CHUNK_ELEMS):
-    """`tensor_stats` of ``info``'s values: decoded piece by piece (bounded memory, stats merged
-    exactly with Chan's update) for the dtypes of `is_decoded`, over `ModelFile.read` otherwise.
+def value_stats(model: "ModelFile", info: "TensorInfo", chunk_elems: int = DEFAULT_CHUNK_ELEMS,
+                pages=None, workers: int | None = None):
+    """`tensor_stats` of ``info``'s values in one pass (`tensorscope.valuestats.summarize`):
+    decoded piece by piece for the dtypes of `is_decoded`, over `ModelFile.read` otherwise.
+    ``pages`` (a `tensorscope.reader.PageReleaser` of ``model``) drops the map's pages behind the
+    pass: large tensors step by step, small ones in batches with their neighbours.
 
     Returns a `tensorscope.reader.TensorStats`.
     """
-    from .reader import TensorStats, tensor_stats
-    if not is_decoded(info.dtype):
-        return tensor_stats(model.read(info))
-    n = nan = inf = zeros = count = 0
-    mean = m2 = 0.0
-    lo, hi = math.inf, -math.inf
-    for piece in iter_decoded(model, info, chunk_elems):
-        st = tensor_stats(piece)
-        n, nan, inf, zeros = n + st.numel, nan + st.nan, inf + st.inf, zeros + st.zeros
-        c_n = st.numel - st.nan - st.inf
-        if not c_n or st.mean is None:
-            continue
-        lo, hi = min(lo, st.min), max(hi, st.max)
-        delta = st.mean - mean
-        new = count + c_n
-        mean += delta * c_n / new
-        m2 += st.std * st.std * c_n + delta * delta * count * c_n / new
-        count = new
-    if count == 0:
-        return TensorStats(n, None, None, None, None, nan, inf, zeros)
-    return TensorStats(n, lo, hi, mean, math.sqrt(m2 / count), nan, inf, zeros)
+    from .valuestats import STEP_BYTES, summarize
+    if is_decoded(info.dtype):
+        release = pages.release_range if pages is not None else None
+        return summarize(iter_decoded(model, info, chunk_elems, release=release)).stats()
+    arr = model.read(info)
+    if pages is None:
+        return summarize(arr, workers=workers).stats()
+    if arr.nbytes < STEP_BYTES or not arr.flags.c_contiguous:
+        got = summarize(arr, workers=workers)
+        pages.release_later(info)
+        return got.stats()
+    from .reader import RELEASE_BEHIND
+    got = summarize(arr, workers=workers, release=lambda piece: pages.release_piece(
+        info.file, piece, RELEASE_BEHIND))
+    # and once more the whole span with a margin: what one thread's faults mapped again around
+    # a step another thread had released (fault-around maps both ways) goes too
+    pages.release_range(info.file, max(0, info.byte_offset - RELEASE_BEHIND),
+                        info.span_bytes + 2 * RELEASE_BEHIND)
+    return got.stats()
+
+
+def many_value_stats(model: "ModelFile", tensors, advance: Callable[[int], None] | None = None):
+    """`value_stats` of every tensor, in order, as ``(info, TensorStats or the error)`` (a
+    `TensorscopeError`, TypeError or ValueError: strings, undecodable blocks); others propagate.
+
+    Tensors are read on the stats pool a few at a time (the kernel releases the GIL, so a file of
+    many medium tensors keeps every core busy); a large tensor is split over the pool by itself.
+    Pages are released behind the pass (`value_stats`), so the resident set stays flat.
+    ``advance(nbytes)`` reports each tensor as it is done.
+    """
+    from collections import deque
+
+    from .reader import PageReleaser
+    from .valuestats import PARALLEL_BYTES, _pool, _workers
+    pages = PageReleaser(model)
+
+    def one(t):
+        try:
+            return value_stats(model, t, pages=pages, workers=1)
+        except (TypeError, ValueError, TensorscopeError) as e:
+            return e
+
+    tensors = list(tensors)
+    if _workers() == 1 or sum(t.nbytes for t in tensors) < PARALLEL_BYTES:
+        # a small file: no thread is started for it (nor left behind)
+        try:
+            for t in tensors:
+                got = one(t)
+                if advance is not None:
+                    advance(t.nbytes)
+                yield t, got
+        finally:
+            pages.flush()
+        return
+    pool, window = _pool(), deque()
+    width = 2 * _workers()
+    try:
+        for t in tensors:
+            if t.nbytes >= PARALLEL_BYTES and not is_decoded(t.dtype):
+                while window:  # in order: what is in flight first
+                    yield _done(window.popleft(), advance)
+                try:
+                    got = value_stats(model, t, pages=pages)
+                except (TypeError, ValueError, TensorscopeError) as e:
+                    got = e
+                if advance is not None:
+                    advance(t.nbytes)
+                yield t, got
+                continue
+            window.append((t, pool.submit(one, t)))
+            if len(window) >= width:
+                yield _done(window.popleft(), advance)
+        while window:
+            yield _done(window.popleft(), advance)
+    finally:
+        for _, job in window:
+            job.cancel()
+        pages.flush()
+
+
+def _done(item, advance):
+    t, job = item
+    got = job.result()
+    if advance is not None:
+        advance(t.nbytes)
+    return t, got

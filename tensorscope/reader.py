@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 import mmap
+import threading
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Iterator
 
@@ -167,44 +168,14 @@ def numeric(arr: np.ndarray) -> np.ndarray:
 
 
 def tensor_stats(arr: np.ndarray, chunk_bytes: int = CHUNK_BYTES) -> TensorStats:
-    """min, max, mean, std (population), NaN/Inf/zero counts over finite values, chunk by chunk."""
-    n = nan = inf = zeros = 0
-    count = 0
-    total = 0.0
-    m2 = 0.0
-    mean = 0.0
-    lo = math.inf
-    hi = -math.inf
-    per = max(1, chunk_bytes // 8)  # float64 working copy per chunk stays bounded
-    for piece in iter_flat_chunks(arr, per * max(arr.itemsize, 1)):
-        x = numeric(piece)
-        n += x.size
-        isnan = np.isnan(x)
-        isinf = np.isinf(x)
-        nan += int(isnan.sum())
-        inf += int(isinf.sum())
-        finite = x[~(isnan | isinf)] if (nan or inf) else x
-        zeros += int(np.count_nonzero(finite == 0))
-        if finite.size == 0:
-            continue
-        lo = min(lo, float(finite.min()))
-        hi = max(hi, float(finite.max()))
-        # Chan's parallel update keeps the variance exact across chunks.
-        c_n = finite.size
-        c_mean = float(finite.mean())
-        c_m2 = float(((finite - c_mean) ** 2).sum())
-        delta = c_mean - mean
-        new = count + c_n
-        mean += delta * c_n / new
-        m2 += c_m2 + delta * delta * count * c_n / new
-        count = new
-        total += c_mean * c_n
-    if count == 0:
-        return TensorStats(n, None, None, None, None, nan, inf, zeros)
-    return TensorStats(n, lo, hi, mean, math.sqrt(m2 / count), nan, inf, zeros)
+    """min, max, mean, std (population), NaN/Inf/zero counts over finite values, in one pass
+    (`tensorscope.valuestats.summarize`: float64 sums, pieces merged by Chan's update)."""
+    from .valuestats import summarize
+    return summarize(arr, step_bytes=chunk_bytes).stats()
 
 
 _PAGE = mmap.PAGESIZE
+RELEASE_BEHIND = 2 << 20   # see `PageReleaser.release_piece`: a large folio, at most
 
 
 class PageReleaser:
@@ -218,6 +189,8 @@ class PageReleaser:
     def __init__(self, model: "ModelFile"):
         self.model = model
         self.maps: dict[str, tuple[mmap.mmap, int, int]] = {}  # file -> (map, base address, size)
+        self.pending: dict[str, tuple[int, int, int]] = {}      # file -> (lo, hi, bytes) to release
+        self.lock = threading.Lock()
 
     def _map(self, file: str):
         got = self.maps.get(file)
@@ -245,16 +218,43 @@ class PageReleaser:
             # advice only: a refused hint costs memory, never correctness
             pass
 
-    def release_piece(self, file: str, piece: np.ndarray) -> None:
-        """Release the pages under ``piece`` when it is a view into ``file``'s map (not a copy)."""
+    def release_piece(self, file: str, piece: np.ndarray, behind: int = 0) -> None:
+        """Release the pages under ``piece`` when it is a view into ``file``'s map (not a copy),
+        and the ``behind`` bytes before it: a fault maps the cached pages around it too (the
+        kernel's fault-around, 64 KiB, or a whole large folio), so the first read of a step maps
+        again the tail of the step released before it; releasing a step's lead-in as well drops
+        those (`RELEASE_BEHIND`), else ~200 KiB per tensor stay mapped and the RSS creeps up."""
         got = self._map(file)
         if got is None:
             return
         _, base, size = got
         addr = piece.__array_interface__["data"][0]
         if base <= addr < base + size:
-            self.release_range(file, addr - base, piece.nbytes)
+            lead = min(behind, addr - base)
+            self.release_range(file, addr - base - lead, piece.nbytes + lead)
 
     def release_tensor(self, info: "TensorInfo") -> None:
         if info.byte_offset is not None and info.file:
             self.release_range(info.file, info.byte_offset, info.span_bytes)
+
+    def release_later(self, info: "TensorInfo", batch: int = 8 << 20) -> None:
+        """Release a small tensor's pages with its neighbours': one ``madvise`` per ``batch`` bytes
+        of small tensors instead of one per tensor (whose shared pages would be faulted again by
+        the next). Thread-safe; `flush` releases what is left."""
+        if info.byte_offset is None or not info.file:
+            return
+        with self.lock:
+            lo, hi, n = self.pending.get(info.file, (info.byte_offset, 0, 0))
+            lo, hi, n = min(lo, info.byte_offset), max(hi, info.byte_offset + info.span_bytes), n + info.span_bytes
+            if n < batch:
+                self.pending[info.file] = (lo, hi, n)
+                return
+            self.pending.pop(info.file, None)
+        lead = min(lo, RELEASE_BEHIND)   # the tail of the batch before, mapped again by fault-around
+        self.release_range(info.file, lo - lead, hi - lo + lead)
+
+    def flush(self) -> None:
+        with self.lock:
+            pending, self.pending = self.pending, {}
+        for file, (lo, hi, _) in pending.items():
+            self.release_range(file, lo, hi - lo)

@@ -8,8 +8,9 @@
   block map stays under 16 MiB), so a range is fetched once and views
   stay zero-copy, numpy views included (``raw``; only bytes a `view` returned are valid there).
 - **Coalesced, concurrent requests.** The missing blocks of one `view` (or of a `prefetch`
-  list, e.g. every local header of a zip) are merged into runs (gaps under `MAX_GAP` filled,
-  cheaper than a round trip), split at `MAX_REQUEST` and fetched by up to `WORKERS` threads.
+  list, e.g. every local header of a zip) are merged into runs (`plan_requests`: a hole is
+  filled only when fetching it costs less time than one more request, `merge_gap` =
+  `ROUND_TRIP` x `BANDWIDTH` / `WORKERS`, both settable), split at `MAX_REQUEST` and fetched by up to `WORKERS` threads.
 - **Retries with backoff** on connection errors, timeouts, 5xx/429 and responses cut short.
 - **A byte budget** (`DEFAULT_BUDGET`, or ``TENSORSCOPE_FETCH_BUDGET`` = ``512M``, ``4G`` ...):
   a read that would pass it is refused before it is made, with a message that says so.
@@ -46,6 +47,7 @@ from .errors import TensorscopeError
 from .source import check_range
 
 __all__ = ["RemoteSource", "RemoteError", "RemoteChanged", "FetchBudgetExceeded", "is_url",
+           "merge_gap", "plan_requests",
            "open_source", "totals", "add_totals", "reset_totals", "join", "dirname", "basename", "parse_budget",
            "DEFAULT_BUDGET"]
 
@@ -53,9 +55,18 @@ BLOCK_SHIFT = 12                 # 4 KiB cache blocks: a zip local header costs 
 MAX_BLOCKS = 1 << 24             # bigger objects get bigger blocks: the block map stays <= 16 MiB
 MAX_SIZE = 1 << 46               # 64 TiB: a larger size is a server's claim, not an object
 HEAD_FETCH = 64 << 10            # the first request: sniffing head + most headers, one round trip
-MAX_GAP = 32 << 10               # fill holes smaller than this rather than pay another request
+# The range planner's cost model: filling a hole of g bytes between two wanted runs costs g /
+# BANDWIDTH seconds (and g billed bytes); leaving it costs one more request, and requests go out
+# WORKERS at a time, so a request adds ROUND_TRIP / WORKERS. Holes are filled only while
+# g < ROUND_TRIP * BANDWIDTH / WORKERS (`merge_gap`). Defaults: a user's link to a cloud bucket
+# (S3/GCS/the Hub's CDN): 30 ms to the first byte, 100 Mbit/s (12.5 MB/s): holes under ~23 KB.
+# Set TENSORSCOPE_ROUND_TRIP (seconds, "30ms") and TENSORSCOPE_BANDWIDTH (bytes per second,
+# "12.5M", "1G") for another network.
+ROUND_TRIP = 0.030               # seconds to first byte of a ranged GET
+BANDWIDTH = 12_500_000           # bytes per second of one connection
 MAX_REQUEST = 8 << 20            # split big reads so they go out concurrently
 WORKERS = 16
+MAX_GAP = int(ROUND_TRIP * BANDWIDTH / WORKERS)   # the hole filled at the defaults (`merge_gap`)
 RETRIES = 4                      # attempts per request
 BACKOFF = 0.1                    # seconds, doubled per attempt (+ jitter)
 TIMEOUT = 30.0
@@ -96,6 +107,54 @@ def parse_budget(text: str | None) -> int:
         raise TensorscopeError(f"TENSORSCOPE_FETCH_BUDGET={text!r}: expected bytes like 512M or 4G")
     scale = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}[m.group(2).lower()]
     return int(float(m.group(1)) * scale)
+
+
+# -- the range planner -------------------------------------------------------------------------
+def _knob(name: str, default: float, units: dict[str, float]) -> float:
+    text = os.environ.get(name, "").strip()
+    if not text:
+        return default
+    m = re.fullmatch(r"(\d+(?:\.\d+)?)\s*([A-Za-z]*)", text)
+    unit = m.group(2).lower() if m else None
+    if m is None or unit not in units:
+        raise TensorscopeError(f"{name}={text!r}: expected a number with one of the units "
+                               f"{', '.join(repr(u) for u in units if u) or 'none'}")
+    value = float(m.group(1)) * units[unit]
+    if not 0 < value < float("inf"):
+        raise TensorscopeError(f"{name}={text!r}: must be positive")
+    return value
+
+
+def merge_gap(round_trip: float | None = None, bandwidth: float | None = None) -> int:
+    """The largest hole (bytes) the planner fills between two wanted runs: what one more request
+    costs in transfer time, ``round_trip * bandwidth / WORKERS`` (requests go out `WORKERS` at a
+    time; defaults `ROUND_TRIP`, `BANDWIDTH`, or TENSORSCOPE_ROUND_TRIP / TENSORSCOPE_BANDWIDTH)."""
+    rt = round_trip if round_trip is not None else _knob(
+        "TENSORSCOPE_ROUND_TRIP", ROUND_TRIP, {"": 1.0, "s": 1.0, "ms": 1e-3})
+    bw = bandwidth if bandwidth is not None else _knob(
+        "TENSORSCOPE_BANDWIDTH", BANDWIDTH, {"": 1, "b": 1, "k": 1e3, "m": 1e6, "g": 1e9,
+                                             "kb": 1e3, "mb": 1e6, "gb": 1e9})
+    return max(0, int(rt * bw / WORKERS))
+
+
+def plan_requests(runs, gap: int, max_request: int = MAX_REQUEST) -> list[tuple[int, int]]:
+    """The requests ``[(start, end)]`` for the missing byte ``runs`` (any order, may overlap):
+    runs whose hole is under ``gap`` bytes are joined (one request instead of two costs less
+    than the hole's bytes), then every run is cut at ``max_request`` so big reads go out
+    concurrently. A pure function: the tests hold each layout's bytes and requests to it."""
+    runs = sorted((a, b) for a, b in runs if b > a)
+    if not runs:
+        return []
+    merged = [list(runs[0])]
+    for a, b in runs[1:]:
+        if a - merged[-1][1] < gap or a <= merged[-1][1]:
+            merged[-1][1] = max(merged[-1][1], b)
+        else:
+            merged.append([a, b])
+    jobs = []
+    for a, b in merged:
+        jobs += [(s, min(s + max_request, b)) for s in range(a, b, max_request)]
+    return jobs
 
 
 # -- URL paths (posix joins keep the scheme and host) ---------------------------------------------
@@ -759,16 +818,7 @@ class RemoteSource:
                 runs += self._missing(offset, offset + length)
         if not runs:
             return
-        runs.sort()
-        merged = [list(runs[0])]
-        for a, b in runs[1:]:
-            if a - merged[-1][1] <= MAX_GAP:
-                merged[-1][1] = max(merged[-1][1], b)
-            else:
-                merged.append([a, b])
-        jobs = []
-        for a, b in merged:
-            jobs += [(s, min(s + MAX_REQUEST, b)) for s in range(a, b, MAX_REQUEST)]
+        jobs = plan_requests(runs, merge_gap())
         want = sum(b - a for a, b in jobs)
         if self.bytes_fetched + want > self.budget:
             raise FetchBudgetExceeded(self.path, f"reading bytes {jobs[0][0]}-{jobs[-1][1] - 1} "

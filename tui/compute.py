@@ -1,9 +1,11 @@
 """Value work for the UI, in bounded memory and cancellable between chunks.
 
-`chunked_stats` merges `tensorscope.reader.tensor_stats` over the chunks of
-`tensorscope.reader.iter_flat_chunks` (Chan's update, exact across chunks) so a worker can stop
-between chunks; `histogram` and `diff_histogram` count values into fixed bins chunk by chunk, so
-memory never grows with the tensor; `preview_window` cuts a 2-D window for the value table.
+`summary` is the library's one pass over a tensor's values (`tensorscope.valuestats`: each
+element read once, float64 sums merged by Chan's update, the worker can stop between steps);
+its `Summary` gives `chunked_stats` and, for one- and two-byte dtypes (float16, bfloat16, float8,
+int8), the `histogram` from the same read (counts per bit pattern); wider dtypes read the values a
+second time for the histogram, once its range is known. `diff_histogram` counts values into fixed
+bins chunk by chunk, so memory never grows with the tensor; `preview_window` cuts a 2-D window for the value table.
 None of these copy more than one chunk at a time.
 
 Quantized, packed and block dtypes are shown by their decoded values (`tensorscope.dequant`):
@@ -20,17 +22,14 @@ import numpy as np
 
 from tensorscope.dequant import is_decoded, iter_decoded
 from tensorscope.errors import FormatError, TensorscopeError
-from tensorscope.reader import TensorStats, iter_flat_chunks, tensor_stats
+from tensorscope.reader import TensorStats, iter_flat_chunks
+from tensorscope.valuestats import Cancelled, Summary, summarize
 
-__all__ = ["Cancelled", "Decoded", "stream_values", "values_of", "is_raw", "chunked_stats", "histogram", "diff_histogram", "paired_chunks",
+__all__ = ["Cancelled", "Decoded", "stream_values", "values_of", "is_raw", "summary", "chunked_stats", "histogram", "diff_histogram", "paired_chunks",
            "as_matrix", "step_lead", "preview_window", "HIST_BINS"]
 
 HIST_BINS = 40
 _CHUNK = 4 << 20  # float64 working copies stay at a few MiB per chunk
-
-
-class Cancelled(Exception):
-    """The worker was cancelled between two chunks."""
 
 
 def _check(cancelled: Callable[[], bool] | None) -> None:
@@ -91,31 +90,16 @@ def _float(piece: np.ndarray) -> np.ndarray:
     return piece.astype(np.float64)
 
 
+def summary(arr, cancelled: Callable[[], bool] | None = None) -> Summary:
+    """One pass over ``arr`` (an array or a `Decoded`): `Summary.stats` and, for one- and
+    two-byte dtypes, `Summary.histogram` without a second read. Raises `Cancelled` between steps."""
+    values = arr.pieces() if isinstance(arr, Decoded) else arr
+    return summarize(values, cancelled=cancelled, want_counts=True, step_bytes=_CHUNK)
+
+
 def chunked_stats(arr: np.ndarray, cancelled: Callable[[], bool] | None = None) -> TensorStats:
-    """`tensor_stats` over ``arr``, merged chunk by chunk; raises `Cancelled` between chunks."""
-    n = nan = inf = zeros = 0
-    count = 0
-    mean = m2 = 0.0
-    lo, hi = math.inf, -math.inf
-    for piece in _pieces(arr):
-        _check(cancelled)
-        s = tensor_stats(piece)
-        n += s.numel
-        nan += s.nan
-        inf += s.inf
-        zeros += s.zeros
-        c_n = s.numel - s.nan - s.inf
-        if not c_n or s.mean is None:
-            continue
-        lo, hi = min(lo, s.min), max(hi, s.max)
-        delta = s.mean - mean
-        new = count + c_n
-        mean += delta * c_n / new
-        m2 += s.std * s.std * c_n + delta * delta * count * c_n / new
-        count = new
-    if count == 0:
-        return TensorStats(n, None, None, None, None, nan, inf, zeros)
-    return TensorStats(n, lo, hi, mean, math.sqrt(m2 / count), nan, inf, zeros)
+    """`tensor_stats` over ``arr`` in one pass (`summary`); raises `Cancelled` between chunks."""
+    return summary(arr, cancelled).stats()
 
 
 def _bin_range(lo: float, hi: float) -> tuple[float, float]:
@@ -125,9 +109,14 @@ def _bin_range(lo: float, hi: float) -> tuple[float, float]:
 
 
 def histogram(arr: np.ndarray, lo: float, hi: float, bins: int = HIST_BINS,
-              cancelled: Callable[[], bool] | None = None) -> list[int]:
-    """Counts of finite values of ``arr`` in ``bins`` equal bins over ``[lo, hi]``."""
+              cancelled: Callable[[], bool] | None = None, done: Summary | None = None) -> list[int]:
+    """Counts of finite values of ``arr`` in ``bins`` equal bins over ``[lo, hi]``: from ``done``
+    (the `summary` of ``arr``) when it kept its counters, else by reading the values again."""
     rng = _bin_range(lo, hi)
+    if done is not None:
+        got = done.histogram(rng[0], rng[1], bins)
+        if got is not None:
+            return got
     counts = np.zeros(bins, dtype=np.int64)
     for piece in _pieces(arr):
         _check(cancelled)

@@ -87,17 +87,14 @@ def _selected(model, patterns):
 
 
 def _compute_stats(model, tensors):
-    from ..dequant import value_stats  # numpy loads only when values are read
+    from ..dequant import many_value_stats  # numpy loads only when values are read
     out = {}
     total = sum(t.nbytes for t in tensors)
     with progress(total, "stats") as advance:
-        for t in tensors:
-            try:
-                # Quantized/packed/block dtypes: statistics of the decoded values (dequant).
-                out[t.name] = value_stats(model, t).to_dict()
-            except (TypeError, ValueError, TensorscopeError) as e:  # strings, undecodable blocks
-                out[t.name] = {"error": str(e)}
-            advance(t.nbytes)
+        # One pass per tensor on a few threads, pages released behind it; quantized/packed/block
+        # dtypes: statistics of the decoded values. An error (strings, undecodable blocks) is the row's.
+        for t, got in many_value_stats(model, tensors, advance):
+            out[t.name] = {"error": str(got)} if isinstance(got, Exception) else got.to_dict()
     return out
 
 

@@ -20,7 +20,7 @@ from textual.screen import Screen
 from textual.widgets import Footer, Input, Static, Tree
 from textual.worker import get_current_worker
 
-from ..compute import HIST_BINS, Cancelled, chunked_stats, histogram, is_raw, stream_values
+from ..compute import HIST_BINS, Cancelled, histogram, is_raw, stream_values, summary
 from ..formatting import basename, compact_bytes, fmt_offset, fmt_shape, human_bytes, human_count, one_line
 from ..messages import HistogramReady, StatsFailed, StatsReady
 from tensorscope.safetext import shown
@@ -290,10 +290,12 @@ class BrowseScreen(Screen):
                 self.post_message(StatsFailed(key, f"no element statistics: {info.dtype} values are "
                                                    "stored packed/quantized (raw bytes)"))
                 return
-            stats = chunked_stats(arr, lambda: worker.is_cancelled)
+            done = summary(arr, lambda: worker.is_cancelled)   # one read: stats (+ histogram)
+            stats = done.stats()
             self.post_message(StatsReady(key, stats))
             if stats.min is not None:
-                counts = histogram(arr, stats.min, stats.max, HIST_BINS, lambda: worker.is_cancelled)
+                counts = histogram(arr, stats.min, stats.max, HIST_BINS, lambda: worker.is_cancelled,
+                                   done=done)
                 self.post_message(HistogramReady(key, counts, stats.min, stats.max))
         except Cancelled:
             return

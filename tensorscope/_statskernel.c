@@ -1,0 +1,270 @@
+/* One read of each element for `tensorscope.valuestats`: the statistics of one piece of values.
+ *
+ * Two entry points, each with a numpy twin in `valuestats.py` that the tests hold it to:
+ *
+ *   count(data, width, counts)  adds, for every `width`-byte element of `data` (1 or 2 bytes), one
+ *       to the uint64 counter of its bit pattern in `counts` (lanes x 2^(8*width) counters; element
+ *       i goes to lane i % lanes so that runs of one value do not wait on one counter). Python
+ *       turns the counts into min/max/mean/std/NaN/Inf/zeros and any histogram exactly (a value per
+ *       bit pattern): float16, bfloat16, the float8 types, int8/16, bool, in one increment each.
+ *   moments(data, code, table, shift) -> (finite, nan, inf, zeros, min, max, mean - shift, m2) over
+ *       the piece in float64, the sums taken over x - shift (the caller's guess of a typical value:
+ *       data far from zero keeps the digits of its spread in the block means): blocks of BLOCK elements widened into an L1-resident buffer, each block's mean and
+ *       sum of squared deviations in two passes over that buffer, blocks merged by Chan's update
+ *       (numerically stable: no sum of squares of raw values is ever formed). Codes: 'e' float16,
+ *       'b' bfloat16, 'h'/'H' int16/uint16, 'f'/'d' float32/64, 'i'/'I' int32/uint32, 'q'/'Q'
+ *       int64/uint64, 't' one byte through a 256-entry float64 table given by the caller (every
+ *       one-byte dtype: the table is numpy's own conversion, so the values are numpy's).
+ *
+ * The kernel decides nothing: it counts and sums what it is given. Every length is checked
+ * against the buffer (sizes in Py_ssize_t, products checked before they are formed), every load
+ * goes through memcpy (no alignment is assumed of any buffer), and the GIL is released only
+ * while the loop reads buffers whose exporters the Py_buffer views keep alive.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+#define ABI 2
+#define BLOCK 1024
+#define MAX_LANES 8
+
+#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) && defined(__linux__)
+#define VECTOR_CLONES __attribute__((target_clones("arch=x86-64-v4", "avx2", "default")))
+#else
+#define VECTOR_CLONES
+#endif
+
+/* ---- count ------------------------------------------------------------------------------- */
+
+static inline void bump(char *counts, size_t index) {
+    uint64_t v;
+    memcpy(&v, counts + index * 8, 8);
+    v += 1;
+    memcpy(counts + index * 8, &v, 8);
+}
+
+static void count8(const unsigned char *p, Py_ssize_t n, char *counts, int lanes) {
+    Py_ssize_t i = 0;
+    if (lanes >= 4) {
+        for (; i + 4 <= n; i += 4) {
+            bump(counts, (size_t)p[i]);
+            bump(counts, 256u + p[i + 1]);
+            bump(counts, 512u + p[i + 2]);
+            bump(counts, 768u + p[i + 3]);
+        }
+    } else if (lanes >= 2) {
+        for (; i + 2 <= n; i += 2) {
+            bump(counts, (size_t)p[i]);
+            bump(counts, 256u + p[i + 1]);
+        }
+    }
+    for (; i < n; i++) bump(counts, (size_t)p[i]);
+}
+
+static inline size_t load16(const unsigned char *p) {
+    uint16_t h;
+    memcpy(&h, p, 2);
+    return (size_t)h;
+}
+
+static void count16(const unsigned char *p, Py_ssize_t n, char *counts, int lanes) {
+    Py_ssize_t i = 0;
+    if (lanes >= 2) {
+        for (; i + 2 <= n; i += 2) {
+            bump(counts, load16(p + 2 * i));
+            bump(counts, 65536u + load16(p + 2 * i + 2));
+        }
+    }
+    for (; i < n; i++) bump(counts, load16(p + 2 * i));
+}
+
+static PyObject *py_count(PyObject *self, PyObject *args) {
+    Py_buffer data, counts;
+    int width;
+    if (!PyArg_ParseTuple(args, "y*iw*", &data, &width, &counts)) return NULL;
+    PyObject *ret = NULL;
+    if (width != 1 && width != 2) {
+        PyErr_SetString(PyExc_ValueError, "width must be 1 or 2");
+        goto done;
+    }
+    Py_ssize_t per_lane = (Py_ssize_t)8 << (8 * width);   /* bytes of one lane of counters */
+    if (data.len % width != 0 || counts.len % per_lane != 0 || counts.len / per_lane < 1 ||
+            counts.len / per_lane > MAX_LANES) {
+        PyErr_SetString(PyExc_ValueError, "data is not whole elements, or counts is not 1 to 8 "
+                                          "lanes of uint64 counters for the width");
+        goto done;
+    }
+    int lanes = (int)(counts.len / per_lane);
+    Py_ssize_t n = data.len / width;
+    Py_BEGIN_ALLOW_THREADS
+    if (width == 1) count8((const unsigned char *)data.buf, n, (char *)counts.buf, lanes);
+    else count16((const unsigned char *)data.buf, n, (char *)counts.buf, lanes);
+    Py_END_ALLOW_THREADS
+    ret = Py_NewRef(Py_None);
+done:
+    PyBuffer_Release(&data);
+    PyBuffer_Release(&counts);
+    return ret;
+}
+
+/* ---- moments ----------------------------------------------------------------------------- */
+
+/* float16 -> float64 exactly: the bits shifted into float32's places times 2^112 (subnormals
+ * included); exponent 31 (Inf, NaN) is rebuilt from the bits. */
+static inline double half_to_double(uint16_t h) {
+    uint32_t u = ((uint32_t)(int32_t)(int16_t)h << 13) & 0x8FFFE000u;
+    float f;
+    memcpy(&f, &u, sizeof f);
+    double x = (double)(f * 5.192296858534828e+33f);
+    if ((h & 0x7c00) == 0x7c00)
+        x = (h & 0x03ff) ? NAN : ((h & 0x8000) ? -INFINITY : INFINITY);
+    return x;
+}
+
+static inline double bf16_to_double(uint16_t h) {
+    uint32_t u = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &u, sizeof f);
+    return (double)f;
+}
+
+VECTOR_CLONES
+static void widen(const unsigned char *p, char code, const double *table, Py_ssize_t n,
+                  double *out) {
+    switch (code) {
+    case 't': for (Py_ssize_t i = 0; i < n; i++) out[i] = table[p[i]]; break;
+    case 'e': for (Py_ssize_t i = 0; i < n; i++) {
+        uint16_t h; memcpy(&h, p + 2 * i, 2); out[i] = half_to_double(h); } break;
+    case 'b': for (Py_ssize_t i = 0; i < n; i++) {
+        uint16_t h; memcpy(&h, p + 2 * i, 2); out[i] = bf16_to_double(h); } break;
+    case 'h': for (Py_ssize_t i = 0; i < n; i++) {
+        int16_t v; memcpy(&v, p + 2 * i, 2); out[i] = (double)v; } break;
+    case 'H': for (Py_ssize_t i = 0; i < n; i++) {
+        uint16_t v; memcpy(&v, p + 2 * i, 2); out[i] = (double)v; } break;
+    case 'f': for (Py_ssize_t i = 0; i < n; i++) {
+        float v; memcpy(&v, p + 4 * i, 4); out[i] = (double)v; } break;
+    case 'i': for (Py_ssize_t i = 0; i < n; i++) {
+        int32_t v; memcpy(&v, p + 4 * i, 4); out[i] = (double)v; } break;
+    case 'I': for (Py_ssize_t i = 0; i < n; i++) {
+        uint32_t v; memcpy(&v, p + 4 * i, 4); out[i] = (double)v; } break;
+    case 'q': for (Py_ssize_t i = 0; i < n; i++) {
+        int64_t v; memcpy(&v, p + 8 * i, 8); out[i] = (double)v; } break;
+    case 'Q': for (Py_ssize_t i = 0; i < n; i++) {
+        uint64_t v; memcpy(&v, p + 8 * i, 8); out[i] = (double)v; } break;
+    default:  for (Py_ssize_t i = 0; i < n; i++) {
+        double v; memcpy(&v, p + 8 * i, 8); out[i] = v; } break;
+    }
+}
+
+typedef struct {
+    double count, mean, m2, lo, hi;   /* count is exact in float64 up to 2^53 elements */
+    long long nan, inf, zeros;
+} Moments;
+
+/* One block: counts, extremes and sum of the finite values, then their squared deviations from
+ * the block's own mean; folded into `m` by Chan's update. */
+VECTOR_CLONES
+static void block_moments(const double *x, Py_ssize_t n, double shift, Moments *m) {
+    /* counts kept as doubles inside a block (exact: n <= BLOCK), so the loop stays in one
+     * vector type */
+    double s = 0.0, lo = INFINITY, hi = -INFINITY, fin = 0.0, nan = 0.0, zeros = 0.0;
+#pragma omp simd reduction(+:s, fin, nan, zeros) reduction(min:lo) reduction(max:hi)
+    for (Py_ssize_t i = 0; i < n; i++) {
+        double v = x[i];
+        int f = fabs(v) <= 1.7976931348623157e308;
+        nan += v != v ? 1.0 : 0.0;
+        zeros += v == 0.0 ? 1.0 : 0.0;
+        fin += f ? 1.0 : 0.0;
+        s += f ? v - shift : 0.0;
+        double a = f ? v : INFINITY, b = f ? v : -INFINITY;
+        lo = a < lo ? a : lo;
+        hi = b > hi ? b : hi;
+    }
+    m->nan += (long long)nan;
+    m->zeros += (long long)zeros;
+    m->inf += (long long)n - (long long)fin - (long long)nan;
+    if (fin == 0.0) return;
+    double bm = s / fin, q = 0.0;
+#pragma omp simd reduction(+:q)
+    for (Py_ssize_t i = 0; i < n; i++) {
+        double v = x[i];
+        double d = (fabs(v) <= 1.7976931348623157e308) ? (v - shift) - bm : 0.0;
+        q += d * d;
+    }
+    double nb = fin, total = m->count + nb, delta = bm - m->mean;
+    m->mean += delta * (nb / total);
+    m->m2 += q + delta * delta * (m->count * nb / total);
+    m->count = total;
+    if (lo < m->lo) m->lo = lo;
+    if (hi > m->hi) m->hi = hi;
+}
+
+static int itemsize_of(char code) {
+    switch (code) {
+    case 't': return 1;
+    case 'e': case 'b': case 'h': case 'H': return 2;
+    case 'f': case 'i': case 'I': return 4;
+    case 'd': case 'q': case 'Q': return 8;
+    default: return 0;
+    }
+}
+
+static PyObject *py_moments(PyObject *self, PyObject *args) {
+    Py_buffer data, tab;
+    int code_int;
+    double shift;
+    if (!PyArg_ParseTuple(args, "y*Cy*d", &data, &code_int, &tab, &shift)) return NULL;
+    PyObject *ret = NULL;
+    char code = (char)code_int;
+    int size = itemsize_of(code);
+    double table[256];
+    if (size == 0 || data.len % size != 0 || !isfinite(shift)) {
+        PyErr_SetString(PyExc_ValueError, "unknown code, or data is not whole elements");
+        goto done;
+    }
+    if (code == 't') {
+        if (tab.len != (Py_ssize_t)sizeof table) {
+            PyErr_SetString(PyExc_ValueError, "code 't' needs a table of 256 float64");
+            goto done;
+        }
+        memcpy(table, tab.buf, sizeof table);
+    }
+    Moments m = {0.0, 0.0, 0.0, INFINITY, -INFINITY, 0, 0, 0};
+    Py_ssize_t n = data.len / size;
+    const unsigned char *p = (const unsigned char *)data.buf;
+    Py_BEGIN_ALLOW_THREADS
+    double buf[BLOCK];
+    for (Py_ssize_t i = 0; i < n; i += BLOCK) {
+        Py_ssize_t k = n - i < BLOCK ? n - i : BLOCK;
+        widen(p + i * size, code, table, k, buf);
+        block_moments(buf, k, shift, &m);
+    }
+    Py_END_ALLOW_THREADS
+    ret = Py_BuildValue("(dLLLdddd)", m.count, m.nan, m.inf, m.zeros, m.lo, m.hi, m.mean, m.m2);
+done:
+    PyBuffer_Release(&data);
+    PyBuffer_Release(&tab);
+    return ret;
+}
+
+static PyMethodDef methods[] = {
+    {"count", py_count, METH_VARARGS,
+     "count(data, width, counts): add each width-byte element's bit pattern to its uint64 counter"},
+    {"moments", py_moments, METH_VARARGS,
+     "moments(data, code, table, shift) -> (finite, nan, inf, zeros, min, max, mean - shift, m2)"},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_statskernel", NULL, -1, methods};
+
+PyMODINIT_FUNC PyInit__statskernel(void) {
+    PyObject *m = PyModule_Create(&module);
+    if (m != NULL && PyModule_AddIntConstant(m, "ABI", ABI) < 0) {
+        Py_DECREF(m);
+        return NULL;
+    }
+    return m;
+}
