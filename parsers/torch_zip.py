@@ -20,6 +20,7 @@ from typing import NamedTuple
 from tensorscope.dtypes import is_unknown, register_unknown
 from tensorscope.errors import FormatError
 from tensorscope.model import ModelFile, PickleRecord
+from tensorscope.open_mode import listing_only_active
 from tensorscope.source import ByteSource
 
 from . import pickle_vm, torch_pickle, zip_dispatch, zipfmt
@@ -201,7 +202,7 @@ def open_zip(src: ByteSource, archive: ZipArchive) -> ModelFile:
     model = ModelFile(FORMAT, src.path, sources={src.path: src})
     model.evidence.anomalies.extend(archive.anomalies)
     model.metadata = archive_metadata(archive, prefix)
-    light = zip_dispatch.listing_only_active()
+    light = listing_only_active()
     data, base = pickle_bytes(archive, pkl)
     records = data_records(archive, prefix) if light and \
         not zip_dispatch.keeping_archive_active() else None

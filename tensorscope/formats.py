@@ -17,6 +17,7 @@ import threading
 from contextlib import contextmanager
 
 from .errors import FileMissing, FormatError, TensorscopeError, UnknownFormat, file_error
+from .open_mode import listing_mode
 from .model import ModelFile
 from .remote import is_url
 from .source import ByteSource
@@ -145,7 +146,6 @@ def open_model(path: str | os.PathLike, *, format: str | None = None,
     try:
         if listing is None:   # a nested open (or the default): the mode in force, False outside
             return _open_model(path, format)
-        from .parsers.zip_dispatch import listing_mode
         with listing_mode(listing):
             return _open_model(path, format)
     except OSError as e:  # missing shard, unreadable file or folder: named, one hierarchy
@@ -204,7 +204,6 @@ def open_model_source(src, path: str, *, format: str | None = None,
     not closed when parsing fails. ``listing`` as for `open_model`."""
     if listing is None:
         return _open_source(src, path, format, owned=False)
-    from .parsers.zip_dispatch import listing_mode
     with listing_mode(listing):
         return _open_source(src, path, format, owned=False)
 

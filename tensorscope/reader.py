@@ -17,6 +17,7 @@ import numpy as np
 
 from . import dtypes
 from .errors import FormatError
+from .valuestats import TensorStats, iter_flat_chunks, summarize  # noqa: F401  (part of reader's API)
 
 if TYPE_CHECKING:
     from .model import ModelFile, TensorInfo
@@ -115,51 +116,6 @@ def _boxes_overlap(chunks) -> bool:
     return False
 
 
-def iter_flat_chunks(arr: np.ndarray, chunk_bytes: int = CHUNK_BYTES) -> Iterator[np.ndarray]:
-    """Yield 1-D pieces of ``arr`` in C order, each at most ~chunk_bytes, copying only a piece at a
-    time when ``arr`` is not contiguous."""
-    if arr.size == 0:
-        return
-    if arr.ndim == 0:
-        yield arr.reshape(1)
-        return
-    per = max(1, chunk_bytes // max(arr.itemsize, 1))
-    if arr.flags.c_contiguous:
-        flat = arr.reshape(-1)
-        for i in range(0, flat.size, per):
-            yield flat[i:i + per]
-        return
-    # Split along the leading axis so each piece is a bounded sub-block.
-    row = math.prod(arr.shape[1:]) or 1
-    rows = max(1, per // row)
-    if rows == 1 and row > per and arr.ndim > 1:
-        for i in range(arr.shape[0]):
-            yield from iter_flat_chunks(arr[i], chunk_bytes)
-        return
-    for i in range(0, arr.shape[0], rows):
-        yield np.ascontiguousarray(arr[i:i + rows]).reshape(-1)
-
-
-@dataclass(frozen=True, slots=True)
-class TensorStats:
-    numel: int
-    min: float | None
-    max: float | None
-    mean: float | None
-    std: float | None
-    nan: int
-    inf: int
-    zeros: int
-
-    @property
-    def zero_fraction(self) -> float:
-        return self.zeros / self.numel if self.numel else 0.0
-
-    def to_dict(self) -> dict:
-        return {"numel": self.numel, "min": self.min, "max": self.max, "mean": self.mean,
-                "std": self.std, "nan": self.nan, "inf": self.inf, "zeros": self.zeros}
-
-
 def numeric(arr: np.ndarray) -> np.ndarray:
     """A piece converted to float64 (complex: magnitude) for statistics and comparison."""
     if arr.dtype.kind == "c":
@@ -170,7 +126,6 @@ def numeric(arr: np.ndarray) -> np.ndarray:
 def tensor_stats(arr: np.ndarray, chunk_bytes: int = CHUNK_BYTES) -> TensorStats:
     """min, max, mean, std (population), NaN/Inf/zero counts over finite values, in one pass
     (`tensorscope.valuestats.summarize`: float64 sums, pieces merged by Chan's update)."""
-    from .valuestats import summarize
     return summarize(arr, step_bytes=chunk_bytes).stats()
 
 

@@ -37,12 +37,59 @@ import math
 import os
 import threading
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from functools import lru_cache
-from typing import Callable, Iterable
+from typing import Callable, Iterable, Iterator
 
 import numpy as np
 
 from .native import optional_extension
+
+
+def iter_flat_chunks(arr: np.ndarray, chunk_bytes: int = 8 << 20) -> Iterator[np.ndarray]:
+    """Yield 1-D pieces of ``arr`` in C order, each at most ~chunk_bytes, copying only a piece at a
+    time when ``arr`` is not contiguous."""
+    if arr.size == 0:
+        return
+    if arr.ndim == 0:
+        yield arr.reshape(1)
+        return
+    per = max(1, chunk_bytes // max(arr.itemsize, 1))
+    if arr.flags.c_contiguous:
+        flat = arr.reshape(-1)
+        for i in range(0, flat.size, per):
+            yield flat[i:i + per]
+        return
+    # Split along the leading axis so each piece is a bounded sub-block.
+    row = math.prod(arr.shape[1:]) or 1
+    rows = max(1, per // row)
+    if rows == 1 and row > per and arr.ndim > 1:
+        for i in range(arr.shape[0]):
+            yield from iter_flat_chunks(arr[i], chunk_bytes)
+        return
+    for i in range(0, arr.shape[0], rows):
+        yield np.ascontiguousarray(arr[i:i + rows]).reshape(-1)
+
+
+@dataclass(frozen=True, slots=True)
+class TensorStats:
+    numel: int
+    min: float | None
+    max: float | None
+    mean: float | None
+    std: float | None
+    nan: int
+    inf: int
+    zeros: int
+
+    @property
+    def zero_fraction(self) -> float:
+        return self.zeros / self.numel if self.numel else 0.0
+
+    def to_dict(self) -> dict:
+        return {"numel": self.numel, "min": self.min, "max": self.max, "mean": self.mean,
+                "std": self.std, "nan": self.nan, "inf": self.inf, "zeros": self.zeros}
+
 
 __all__ = ["Cancelled", "Summary", "summarize", "STEP_BYTES", "PARALLEL_BYTES"]
 
@@ -261,7 +308,6 @@ class Summary:
         return [int(x) for x in got]
 
     def stats(self):
-        from .reader import TensorStats
         if self.count == 0:
             return TensorStats(self.numel, None, None, None, None, self.nan, self.inf, self.zeros)
         return TensorStats(self.numel, self.lo, self.hi, self.mean, math.sqrt(self.m2 / self.count),
@@ -335,7 +381,7 @@ def summarize(values: np.ndarray | Iterable[np.ndarray], *, release: Callable[[n
     if arr.size == 0:
         return Summary(_new_partial(plan), arr.dtype)
     if not (arr.flags.c_contiguous or arr.ndim == 0):
-        from .reader import iter_flat_chunks   # a piece copied at a time; nothing to release
+        # a piece copied at a time (iter_flat_chunks); nothing to release
         acc = _new_partial(plan, _shift_of(arr.reshape(-1)[:64] if arr.ndim <= 1 else arr[(0,) * (arr.ndim - 1)], plan))
         for piece in iter_flat_chunks(arr, step_bytes):
             if cancelled is not None and cancelled():
