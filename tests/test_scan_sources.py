@@ -159,7 +159,7 @@ def test_the_token_window_changes_nothing(monkeypatch):
 
 
 def test_code_past_the_limits_is_reported_unread(tmp_path, monkeypatch):
-    from tensorscope.scan import torchscript
+    from tensorscope.scan import context, torchscript
 
     class M(torch.nn.Module):
         def forward(self, x):
@@ -171,6 +171,6 @@ def test_code_past_the_limits_is_reported_unread(tmp_path, monkeypatch):
     hits = [f for f in scan_paths(path).findings if f.rule == "torchscript.code-unparseable"]
     assert hits and "only the first 40 are read" in hits[0].message
     monkeypatch.setattr(torchscript, "MAX_CODE_CHARS", 8 << 20)
-    monkeypatch.setattr(torchscript, "CODE_CHARS_PER_FILE", 10)
+    monkeypatch.setattr(context, "CODE_CHARS_PER_FILE", 10)
     hits = [f for f in scan_paths(path).findings if f.rule == "torchscript.code-unparseable"]
     assert hits and "are spent" in hits[0].message and hits[0].severity == Severity.HIGH

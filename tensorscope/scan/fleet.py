@@ -28,7 +28,8 @@ from typing import Any, Callable, Iterable, Iterator
 
 from .. import remote
 from ..errors import TensorscopeError
-from .loader import DEFAULT_SCAN_LIMITS, ScanLimits, scan_file
+from .context import DEFAULT_SCAN_LIMITS, ScanLimits
+from .loader import scan_file
 from .report import FileReport, Finding, ScanReport, merge, sort_findings
 from .walk import plan
 
