@@ -22,9 +22,6 @@ Public API:
 """
 from __future__ import annotations
 
-import sys
-import types
-
 from .context import DEFAULT_SCAN_LIMITS, ScanLimits
 from .loader import scan_file, scan_model
 from .report import FileReport, Finding, ScanReport, Severity, merge
@@ -35,13 +32,3 @@ __all__ = ["scan_paths", "scan_file", "scan_model", "scan_opened", "plan", "merg
            "FileReport", "ScanReport", "RULES", "Rule", "severity_of", "ScanLimits",
            "DEFAULT_SCAN_LIMITS"]
 
-
-class _CallableModule(types.ModuleType):
-    """``tensorscope.scan(*paths)`` keeps working now that ``tensorscope.scan`` is this package:
-    calling the module is `scan_paths`."""
-
-    def __call__(self, *paths, **kwargs) -> ScanReport:
-        return scan_paths(*paths, **kwargs)
-
-
-sys.modules[__name__].__class__ = _CallableModule

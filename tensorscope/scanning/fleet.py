@@ -119,7 +119,7 @@ _SCANNER_MODULES = ("zipfmt", "torch_zip", "torch_pickle", "pickle_vm", "joblib_
 def _preload_names() -> list[str]:
     from ..formats import DIR_PARSERS, FILE_PARSERS
     names = dict.fromkeys([*FILE_PARSERS, *DIR_PARSERS, *_SCANNER_MODULES])
-    return ["numpy", *(f"tensorscope.parsers.{n}" for n in names), "tensorscope.scan.fleet"]
+    return ["numpy", *(f"tensorscope.parsers.{n}" for n in names), "tensorscope.scanning.fleet"]
 
 
 def _preload() -> None:

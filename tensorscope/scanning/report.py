@@ -36,7 +36,7 @@ class Finding:
     """One finding. Instances are immutable and hashable.
 
     Attributes:
-        severity: a `Severity` (from the rule registry, `tensorscope.scan.rules`).
+        severity: a `Severity` (from the rule registry, `tensorscope.scanning.rules`).
         rule: stable rule id.
         message: one line saying what and why (may quote the file: show it through safetext).
         file: path of the scanned file.
