@@ -124,7 +124,7 @@ def remote_listing(cache: str, cases, delay: float, repeat: int) -> list[dict]:
 
 THROUGHPUT_SCRIPT = """
 import json, resource, sys, time
-from tensorscope.scan import fleet, scan_paths
+from tensorscope.scanning import fleet, scan_paths
 folder, rounds = sys.argv[1], int(sys.argv[2])
 fleet._preload()      # the imports are paid before the clocks start, on both sides
 scan_paths(folder)    # page cache and first calls warm
@@ -147,7 +147,7 @@ print(json.dumps(out))
 REMOTE_FLEET_SCRIPT = """
 import json, os, sys, time
 from tensorscope import remote
-from tensorscope.scan import fleet
+from tensorscope.scanning import fleet
 urls = sys.argv[2:]
 t, c0 = time.perf_counter(), os.times()
 recs = []

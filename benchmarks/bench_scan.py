@@ -101,7 +101,7 @@ def timed(cmd: list[str], repeat: int) -> tuple[float, int]:
 
 
 def in_process(path: Path, repeat: int) -> float:
-    from tensorscope.scan import scan_paths
+    from tensorscope.scanning import scan_paths
     best = float("inf")
     for _ in range(repeat):
         t0 = time.perf_counter()
@@ -155,7 +155,7 @@ def _modelscan_flagged(report: dict, corpus: Path) -> set[str]:
 
 
 def detection(args) -> None:
-    from tensorscope.scan import ScanLimits, Severity, scan_paths
+    from tensorscope.scanning import ScanLimits, Severity, scan_paths
     corpus, cases = make_corpus()
     # one case per file (the corpus has duplicate files with different expectations)
     ours = {}

@@ -47,7 +47,7 @@ def main() -> None:
     from jinja2.sandbox import ImmutableSandboxedEnvironment
 
     import chat_templates
-    from tensorscope.scan import configs, jinja_tree, pt2_exprs
+    from tensorscope.scanning import configs, jinja_tree, pt2_exprs
 
     rows = []
     templates = list(chat_templates.ALL.values())

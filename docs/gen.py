@@ -3,9 +3,9 @@
 Generated at build time, so they cannot fall behind the code:
 
 - ``cli.md``: every subcommand's ``--help``, from the argparse parsers ``tensorscope.cli`` builds;
-- ``rules.md``: every scan rule, from the registry ``tensorscope.scan.rules.RULES``;
+- ``rules.md``: every scan rule, from the registry ``tensorscope.scanning.rules.RULES``;
 - ``schemas.md``: the hand-written ``inspect --json`` page plus the ``diff`` and ``scan`` schemas,
-  read from the docstrings that define them (``tensorscope/diffing.py``, ``tensorscope/scan/report.py``).
+  read from the docstrings that define them (``tensorscope/diffing.py``, ``tensorscope/scanning/report.py``).
 
 The navigation lists every page of `NAV` that exists (written or generated), so a page another
 change adds appears once its file is there, and a page not written yet is simply not listed.
@@ -61,13 +61,13 @@ def _help(parser: argparse.ArgumentParser) -> str:
 
 
 def rules_reference() -> str:
-    from tensorscope.scan.rules import ANOMALIES, RULES
+    from tensorscope.scanning.rules import ANOMALIES, RULES
 
     by_rule: dict[str, list[str]] = {}
     for kind, rid in ANOMALIES.items():
         by_rule.setdefault(rid, []).append(kind)
     out = ["# Scan rules", "",
-           "Generated from the rule registry (`tensorscope.scan.rules.RULES`); "
+           "Generated from the rule registry (`tensorscope.scanning.rules.RULES`); "
            "`tensorscope scan --list-rules` prints the same table, `--json` with the rationale.", "",
            "| rule | severity | title |", "|---|---|---|"]
     ordered = sorted(RULES.values(), key=lambda r: (-int(r.severity), r.id))
@@ -101,7 +101,7 @@ def _cell(text: str) -> str:
 def schemas() -> str:
     page = (ROOT / "docs" / "schemas.md").read_text()
     for title, path in [("`diff --json`", "tensorscope/diffing.py"),
-                        ("`scan --json`", "tensorscope/scan/report.py")]:
+                        ("`scan --json`", "tensorscope/scanning/report.py")]:
         page += f"\n## {title}\n\nFrom the docstring of `{path}`.\n\n" + _schema_section(ROOT / path)
     return page
 

@@ -576,7 +576,7 @@ def import_all() -> None:
 
     import tensorscope
     import tensorscope.parsers
-    import tensorscope.scan  # noqa: F401
+    import tensorscope.scanning  # noqa: F401
     for mod in pkgutil.iter_modules(tensorscope.parsers.__path__):
         importlib.import_module(f"tensorscope.parsers.{mod.name}")
 

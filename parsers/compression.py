@@ -1,5 +1,5 @@
 """One sniffer and one bounded decompressor for compressed streams, shared by the joblib parser
-and the scanner (``tensorscope.scan``): what joblib's ``_detect_compressor`` sees at the head of a
+and the scanner (``tensorscope.scanning``): what joblib's ``_detect_compressor`` sees at the head of a
 stream, and its output capped, never trusted.
 
 - ``compression(head)``: zlib ``x`` (header checksum checked), gzip, bz2, xz, lzma ``]\\x00``,

@@ -87,7 +87,7 @@ def keeping_archive_active() -> bool:
 @contextmanager
 def keeping_archive():
     """Within it, a zip model keeps its `ZipArchive` as ``model.evidence.archive``, so that a
-    scan of the opened model (`tensorscope.scan.scan_model`: convert opens, then scans) reads the
+    scan of the opened model (`tensorscope.scanning.scan_model`: convert opens, then scans) reads the
     central directory once. Off by default: a listing has no use for 100,000 members (~45 MB)."""
     token = _KEEP_ARCHIVE.set(True)
     try:

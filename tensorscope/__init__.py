@@ -9,11 +9,16 @@ Public API:
 """
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from .errors import (AccessDenied, FileAccessError, FileMissing, FormatError, LimitExceeded,
                      TensorNotFound, TensorscopeError, UnknownFormat)
 from .formats import identify
 from .formats import open_model as open
 from .model import Anomaly, Evidence, ModelFile, TensorInfo
+
+if TYPE_CHECKING:
+    from .scanning import ScanReport
 
 __version__ = "0.1.0"
 
@@ -22,13 +27,10 @@ __all__ = ["open", "identify", "scan", "diff", "TensorInfo", "ModelFile", "Evide
            "FileAccessError", "FileMissing", "AccessDenied"]
 
 
-def __getattr__(name):
-    # ``tensorscope.scan`` is the scan package, imported on first use; calling it is
-    # `tensorscope.scan.scan_paths` (``tensorscope.scan("model.pt")``).
-    if name == "scan":
-        import importlib
-        return importlib.import_module(".scan", __name__)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+def scan(*paths, **kwargs) -> ScanReport:
+    """Static safety scan of files and folders; see `tensorscope.scanning.scan_paths`."""
+    from .scanning import scan_paths    # imported on first use: `import tensorscope` stays light
+    return scan_paths(*paths, **kwargs)
 
 
 def diff(a, b, **kwargs):

@@ -4,7 +4,7 @@ The scanner judges every global a pickle names (``GLOBAL``, ``STACK_GLOBAL``, ``
 via the class on the stack) by its full dotted name, ``module.qualname``, the way torch's
 weights-only unpickler judges it at the ``GLOBAL`` opcode: by what it IS. What the pickle is seen
 to do with it (a call, an argument handed to a caller that calls it) only adds evidence to the
-message (`tensorscope.scan.pickles`), never lowers the verdict.
+message (`tensorscope.scanning.pickles`), never lowers the verdict.
 
 1. **Code-running** (`DENIED`): callables and modules that evaluate strings, import by name, start
    processes, load native code or further pickles, write files or open sockets. CRITICAL when

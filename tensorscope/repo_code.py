@@ -3,7 +3,7 @@
 transformers' ``auto_map`` (in ``config.json``, ``tokenizer_config.json`` and the processor
 configs) and ``custom_pipelines`` (``config.json``: each task's ``impl``), sentence-transformers' ``modules.json`` module types and diffusers' ``model_index.json``
 components name Python files of the repository (or of another one) that loading with
-``trust_remote_code=True`` imports. `tensorscope.scan.hf_repo` judges them; ``inspect`` names
+``trust_remote_code=True`` imports. `tensorscope.scanning.hf_repo` judges them; ``inspect`` names
 them. Files are read as text (local or by URL, at most `MAX_TEXT` bytes) and JSON is parsed with
 the standard library.
 """

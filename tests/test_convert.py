@@ -734,13 +734,13 @@ def test_arguments_are_checked_before_the_input_is_read(tmp_path, monkeypatch, c
     """An existing OUT without --force, an output that is not .safetensors, a missing output
     folder: one line, exit 2, and neither the scan nor the parser ever ran."""
     import tensorscope.formats
-    import tensorscope.scan
+    import tensorscope.scanning
 
     def never(*a, **kw):
         raise AssertionError("the input was read before the arguments were checked")
 
     for name in ("scan_paths", "scan_opened", "scan_file"):
-        monkeypatch.setattr(tensorscope.scan, name, never, raising=False)
+        monkeypatch.setattr(tensorscope.scanning, name, never, raising=False)
     monkeypatch.setattr(tensorscope.formats, "open_model", never)
     src = str(FIXTURES / "torch" / "tied.bin")
     existing = tmp_path / "out.safetensors"

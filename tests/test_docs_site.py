@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from tensorscope import cli
-from tensorscope.scan.rules import RULES
+from tensorscope.scanning.rules import RULES
 
 ROOT = Path(__file__).resolve().parent.parent
 README = (ROOT / "README.md").read_text()

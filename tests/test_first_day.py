@@ -239,7 +239,7 @@ def test_sarif_regions_carry_the_line(tmp_path, cli):
 
 
 def test_a_finding_that_knows_its_line_says_it_in_sarif():
-    from tensorscope.scan.report import Finding, ScanReport, Severity
+    from tensorscope.scanning.report import Finding, ScanReport, Severity
     f = Finding(Severity.HIGH, "config.hydra-target", "a quoted (line 9) then ours (line 4)", "c.yaml",
                 line=7, column=3)
     g = Finding(Severity.HIGH, "config.hydra-target", "a quoted (line 9) then ours (line 4)", "c.yaml")

@@ -11,7 +11,7 @@ import pytest
 import make_attack_corpus
 from tensorscope import remote
 from tensorscope.cli import main
-from tensorscope.scan import fleet, plan, scan_paths
+from tensorscope.scanning import fleet, plan, scan_paths
 
 from http_server import Server
 

@@ -26,7 +26,7 @@ import tensorscope
 from tensorscope import cli
 from tensorscope.errors import FormatError, LimitExceeded
 from tensorscope.parsers import joblib_fmt, pickle_vm
-from tensorscope.scan import Severity, scan_paths
+from tensorscope.scanning import Severity, scan_paths
 
 from torch_oracle import flatten, stored_bytes
 

@@ -14,7 +14,7 @@ import tensorscope
 from tensorscope import remote
 from tensorscope.cli import main
 from tensorscope.remote import FetchBudgetExceeded, RemoteChanged, RemoteError, RemoteSource
-from tensorscope.scan import scan_paths
+from tensorscope.scanning import scan_paths
 
 from http_server import Server
 

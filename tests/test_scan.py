@@ -11,7 +11,7 @@ import pytest
 
 from tensorscope import policy
 from tensorscope.cli import main
-from tensorscope.scan import Finding, ScanLimits, ScanReport, Severity, scan_paths
+from tensorscope.scanning import Finding, ScanLimits, ScanReport, Severity, scan_paths
 
 sys.path.insert(0, str(Path(__file__).parent))
 import make_attack_corpus  # noqa: E402

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from tensorscope.cli import main
-from tensorscope.scan.rules import RULES
+from tensorscope.scanning.rules import RULES
 
 CRIT = "pickle.dangerous-global"
 MED = "pickle.user-class"

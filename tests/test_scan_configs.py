@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from tensorscope.cli import main
-from tensorscope.scan import Severity, scan_paths
+from tensorscope.scanning import Severity, scan_paths
 
 _BENIGN = (b"name: asr\nsample_rate: 16000\nencoder:\n"
            b"  _target_: nemo.collections.asr.modules.ConformerEncoder\n  feat_in: 80\n"

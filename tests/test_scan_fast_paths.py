@@ -9,8 +9,8 @@ import zipfile
 import pytest
 
 from tensorscope import policy
-from tensorscope.scan import loader, pickles, walk
-from tensorscope.scan import Severity, scan_paths
+from tensorscope.scanning import loader, pickles, walk
+from tensorscope.scanning import Severity, scan_paths
 
 EVIL_P0 = b"cos\nsystem\n(S'echo pwned'\ntR."   # protocol 0: GLOBAL reads two lines
 

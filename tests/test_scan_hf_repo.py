@@ -11,8 +11,8 @@ import sys
 import pytest
 
 from tensorscope.cli import main
-from tensorscope.scan import Severity, scan_paths
-from tensorscope.scan import torchscript
+from tensorscope.scanning import Severity, scan_paths
+from tensorscope.scanning import torchscript
 
 FIX = os.path.join(os.path.dirname(__file__), "..", "fixtures", "hf_repo")
 
@@ -219,7 +219,7 @@ def _grows_linearly(fn, unit: str, n: int = 4000) -> bool:
     ("from_os_blanks", "\t "),
 ])
 def test_hostile_text_is_read_in_linear_time(what, unit):
-    from tensorscope.scan import chat_template, hf_repo
+    from tensorscope.scanning import chat_template, hf_repo
     fn = {"from_os_lines": lambda t: list(torchscript._FROM_OS_IMPORT.finditer(t)),
           "relative_lines": hf_repo._relative_imports,
           "unclosed_tags": chat_template.template_finding,
@@ -240,7 +240,7 @@ def test_templates_are_parsed_as_jinja2_parses_them():
 
     import jinja2
 
-    from tensorscope.scan import jinja_tree
+    from tensorscope.scanning import jinja_tree
     env = jinja2.Environment(extensions=["jinja2.ext.loopcontrols", "jinja2.ext.do"])
     rng = random.Random(7)
     for _ in range(3000):

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from tensorscope import policy
-from tensorscope.scan import Severity, scan_paths
+from tensorscope.scanning import Severity, scan_paths
 
 
 def _checkpoints():
@@ -84,7 +84,7 @@ BENIGN_TEMPLATES = [
     "{{ joiner }}",
 ])
 def test_chat_template_obfuscations_are_found(template):
-    from tensorscope.scan.chat_template import template_finding as _findings
+    from tensorscope.scanning.chat_template import template_finding as _findings
     assert _findings(BENIGN_TEMPLATES[0] + template) is not None
 
 

@@ -14,8 +14,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tensorscope.cli import main
-from tensorscope.scan import Severity, scan_paths
-from tensorscope.scan import keras as keras_scan
+from tensorscope.scanning import Severity, scan_paths
+from tensorscope.scanning import keras as keras_scan
 
 KERAS = Path(__file__).resolve().parent.parent / "fixtures" / "keras"
 

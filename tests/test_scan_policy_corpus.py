@@ -15,8 +15,8 @@ import make_attack_corpus  # noqa: E402
 import make_benign_corpus  # noqa: E402
 
 from tensorscope import policy  # noqa: E402
-from tensorscope.scan import scan_paths  # noqa: E402
-from tensorscope.scan.report import Severity  # noqa: E402
+from tensorscope.scanning import scan_paths  # noqa: E402
+from tensorscope.scanning.report import Severity  # noqa: E402
 
 
 @pytest.fixture(scope="module")

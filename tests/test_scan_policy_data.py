@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from tensorscope import policy
-from tensorscope.scan.report import Severity
-from tensorscope.scan.rules import RULES, SEVERITY_MEANING
+from tensorscope.scanning.report import Severity
+from tensorscope.scanning.rules import RULES, SEVERITY_MEANING
 
 ROOT = Path(__file__).resolve().parent.parent
 DATA = ROOT / "tensorscope" / "policy_data"

@@ -11,8 +11,8 @@ import zipfile
 
 import pytest
 
-from tensorscope.scan import scan_paths
-from tensorscope.scan.report import Severity
+from tensorscope.scanning import scan_paths
+from tensorscope.scanning.report import Severity
 
 
 def _rules(report):

@@ -13,8 +13,8 @@ import pytest
 
 import tensorscope
 from tensorscope.cli import main
-from tensorscope.scan import RULES, FileReport, Severity, scan_file, scan_model
-from tensorscope.scan.rules import ANOMALIES, anomaly_rule
+from tensorscope.scanning import RULES, FileReport, Severity, scan_file, scan_model
+from tensorscope.scanning.rules import ANOMALIES, anomaly_rule
 
 ROOT = Path(__file__).resolve().parent.parent
 KIND = re.compile(r"[a-z0-9]+\.[a-z0-9_]+")
@@ -58,7 +58,7 @@ def test_every_anomaly_kind_in_the_parsers_is_declared():
     undeclared = sorted(k for k in _kinds_in_source() if k not in ANOMALIES)
     # module names passed to the same helpers (Global("torch._utils", ...)) are not anomalies:
     undeclared = [k for k in undeclared if not k.startswith(("torch._", "numpy."))]
-    assert not undeclared, f"declare these in tensorscope/scan/rules.py: {undeclared}"
+    assert not undeclared, f"declare these in tensorscope/scanning/rules.py: {undeclared}"
 
 
 def test_every_anomaly_kind_seen_on_fixtures_and_corpus_is_declared(tmp_path):
@@ -85,7 +85,7 @@ def test_registry_entries_are_complete():
 
 
 def test_no_severity_is_written_in_a_judge_function():
-    scan_dir = ROOT / "tensorscope/scan"
+    scan_dir = ROOT / "tensorscope/scanning"
     for name in ("loader.py", "pickles.py", "torchscript.py", "walk.py"):
         text = (scan_dir / name).read_text()
         # comparisons (``>= Severity.HIGH``) are thresholds; a severity given to a finding is not
@@ -135,9 +135,25 @@ def test_scan_model_equals_scan_file(rel):
     assert [f.to_dict() for f in from_model.findings] == [f.to_dict() for f in from_file.findings]
 
 
-def test_scan_is_callable_and_a_package():
-    from tensorscope.scan import scan_paths
-    assert callable(tensorscope.scan)
-    r = tensorscope.scan(ROOT / "fixtures/formats/f32.npy")
-    assert r.files and r.exit_code() == 0
-    assert scan_paths is tensorscope.scan.scan_paths
+def test_public_scan_is_a_plain_function(tmp_path):
+    """``tensorscope.scan`` is a function (no module swapped for a callable class), importing the
+    scanning package's submodules does not rebind it, and it returns `scan_paths`' report."""
+    import os
+    import types
+
+    import tensorscope.scanning.rules  # noqa: F401  (binds tensorscope.scanning, never .scan)
+    from tensorscope.scanning import ScanReport, scan_paths
+    assert type(tensorscope.scan) is types.FunctionType
+    assert type(tensorscope.scanning) is types.ModuleType
+    clean = ROOT / "fixtures/formats/f32.npy"
+    r = tensorscope.scan(clean)
+    assert isinstance(r, ScanReport) and r.files and r.exit_code() == 0
+    assert r.to_dict() == scan_paths(clean).to_dict()
+
+    class Evil:
+        def __reduce__(self):
+            return (os.system, ("echo pwned",))
+    bad = tmp_path / "evil.pkl"
+    bad.write_bytes(pickle.dumps(Evil()))    # dumping runs nothing; loading would
+    r = tensorscope.scan(bad, recursive=False)
+    assert r.unsafe and any(f.rule == "pickle.dangerous-global" for f in r.findings)

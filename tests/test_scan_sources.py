@@ -10,7 +10,7 @@ import zipfile
 import pytest
 import torch
 
-from tensorscope.scan import Severity, scan_paths
+from tensorscope.scanning import Severity, scan_paths
 
 
 def _package(tmp_path, source: str):
@@ -147,7 +147,7 @@ def test_the_token_window_changes_nothing(monkeypatch):
     """Tokens are read through a bounded window (a code file of any size costs bounded memory);
     a window of 64 tokens (longer than any statement here) finds exactly what one holding the
     whole file finds."""
-    from tensorscope.scan import torchscript
+    from tensorscope.scanning import torchscript
     texts = _code_files()
     assert len(texts) >= 8
     whole = [torchscript._code_calls_and_bindings(list(torchscript._code_tokens(t)))
@@ -159,7 +159,7 @@ def test_the_token_window_changes_nothing(monkeypatch):
 
 
 def test_code_past_the_limits_is_reported_unread(tmp_path, monkeypatch):
-    from tensorscope.scan import torchscript
+    from tensorscope.scanning import context, torchscript
 
     class M(torch.nn.Module):
         def forward(self, x):
@@ -171,6 +171,6 @@ def test_code_past_the_limits_is_reported_unread(tmp_path, monkeypatch):
     hits = [f for f in scan_paths(path).findings if f.rule == "torchscript.code-unparseable"]
     assert hits and "only the first 40 are read" in hits[0].message
     monkeypatch.setattr(torchscript, "MAX_CODE_CHARS", 8 << 20)
-    monkeypatch.setattr(torchscript, "CODE_CHARS_PER_FILE", 10)
+    monkeypatch.setattr(context, "CODE_CHARS_PER_FILE", 10)
     hits = [f for f in scan_paths(path).findings if f.rule == "torchscript.code-unparseable"]
     assert hits and "are spent" in hits[0].message and hits[0].severity == Severity.HIGH

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 import make_text_attacks as corpus
-from tensorscope.scan import Severity, scan_paths
+from tensorscope.scanning import Severity, scan_paths
 
 
 @pytest.fixture(scope="module")

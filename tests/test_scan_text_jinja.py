@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import chat_templates
-from tensorscope.scan import Severity, jinja_tree, scan_paths
+from tensorscope.scanning import Severity, jinja_tree, scan_paths
 
 MESSAGES = [{"role": "system", "content": "Be brief."},
             {"role": "user", "content": "Hi"},

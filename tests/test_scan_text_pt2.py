@@ -11,7 +11,7 @@ import zipfile
 
 import pytest
 
-from tensorscope.scan import Severity, pt2_exprs, scan_paths
+from tensorscope.scanning import Severity, pt2_exprs, scan_paths
 
 
 def test_the_function_set_is_the_installed_torchs():

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from tensorscope.scan import Severity, scan_paths
+from tensorscope.scanning import Severity, scan_paths
 
 PIPE = '''from transformers import Pipeline
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tensorscope.scan import Severity, configs, scan_paths, yaml_tree
+from tensorscope.scanning import Severity, configs, scan_paths, yaml_tree
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures"
 
@@ -80,7 +80,7 @@ def test_unknown_resolvers_leave_a_target_unresolved_medium(tmp_path):
 
 def test_the_mlmodel_mlflow_writes_reads_its_loader_module():
     text = (FIXTURES / "mlflow" / "loader_module" / "MLmodel").read_text()
-    from tensorscope.scan.hf_repo import mlmodel_loader
+    from tensorscope.scanning.hf_repo import mlmodel_loader
     assert mlmodel_loader(text) == ("my_loader", "code")
     flow = yaml.safe_dump(yaml.safe_load(text), default_flow_style=True)
     assert mlmodel_loader(flow) == ("my_loader", "code")

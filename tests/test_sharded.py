@@ -298,8 +298,8 @@ def test_model_file_beside_training_args(tmp_path):
 def test_scan_of_an_opened_folder_reuses_its_shards(name, tmp_path, monkeypatch):
     """`scan_opened` (convert, the TUI) on a folder: the same report as `scan_paths`, without
     parsing the shards (or the index, which opens as the whole model) a second time."""
-    from tensorscope.scan import scan_paths
-    from tensorscope.scan.walk import scan_opened
+    from tensorscope.scanning import scan_paths
+    from tensorscope.scanning.walk import scan_opened
     folder = _copy(tmp_path, name)
     expected = scan_paths(str(folder)).to_dict()
     with tensorscope.open(str(folder)) as model:

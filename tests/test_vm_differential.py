@@ -630,7 +630,7 @@ def test_regressions(name, data):
     ("container hook with an int", REGRESSIONS[1][1], "pickle.dangerous-global"),
 ])
 def test_scanner_judges_gaps_critical(tmp_path, name, data, rule):
-    from tensorscope.scan import Severity, scan_file
+    from tensorscope.scanning import Severity, scan_file
     path = tmp_path / "x.pkl"
     path.write_bytes(data)
     findings = scan_file(str(path)).findings

@@ -11,8 +11,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 import make_attack_corpus  # noqa: E402
 import make_benign_corpus  # noqa: E402
 
-from tensorscope.scan import scan_paths  # noqa: E402
-from tensorscope.scan.report import Severity  # noqa: E402
+from tensorscope.scanning import scan_paths  # noqa: E402
+from tensorscope.scanning.report import Severity  # noqa: E402
 
 
 def main(out: Path) -> None:

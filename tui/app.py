@@ -124,7 +124,7 @@ class TensorscopeApp(App):
 
         reports = []
         try:
-            from tensorscope.scan import scan_opened
+            from tensorscope.scanning import scan_opened
             # the models already parsed for browsing are scanned without a second parse
             opened = dict(zip(self.paths, self._opened))
             for p in self.paths:

@@ -107,7 +107,7 @@ def _print_scan(scan) -> None:
     parts = ", ".join(f"{v} {k}" for k, v in sorted(counts.items(),
                                                       key=lambda kv: -SEVERITIES.index(kv[0])))
     _say(out, f"scan: {len(scan.findings)} finding(s) ({parts}); worst: {scan.severity}")
-    from ..scan import Severity
+    from ..scanning import Severity
     serious = [f for f in scan.findings if f.severity >= Severity.MEDIUM]
     for f in serious[:_SHOWN]:
         _say(out, f"  {f}")

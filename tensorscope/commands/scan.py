@@ -16,7 +16,7 @@ torch; ONNX external data leaving the model's folder and custom-op domains. Noth
 files is executed or imported. A file that cannot be parsed is never reported clean.
 
 Every rule (id, severity, why) is listed by --list-rules; the JSON schema is in
-tensorscope/scan/report.py.
+tensorscope/scanning/report.py.
 
 Exit status: 0 no finding at or above --fail-on, 1 findings, 2 error (a path that does not
 exist, or nothing to scan: an empty folder, a folder without model files).
@@ -61,7 +61,7 @@ def add_arguments(p):
                    help="hide findings below this severity in the table (default: low; "
                         "info lists every framework global seen)")
     p.add_argument("--no-recursive", action="store_true", help="do not descend into sub-folders")
-    fleet = p.add_argument_group("many files (tensorscope.scan.fleet)")
+    fleet = p.add_argument_group("many files (tensorscope.scanning.fleet)")
     fleet.add_argument("--jobs", type=int, default=1, metavar="N",
                        help="scan on N processes (default 1); verdicts as a sequential scan")
     fleet.add_argument("--dask", metavar="ADDRESS",
@@ -82,7 +82,7 @@ def add_arguments(p):
 def run(args) -> int:
     import os
 
-    from ..scan import Severity, scan_paths
+    from ..scanning import Severity, scan_paths
     if args.list_rules:
         return _list_rules(args.json)
     if not args.paths:
@@ -96,7 +96,7 @@ def run(args) -> int:
     if isinstance(pipe, int):
         return pipe
     if args.jobs > 1 or args.dask or args.jsonl or args.resume or pipe.inventory:
-        from ..scan.fleet import scan_fleet
+        from ..scanning.fleet import scan_fleet
         report = scan_fleet(args.paths, recursive=not args.no_recursive, jobs=args.jobs,
                             dask=args.dask, jsonl=args.jsonl, resume=args.resume,
                             inventory=pipe.inventory, on_record=pipe.on_record)
@@ -133,7 +133,7 @@ def _list_rules(as_json: bool) -> int:
     from rich.table import Table
     from rich.text import Text
 
-    from ..scan.rules import RULES, SEVERITY_MEANING, listing
+    from ..scanning.rules import RULES, SEVERITY_MEANING, listing
     if as_json:
         emit_json({"schema": "tensorscope.scan-rules/1",
                    "severities": {str(k): v for k, v in SEVERITY_MEANING.items()}, "rules": [

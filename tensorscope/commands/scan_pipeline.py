@@ -1,6 +1,6 @@
 """`tensorscope scan` in pipelines: the flags of configuration, suppressions, baselines, the
 SBOM and ``--output``, and the step that turns a scan's report into the judged one
-(`tensorscope.scan.settings`, `.baseline`, `.sbom`). Kept apart from `commands.scan` so that the
+(`tensorscope.scanning.settings`, `.baseline`, `.sbom`). Kept apart from `commands.scan` so that the
 gate's logic reads in one place."""
 from __future__ import annotations
 
@@ -49,14 +49,14 @@ class Pipeline:
     @classmethod
     def prepare(cls, args) -> "Pipeline | int":
         """The settings, or the exit status 2 after one error line."""
-        from ..scan.settings import SettingsError, load_settings
+        from ..scanning.settings import SettingsError, load_settings
         try:
             settings = load_settings(paths=list(args.paths), config=args.config,
                                      isolated=args.no_config, ignores=args.ignore,
                                      severities=args.severity)
             baseline = None
             if args.baseline:
-                from ..scan.baseline import Baseline
+                from ..scanning.baseline import Baseline
                 baseline = Baseline(args.baseline)
             if args.sbom:
                 import importlib.util
@@ -84,7 +84,7 @@ class Pipeline:
         """The report after suppressions, severity overrides and the baseline; writes the
         baseline and the SBOM when asked. Returns the judged report or an exit status 2."""
         from ..errors import TensorscopeError
-        from ..scan.settings import apply_settings
+        from ..scanning.settings import apply_settings
         judged = apply_settings(report, self.settings,
                                 accept=self.baseline.accept if self.baseline else None)
         from ..safetext import shown
@@ -94,7 +94,7 @@ class Pipeline:
                       if inv.get("sha256")}
         try:
             if self.args.write_baseline:
-                from ..scan.baseline import file_identity, write_baseline
+                from ..scanning.baseline import file_identity, write_baseline
                 read = self.baseline.identity if self.baseline is not None else file_identity
 
                 def ident(path):  # a file hashed for the SBOM or the baseline is not read again
@@ -102,7 +102,7 @@ class Pipeline:
                 write_baseline(self.args.write_baseline, judged.to_dict(),
                                [*judged.findings, *(f for f, _ in judged.suppressed)], ident)
             if self.args.sbom:
-                from ..scan.sbom import inventory_of, write_sbom
+                from ..scanning.sbom import inventory_of, write_sbom
                 cache: dict = {}
                 for path in report.files:
                     if path not in self.inventories:   # resumed from a --jsonl report
@@ -130,7 +130,7 @@ def _resumed_inventory(resume: str | None, path: str, cache: dict):
     if not resume:
         return None
     if "records" not in cache:
-        from ..scan.fleet import load_resume
+        from ..scanning.fleet import load_resume
         cache["records"] = load_resume(resume)
     return (cache["records"].get(path) or {}).get("inventory")
 

@@ -135,7 +135,7 @@ def _verify(model: ModelFile, tensors: list[PlannedTensor], path: str) -> None:
 # ------------------------------------------------------------------------------------------------
 
 def _severity(value):
-    from ..scan import Severity
+    from ..scanning import Severity
     if value is None or isinstance(value, Severity):
         return value
     return Severity.parse(str(value))
@@ -171,7 +171,7 @@ def convert(src: str | os.PathLike, out: str | os.PathLike, *, max_shard_size: i
         metadata: extra ``__metadata__`` entries (str -> str); they override the defaults.
         record_source: write ``format``, ``source_format``, ``source_sha256`` and ``converted_by``.
         scan_report: a `ScanReport` already computed for ``src``; None scans the model opened
-            here (`tensorscope.scan.scan_opened`: one parse for scanning and converting).
+            here (`tensorscope.scanning.scan_opened`: one parse for scanning and converting).
         on_scan: called with the scan report before anything is written (the CLI prints it).
         progress: called with the number of tensor bytes written after each piece.
         planned: called once with the number of tensor bytes to write, before the first is
@@ -193,7 +193,7 @@ def convert(src: str | os.PathLike, out: str | os.PathLike, *, max_shard_size: i
     """
     from ..formats import gc_paused, open_model
     from ..parsers.zip_dispatch import keeping_archive
-    from ..scan import scan_opened, scan_paths
+    from ..scanning import scan_opened, scan_paths
 
     src, out = os.fspath(src), os.fspath(out)
     limit = check_arguments(src, out, force=force, max_shard_size=max_shard_size)

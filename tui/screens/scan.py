@@ -1,6 +1,6 @@
 """Scan findings of every opened file, worst first, with severity colours.
 
-The scan itself runs once at startup in the app's worker (`tensorscope.scan.scan_opened`, over the
+The scan itself runs once at startup in the app's worker (`tensorscope.scanning.scan_opened`, over the
 models already parsed); this screen shows its state: scanning, unavailable (scanner missing or
 failed), or the findings table with the full text of the highlighted finding underneath.
 """

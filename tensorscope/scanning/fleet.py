@@ -28,7 +28,8 @@ from typing import Any, Callable, Iterable, Iterator
 
 from .. import remote
 from ..errors import TensorscopeError
-from .loader import DEFAULT_SCAN_LIMITS, ScanLimits, scan_file
+from .context import DEFAULT_SCAN_LIMITS, ScanLimits
+from .loader import scan_file
 from .report import FileReport, Finding, ScanReport, merge, sort_findings
 from .walk import plan
 
@@ -126,7 +127,7 @@ _SCANNER_MODULES = ("zipfmt", "torch_zip", "torch_pickle", "pickle_vm", "joblib_
 def _preload_names() -> list[str]:
     from ..formats import DIR_PARSERS, FILE_PARSERS
     names = dict.fromkeys([*FILE_PARSERS, *DIR_PARSERS, *_SCANNER_MODULES])
-    return ["numpy", *(f"tensorscope.parsers.{n}" for n in names), "tensorscope.scan.fleet"]
+    return ["numpy", *(f"tensorscope.parsers.{n}" for n in names), "tensorscope.scanning.fleet"]
 
 
 def _preload() -> None:

@@ -7,8 +7,11 @@ and where readers disagree. A parser failure never stops the scan, and whatever 
 loader rejects is never clean.
 
 Modules: `report` (Finding, FileReport, ScanReport, JSON and SARIF), `rules` (the registry: id,
-severity, rationale, references), `walk` (files and folders), `loader` (one file as its loader reads
-it), `pickles` (pickle rules), `torchscript` (code rules). Policy: `tensorscope.policy`.
+severity, rationale, references), `walk` (files and folders), `loader` (the dispatcher: one file as
+its loader reads it), `context` (`ScanContext`, the state every checker reports into, and
+`ScanLimits`), checkers `pickles` (pickle rules), `torchscript` (code rules), `configs`,
+`chat_template`, `hf_repo`, `keras`, ... Checkers import `context`, never `loader`.
+Policy: `tensorscope.policy`.
 
 Public API:
     scan_paths(*paths) -> ScanReport        files and folders (also ``tensorscope.scan(*paths)``)
@@ -19,10 +22,8 @@ Public API:
 """
 from __future__ import annotations
 
-import sys
-import types
-
-from .loader import DEFAULT_SCAN_LIMITS, ScanLimits, scan_file, scan_model
+from .context import DEFAULT_SCAN_LIMITS, ScanLimits
+from .loader import scan_file, scan_model
 from .report import FileReport, Finding, ScanReport, Severity, merge
 from .rules import RULES, Rule, severity_of
 from .walk import plan, scan_opened, scan_paths
@@ -31,13 +32,3 @@ __all__ = ["scan_paths", "scan_file", "scan_model", "scan_opened", "plan", "merg
            "FileReport", "ScanReport", "RULES", "Rule", "severity_of", "ScanLimits",
            "DEFAULT_SCAN_LIMITS"]
 
-
-class _CallableModule(types.ModuleType):
-    """``tensorscope.scan(*paths)`` keeps working now that ``tensorscope.scan`` is this package:
-    calling the module is `scan_paths`."""
-
-    def __call__(self, *paths, **kwargs) -> ScanReport:
-        return scan_paths(*paths, **kwargs)
-
-
-sys.modules[__name__].__class__ = _CallableModule

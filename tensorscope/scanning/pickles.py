@@ -8,7 +8,8 @@ import binascii
 import re
 
 from .. import policy
-from . import loader
+from ..errors import FormatError
+from .context import ScanContext, join
 from .report import Severity
 from .rules import severity_of
 
@@ -19,7 +20,7 @@ def _looks_like_pickle(r) -> bool:
     return bool(r.stopped or r.globals or r.protocol is not None and r.opcodes > 2)
 
 
-def vm_run(ctx: "loader._Ctx", data, start: int, member: str | None, base: int, joblib: bool = True):
+def vm_run(ctx: "ScanContext", data, start: int, member: str | None, base: int, joblib: bool = True):
     """One pickle as its loader reads it: joblib's array placeholders are followed by raw array
     bytes that joblib.load reads (parsers/joblib_arrays.py); ``joblib=False`` reads as pickle.load."""
     from ..parsers import joblib_arrays, pickle_vm
@@ -30,7 +31,7 @@ def vm_run(ctx: "loader._Ctx", data, start: int, member: str | None, base: int, 
                          member=member, base_offset=base, **kwargs)
 
 
-def _check_joblib_bytes(ctx: "loader._Ctx", data, r, member: str | None, base: int,
+def _check_joblib_bytes(ctx: "ScanContext", data, r, member: str | None, base: int,
                         offset_base: str) -> None:
     """A joblib file read by pickle.load instead: the inline array bytes become opcodes. Bytes
     crafted to import something dangerous that way hide from a joblib-only reading, so that
@@ -52,7 +53,7 @@ def _check_joblib_bytes(ctx: "loader._Ctx", data, r, member: str | None, base: i
 _LONG_FRAME = re.compile(r"FRAME wants (\d+) bytes, (\d+) remain")
 
 
-def _check_long_frame(ctx: "loader._Ctx", data, r, member: str | None, base: int,
+def _check_long_frame(ctx: "ScanContext", data, r, member: str | None, base: int,
                       offset_base: str) -> None:
     """A FRAME longer than the bytes left stops CPython's C unpickler (pickle.loads, torch.load)
     before the frame runs, but the pure-Python ``pickle._Unpickler`` -- what joblib.load reads
@@ -78,7 +79,7 @@ def _check_long_frame(ctx: "loader._Ctx", data, r, member: str | None, base: int
                     member, base + g.pos, v.dotted, offset_base)
 
 
-def scan_stream(ctx: "loader._Ctx", data, member: str | None, base: int, absolute: bool,
+def scan_stream(ctx: "ScanContext", data, member: str | None, base: int, absolute: bool,
                       depth: int, lenient: bool, keys: set | None = None,
                       require_stop: bool = False) -> tuple[bool, bool]:
     """Read pickles from ``data[0]`` as loaders do. Returns (is a pickle, fully understood).
@@ -109,7 +110,8 @@ def scan_stream(ctx: "loader._Ctx", data, member: str | None, base: int, absolut
     understood = True
     _check_joblib_bytes(ctx, data, r, member, base, offset_base)
     results = [(0, r)]
-    legacy = r.stopped and r.value == loader.LEGACY_MAGIC
+    from ..parsers.torch_legacy import MAGIC_NUMBER   # torch's legacy form: five pickles follow
+    legacy = r.stopped and r.value == MAGIC_NUMBER
     pos = r.end
     n = 1
     if legacy:
@@ -157,7 +159,7 @@ _HIDDEN_SEARCH = 16 << 20   # bytes of a tail searched for a stream start
 _HIDDEN_TRIES = 64          # candidate starts run through the VM per tail
 
 
-def _hidden_stream(ctx: "loader._Ctx", data, pos: int, member, base: int):
+def _hidden_stream(ctx: "ScanContext", data, pos: int, member, base: int):
     """(start, result) of the first complete pickle that starts anywhere in ``data[pos:]`` (after
     a separator byte, padding or junk) and imports something, or None."""
     tail = bytes(data[pos:pos + _HIDDEN_SEARCH])
@@ -178,7 +180,7 @@ def plausible_start(data) -> bool:
     return b[:1] == b"\x80" or b[:1] in (b"(", b"c", b"}", b"]", b")", b"\x95")
 
 
-def judge_result(ctx: "loader._Ctx", r, member: str | None, base: int, offset_base: str, depth: int,
+def judge_result(ctx: "ScanContext", r, member: str | None, base: int, offset_base: str, depth: int,
                   keys: set | None = None, role: str = "pickle") -> bool:
     """Findings for one VM result. Returns False when the pickle broke (partial results kept)."""
     from ..parsers.pickle_vm import DYNAMIC, Call, Global, PersistentRef
@@ -680,6 +682,7 @@ def short_repr(v) -> str:
 def _unwrap_bytes(v, depth: int = 0) -> bytes | None:
     """The bytes a loader would read from an argument: plain bytes, or bytes behind wrappers
     (``io.BytesIO(...)``, ``_codecs.encode(s, 'latin1')``, ``base64.b64decode(...)``)."""
+    from ..parsers import compression
     from ..parsers.pickle_vm import Call, Global
     if depth > 6:
         return None
@@ -705,22 +708,22 @@ def _unwrap_bytes(v, depth: int = 0) -> bytes | None:
                 return binascii.unhexlify(inner)
             if dotted in ("zlib.decompress", "gzip.decompress", "bz2.decompress", "lzma.decompress"):
                 kind = {"lzma": "xz", "gzip": "gzip"}.get(dotted.split(".")[0], dotted.split(".")[0])
-                return loader.decompress(inner, kind, 64 << 20)
+                return compression.decompress(inner, kind, cap=64 << 20)
             if dotted in ("codecs.decode",) and len(v.args) > 1 and "base64" in str(v.args[1]):
                 return base64.b64decode(inner, validate=False)
-        except (ValueError, binascii.Error, loader.FormatError):
+        except (ValueError, binascii.Error, FormatError):
             return None
         return inner
     return None
 
 
-def scan_second_stage(ctx: "loader._Ctx", payload: bytes, member: str | None, pos: int, depth: int) -> None:
+def scan_second_stage(ctx: "ScanContext", payload: bytes, member: str | None, pos: int, depth: int) -> None:
     if depth + 1 > ctx.limits.max_depth:
         ctx.add("file.unparseable", "second stages nest deeper than the scan limit",
                 member, pos, base="member")
         return
-    name = loader.join(member, f"<second stage at byte {pos}>")
-    loader.scan_blob(ctx, memoryview(payload), name, 0, False, depth + 1, strict=False)
+    name = join(member, f"<second stage at byte {pos}>")
+    ctx.rescan(payload, name, depth + 1)
 
 
 
@@ -735,7 +738,7 @@ _B64 = re.compile(rb"[A-Za-z0-9+/]{16,}={0,2}\s*")
 _HEX = re.compile(rb"(?:[0-9a-fA-F]{2}){8,}")
 
 
-def _value_findings(ctx: "loader._Ctx", value, member, depth: int) -> list[tuple]:
+def _value_findings(ctx: "ScanContext", value, member, depth: int) -> list[tuple]:
     """Findings from the inert value a pickle returns (see the rules pickle.reference-bomb,
     pickle.loader-rejects, data.embedded-pickle)."""
     size, distinct, unhashable, candidates = _walk_value(value)
@@ -754,7 +757,7 @@ def _value_findings(ctx: "loader._Ctx", value, member, depth: int) -> list[tuple
     return out
 
 
-def embedded_payload(ctx: "loader._Ctx", blob, member, where: str, depth: int) -> list[tuple]:
+def embedded_payload(ctx: "ScanContext", blob, member, where: str, depth: int) -> list[tuple]:
     """A bytes/text value that may hold a pickle (raw, base64, hex): when it decodes to a complete
     pickle, one data.embedded-pickle finding, and the payload is scanned like a second stage."""
     if len(blob) > ctx.limits.max_decompressed:
@@ -768,8 +771,8 @@ def embedded_payload(ctx: "loader._Ctx", blob, member, where: str, depth: int) -
             continue
         if depth + 1 > ctx.limits.max_depth:
             return [("file.unparseable", "embedded pickles nest deeper than the scan limit", None, None)]
-        name = loader.join(member, f"<embedded pickle in {where}>")
-        loader.scan_blob(ctx, memoryview(payload), name, 0, False, depth + 1, strict=False)
+        name = join(member, f"<embedded pickle in {where}>")
+        ctx.rescan(payload, name, depth + 1)
         return [("data.embedded-pickle",
                   f"{where} holds a complete {len(payload)}-byte pickle ({how}): loading this file "
                   "does not run it, a consumer that unpickles the value does (scanned, findings "

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 from . import jinja_tree
 
 if TYPE_CHECKING:
-    from . import loader
+    from .context import ScanContext
 
 # jinja_tree levels -> rule variants (severities in the rule registry)
 VARIANT = {jinja_tree.ESCAPE: None, jinja_tree.SUSPECT: "suspect",
@@ -34,7 +34,7 @@ def template_finding(text: str) -> jinja_tree.Hit | None:
     return hits[0] if hits else None
 
 
-def report(ctx: "loader._Ctx", rule: str, text: str, where: str, consequence: str,
+def report(ctx: "ScanContext", rule: str, text: str, where: str, consequence: str,
            member: str | None = None) -> None:
     """Add a ``rule`` finding for one template: its worst hit (the others say no more)."""
     hit = template_finding(text)
@@ -46,7 +46,7 @@ def report(ctx: "loader._Ctx", rule: str, text: str, where: str, consequence: st
                 hit.evidence, variant=VARIANT[hit.level])
 
 
-def check_gguf(ctx: "loader._Ctx", model) -> None:
+def check_gguf(ctx: "ScanContext", model) -> None:
     """Judge every chat template a GGUF file carries (string or array of strings)."""
     meta = model.metadata.get("gguf") if isinstance(model.metadata, dict) else None
     kv = meta.get("kv") if isinstance(meta, dict) else None

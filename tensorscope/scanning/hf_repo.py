@@ -40,7 +40,7 @@ from ..repo_code import (AUTO_MAP_CONFIGS, DIFFUSERS_INDEX, MODULE_NAME, auto_ma
 from . import chat_template, torchscript, yaml_tree
 
 if TYPE_CHECKING:
-    from . import loader
+    from .context import ScanContext
 
 SUFFIXES = (".py", ".jinja")   # beside the JSON configs of `configs.CONFIG_SUFFIXES`
 MAX_SOURCE = 1 << 20    # characters of one Python source judged (the rest is reported unread)
@@ -161,7 +161,7 @@ def mlflow_loaders(py_path: str) -> list[str]:
     return []
 
 
-def check_mlmodel(ctx: "loader._Ctx", path: str, text: str) -> None:
+def check_mlmodel(ctx: "ScanContext", path: str, text: str) -> None:
     """An MLflow model whose python_function flavor loads through a module of its own."""
     if len(text) > yaml_tree.MAX_YAML:
         ctx.add("mlflow.loader-module", f"an MLmodel larger than {yaml_tree.MAX_YAML >> 20} MiB: "
@@ -182,7 +182,7 @@ def check_mlmodel(ctx: "loader._Ctx", path: str, text: str) -> None:
             loader)
 
 
-def check_python(ctx: "loader._Ctx", path: str, text: str, explicit: bool) -> bool:
+def check_python(ctx: "ScanContext", path: str, text: str, explicit: bool) -> bool:
     """Judge a repository's Python file; False when no loader imports it and it was not named
     (a helper script beside the weights runs only when someone runs it)."""
     import tokenize
@@ -218,7 +218,7 @@ def check_python(ctx: "loader._Ctx", path: str, text: str, explicit: bool) -> bo
     return True
 
 
-def check_config(ctx: "loader._Ctx", path: str, text: str) -> None:
+def check_config(ctx: "ScanContext", path: str, text: str) -> None:
     """``auto_map`` references, diffusers custom components and chat templates of one JSON
     config of a repository."""
     folder, name = split(path)
@@ -276,7 +276,7 @@ def check_config(ctx: "loader._Ctx", path: str, text: str) -> None:
 PEFT_IMPORT_ALLOWLIST = ("diffusers", "lerobot", "megatron-core", "transformers")
 
 
-def _check_peft_auto_mapping(ctx: "loader._Ctx", doc: dict) -> None:
+def _check_peft_auto_mapping(ctx: "ScanContext", doc: dict) -> None:
     mapping = doc.get("auto_mapping")
     if not isinstance(mapping, dict) or doc.get("task_type") is not None:
         return
@@ -290,12 +290,12 @@ def _check_peft_auto_mapping(ctx: "loader._Ctx", doc: dict) -> None:
             "peft imported any)", None, None, parent[:80])
 
 
-def check_template(ctx: "loader._Ctx", text: str, where: str) -> None:
+def check_template(ctx: "ScanContext", text: str, where: str) -> None:
     chat_template.report(ctx, "hf.chat-template-code", text, where,
                          "rendering it for chat tries to escape to the interpreter")
 
 
-def check_file(ctx: "loader._Ctx", path: str, text: str, explicit: bool) -> bool:
+def check_file(ctx: "ScanContext", path: str, text: str, explicit: bool) -> bool:
     """Judge one text file of a repository; True when it is one this module reads (so its
     findings, medium ones included, are the file's report)."""
     base = posixpath.basename(path.replace("\\", "/"))

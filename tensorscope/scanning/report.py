@@ -26,27 +26,9 @@ from __future__ import annotations
 import os
 import re
 from dataclasses import dataclass, field
-from enum import IntEnum
 from typing import Any
 
-
-class Severity(IntEnum):
-    INFO = 0
-    LOW = 1
-    MEDIUM = 2
-    HIGH = 3
-    CRITICAL = 4
-
-    def __str__(self) -> str:
-        return self.name.lower()
-
-    @classmethod
-    def parse(cls, text: str) -> "Severity":
-        try:
-            return cls[str(text).upper()]
-        except KeyError:
-            raise ValueError(f"unknown severity {text!r} (one of: "
-                             f"{', '.join(str(s) for s in cls)})") from None
+from .rules import RULES, Severity
 
 
 @dataclass(frozen=True)
@@ -54,7 +36,7 @@ class Finding:
     """One finding. Instances are immutable and hashable.
 
     Attributes:
-        severity: a `Severity` (from the rule registry, `tensorscope.scan.rules`).
+        severity: a `Severity` (from the rule registry, `tensorscope.scanning.rules`).
         rule: stable rule id.
         message: one line saying what and why (may quote the file: show it through safetext).
         file: path of the scanned file.
@@ -190,7 +172,6 @@ class ScanReport:
         """SARIF 2.1.0: one run, every rule of the registry with its documentation, one result
         per finding."""
         from .. import __version__
-        from .rules import RULES
         used = sorted(set(RULES) | {f.rule for f in self.findings})
         index = {r: i for i, r in enumerate(used)}
         rules = []

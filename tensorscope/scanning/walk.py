@@ -7,7 +7,8 @@ from typing import Iterator
 
 from ..errors import FileMissing
 from ..remote import is_url, list_files
-from .loader import ScanLimits, scan_file, scan_model
+from .context import ScanLimits
+from .loader import scan_file, scan_model
 from .report import FileReport, Finding, ScanReport, merge
 from .rules import severity_of
 

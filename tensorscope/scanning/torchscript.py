@@ -7,8 +7,10 @@ from __future__ import annotations
 import re
 from typing import TYPE_CHECKING
 
+from . import context   # CODE_CHARS_PER_FILE: the budget of all code in one scanned file
+
 if TYPE_CHECKING:
-    from . import loader
+    from .context import ScanContext
 
 # =================================================================================================
 # TorchScript code
@@ -45,7 +47,6 @@ _TS_SAFE_IMPORT_ROOTS = ("torch", "__torch__", "typing", "__future__", "math", "
 
 _BLANKS = re.compile(r"[ \t\f]+")
 MAX_CODE_CHARS = 8 << 20   # of one code file judged; the rest is reported unread (real: KBs-MBs)
-CODE_CHARS_PER_FILE = 32 << 20   # of all code in one scanned file (tokenizing: ~1.3 s per MB)
 _WINDOW = 1 << 14          # tokens kept ahead of the one looked at (lookahead of a statement)
 
 
@@ -161,14 +162,14 @@ class _TokenScan:
                 calls.setdefault(".".join(parts), line)
 
 
-def budgeted(ctx: "loader._Ctx", text: str, limit: int, rule: str, member: str | None,
+def budgeted(ctx: "ScanContext", text: str, limit: int, rule: str, member: str | None,
              variant: str | None = None) -> str:
     """The part of a code text that is tokenized: at most ``limit`` characters, and no more
     than the file's remaining ``ctx.code_chars`` (so a file of many huge sources stays bounded
     in time); what is left out is reported under ``rule``, since it is not known to be safe."""
     allowed = min(limit, max(ctx.code_chars, 0))
     if len(text) > allowed:
-        spent = f"the {CODE_CHARS_PER_FILE:,} characters of code one file may hold are spent"
+        spent = f"the {context.CODE_CHARS_PER_FILE:,} characters of code one file may hold are spent"
         why = f"only the first {allowed:,} are read" if allowed == limit else \
             f"{allowed:,} are read ({spent})"
         ctx.add(rule, f"code of {len(text):,} characters: {why}", member, variant=variant)
@@ -177,7 +178,7 @@ def budgeted(ctx: "loader._Ctx", text: str, limit: int, rule: str, member: str |
     return text
 
 
-def check_code(ctx: "loader._Ctx", member: str, text: str) -> None:
+def check_code(ctx: "ScanContext", member: str, text: str) -> None:
     """Calls in a TorchScript ``code/`` file must stay within torch, ops and the builtins."""
     import tokenize
     text = budgeted(ctx, text, MAX_CODE_CHARS, "torchscript.code-unparseable", member)
@@ -294,7 +295,7 @@ def _import_aliases(text: str) -> dict[str, str]:
 SOURCE_UNREADABLE = (SyntaxError, ValueError, MemoryError, RecursionError)   # + TokenError
 
 
-def check_sources(ctx: "loader._Ctx", sources: list[tuple[str, str]]) -> None:
+def check_sources(ctx: "ScanContext", sources: list[tuple[str, str]]) -> None:
     """One finding for the archive's Python sources (imported by its loader: their code runs by
     design), and a critical one per source that runs commands, evaluates or loads code, opens
     sockets or calls native code (`source_dangers`)."""

@@ -14,7 +14,7 @@ import tokenize
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from . import loader
+    from .context import ScanContext
 
 MAX_VALUE = 1 << 16     # characters of one value judged
 MAX_VALUES = 4096
@@ -33,7 +33,7 @@ def python_dangers(text: str) -> list[tuple[str, str]]:
         return []
 
 
-def check_safetensors(ctx: "loader._Ctx", user_meta: dict) -> None:
+def check_safetensors(ctx: "ScanContext", user_meta: dict) -> None:
     from .pickles import short_repr
     for key, value in list(user_meta.items())[:MAX_VALUES]:
         hits = python_dangers(value)

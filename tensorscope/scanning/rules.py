@@ -12,10 +12,32 @@ never a severity. Every anomaly kind a parser can emit (``model.evidence.anomali
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from enum import IntEnum
 
-from .report import Severity
 
-__all__ = ["Rule", "RULES", "ANOMALIES", "SEVERITY_MEANING", "severity_of", "anomaly_rule"]
+class Severity(IntEnum):
+    """How bad loading the file would be (`SEVERITY_MEANING`); lives with the registry that
+    assigns it, so the report imports the registry and never the reverse."""
+
+    INFO = 0
+    LOW = 1
+    MEDIUM = 2
+    HIGH = 3
+    CRITICAL = 4
+
+    def __str__(self) -> str:
+        return self.name.lower()
+
+    @classmethod
+    def parse(cls, text: str) -> "Severity":
+        try:
+            return cls[str(text).upper()]
+        except KeyError:
+            raise ValueError(f"unknown severity {text!r} (one of: "
+                             f"{', '.join(str(s) for s in cls)})") from None
+
+
+__all__ = ["Severity", "Rule", "RULES", "ANOMALIES", "SEVERITY_MEANING", "severity_of", "anomaly_rule"]
 
 C, H, M, L, I = Severity.CRITICAL, Severity.HIGH, Severity.MEDIUM, Severity.LOW, Severity.INFO
 

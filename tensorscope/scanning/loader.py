@@ -14,18 +14,15 @@ import gc
 import os
 import re
 import struct
-from dataclasses import dataclass
-from typing import Any
-
 from .. import policy
 from ..errors import FormatError, LimitExceeded, TensorscopeError, UnknownFormat
 from ..remote import is_url, open_source
 from ..source import ByteSource
 from . import chat_template, configs, hf_repo, keras, metadata_text, pickles, torchscript
-from .report import FileReport, Finding, Severity
-from .rules import anomaly_rule, severity_of
+from .context import DEFAULT_SCAN_LIMITS, ScanContext, ScanLimits, join
+from .report import FileReport, Severity
+from .rules import anomaly_rule
 
-LEGACY_MAGIC = 0x1950A86A20F9469CFC6C
 MAGIC_ZIP = b"PK\x03\x04"
 MAGIC_EMPTY_ZIP = b"PK\x05\x06"
 MAGIC_NPY = b"\x93NUMPY"
@@ -77,63 +74,8 @@ _PICKLE_MEMBER_SUFFIXES = (".pkl", ".pickle", ".debug_pkl", ".joblib", ".metadat
 _PICKLE_BEARING = {"zip", "pickle", "tar", "npy-object", "compressed"}
 
 
-@dataclass(frozen=True)
-class ScanLimits:
-    """Bounds of one scan.
-
-    Attributes:
-        max_decompressed: bytes one compressed stream or member may inflate to.
-        max_depth: nesting of archives and second stages.
-        max_streams: pickles read back to back from one stream.
-        max_findings_per_pickle: findings kept per pickle (the rest are counted in one line).
-        vm: the pickle VM's `Limits` (None: its defaults).
-    """
-
-    max_decompressed: int = 128 << 20
-    max_depth: int = 6
-    max_streams: int = 32
-    max_findings_per_pickle: int = 200
-    vm: Any = None
-
-
-DEFAULT_SCAN_LIMITS = ScanLimits()
-
 # =================================================================================================
 # One file
-
-class _Ctx:
-    """State of one file's scan: findings, what was understood, pickles already judged."""
-
-    def __init__(self, path: str, limits: ScanLimits):
-        self.path = path
-        self.limits = limits
-        self.findings: list[Finding] = []
-        self.failures: list[str] = []          # reasons the file was not fully understood
-        self.judged: set[tuple[str | None, int]] = set()
-        self.reused: dict[tuple[str | None, int], Any] = {}  # (member, abs offset) -> PickleResult
-        self.kinds: list[str] = []             # content kinds seen at top level
-        self.vm_limits = limits.vm
-        self.blob_mode = False                 # a DCP .distcp: several zips back to back
-        self.known_data = False                # raw data a model file points at (ONNX external data)
-        self.data_files: set[str] = set()      # files this model's tensors live in
-        self.keras = False                     # a Keras archive: its loader is Keras, not ours
-        self.layout: str | None = None         # a known non-model layout (TorchServe, skops, text zip)
-        self.code_chars = torchscript.CODE_CHARS_PER_FILE  # Python text still to tokenize
-
-    def add(self, rule: str, message: str, member: str | None = None, offset: int | None = None,
-            trigger: str | None = None, base: str = "file", variant: str | None = None) -> None:
-        """A finding of ``rule``; its severity is the registry's (for ``variant``)."""
-        self.findings.append(Finding(severity_of(rule, variant), rule, _one_line(message),
-                                     self.path, member, offset, trigger, base))
-
-    def fail(self, reason: str) -> None:
-        self.failures.append(reason)
-
-
-def _one_line(text: str) -> str:
-    text = " ".join(str(text).split())
-    return text if len(text) <= 400 else text[:397] + "..."
-
 
 def scan_file(path, *, limits: ScanLimits | None = None, explicit: bool = True,
               known_data: bool = False) -> FileReport:
@@ -151,7 +93,7 @@ def scan_file(path, *, limits: ScanLimits | None = None, explicit: bool = True,
         ``error`` is True when the file could not be read or parsed completely.
     """
     path = os.fspath(path)
-    ctx = _Ctx(path, limits or DEFAULT_SCAN_LIMITS)
+    ctx = ScanContext(path, limits or DEFAULT_SCAN_LIMITS, scan_blob)
     ctx.known_data = known_data
     try:
         src = open_source(path)   # a URL is read by ranges (tensorscope.remote)
@@ -182,7 +124,8 @@ def scan_model(model, *, limits: ScanLimits | None = None, path=None, explicit: 
     read as the loader reads them, without parsing the file a second time. ``path``,
     ``explicit`` and ``known_data`` are `scan_file`'s (``path``: the file as the walk named it;
     default ``model.path``)."""
-    ctx = _Ctx(os.fspath(path) if path is not None else model.path, limits or DEFAULT_SCAN_LIMITS)
+    ctx = ScanContext(os.fspath(path) if path is not None else model.path, limits or DEFAULT_SCAN_LIMITS,
+                      scan_blob)
     ctx.known_data = known_data
     src = model.sources.get(ctx.path)
     if src is None:
@@ -199,7 +142,7 @@ def scan_model(model, *, limits: ScanLimits | None = None, path=None, explicit: 
     return _finish(ctx, _guarded(ctx, src, explicit, model))
 
 
-def _guarded(ctx: _Ctx, src: ByteSource, explicit: bool, model) -> bool:
+def _guarded(ctx: ScanContext, src: ByteSource, explicit: bool, model) -> bool:
     try:
         return _scan_file(ctx, src, explicit, model)
     except RecursionError:
@@ -207,7 +150,7 @@ def _guarded(ctx: _Ctx, src: ByteSource, explicit: bool, model) -> bool:
         return True
 
 
-def _finish(ctx: _Ctx, scanned: bool) -> FileReport:
+def _finish(ctx: ScanContext, scanned: bool) -> FileReport:
     if not scanned:
         return FileReport(ctx.path, [], False, False)
     if ctx.failures:
@@ -219,7 +162,7 @@ def _finish(ctx: _Ctx, scanned: bool) -> FileReport:
                       sorted(os.path.realpath(f) for f in ctx.data_files))
 
 
-def _scan_file(ctx: _Ctx, src: ByteSource, explicit: bool, model=None) -> bool:
+def _scan_file(ctx: ScanContext, src: ByteSource, explicit: bool, model=None) -> bool:
     head = src.head(4096)
     ext = os.path.splitext(ctx.path)[1].lower()
     expected_model = explicit or ext in _EXT_KIND
@@ -416,7 +359,7 @@ def _open_zip_archive(src: ByteSource, archive):
     return zip_dispatch.open_archive(src, archive)
 
 
-def _open_with_parser(ctx: _Ctx, src: ByteSource | None = None, archive=None):
+def _open_with_parser(ctx: ScanContext, src: ByteSource | None = None, archive=None):
     """``tensorscope.open`` on the file: (model, error, format). Never raises. A zip is opened
     from ``archive`` (its `ZipArchive`, or the error reading it raised) over ``src``."""
     from ..formats import open_model, open_model_source
@@ -457,7 +400,7 @@ def _sniffs_as_safe_format(head: bytes, size: int) -> bool:
     return False
 
 
-def _parser_error_finding(ctx: _Ctx, err: BaseException, understood: bool, kind: str) -> None:
+def _parser_error_finding(ctx: ScanContext, err: BaseException, understood: bool, kind: str) -> None:
     """``tensorscope.open`` failed: whatever the format's loader rejects is never clean."""
     anomaly = getattr(err, "anomaly", None)
     if anomaly is not None and getattr(anomaly, "kind", "") == "onnx.external_path_escape":
@@ -503,7 +446,7 @@ def _content_kind(head: bytes) -> str:
     return "other"
 
 
-def _check_extension(ctx: _Ctx, ext: str, kind: str, model) -> None:
+def _check_extension(ctx: ScanContext, ext: str, kind: str, model) -> None:
     expected = _EXT_KIND.get(ext)
     actual = {"zip": "zip", "empty-zip": "zip", "npy": "npy", "pickle": "pickle", "tar": "tar",
               "gzip": "compressed", "bz2": "compressed", "xz": "compressed", "zlib": "compressed",
@@ -536,7 +479,7 @@ def _check_extension(ctx: _Ctx, ext: str, kind: str, model) -> None:
 # =================================================================================================
 # Parser evidence
 
-def judge_model_evidence(ctx: _Ctx, model) -> None:
+def judge_model_evidence(ctx: ScanContext, model) -> None:
     """What the parser already knows: its anomalies, its pickle runs, TorchScript code, ONNX
     domains, safetensors user metadata. Judged here; never re-derived from the bytes."""
     ev = model.evidence
@@ -588,21 +531,15 @@ def _is_stored_abs(rec) -> bool:
     return rec.offset != 0
 
 
-def _anomaly_finding(ctx: _Ctx, a, prefix: str | None = None, absolute: bool = True) -> None:
+def _anomaly_finding(ctx: ScanContext, a, prefix: str | None = None, absolute: bool = True) -> None:
     member = join(prefix, a.member)
     ctx.add(anomaly_rule(a.kind), a.message, member, a.offset, None, "file" if absolute else "member")
-
-
-def join(prefix: str | None, member: str | None) -> str | None:
-    if prefix and member:
-        return f"{prefix}!{member}"
-    return prefix or member
 
 
 # =================================================================================================
 # Zip archives
 
-def _scan_zip(ctx: _Ctx, src: ByteSource, prefix: str | None, absolute: bool, depth: int,
+def _scan_zip(ctx: ScanContext, src: ByteSource, prefix: str | None, absolute: bool, depth: int,
               archive=None) -> bool:
     """Every member, judged by content. Returns True when everything could be read.
     ``archive``: the `ZipArchive` of ``src`` (or the error reading it raised) when already read."""
@@ -717,7 +654,7 @@ def _member_head(archive, m) -> bytes:
         return b"\0"
 
 
-def _known_zip_layout(ctx: _Ctx, archive, members) -> None:
+def _known_zip_layout(ctx: ScanContext, archive, members) -> None:
     """A zip that is not a torch/NumPy archive but a layout with a loader of its own: a TorchServe
     .mar (MAR-INF/MANIFEST.json), a skops file (schema.json), or a zip of text files only."""
     import json
@@ -762,7 +699,7 @@ def _known_zip_layout(ctx: _Ctx, archive, members) -> None:
 # =================================================================================================
 # Keras: .keras archives (config.json) and legacy .h5 models (a JSON attribute)
 
-def _scan_keras_config(ctx: _Ctx, data, member: str | None) -> bool:
+def _scan_keras_config(ctx: ScanContext, data, member: str | None) -> bool:
     """Judge a zip's top-level config.json when it is a Keras model config; False otherwise."""
     doc = keras.parse(bytes(data)) if len(data) <= keras.MAX_CONFIG_BYTES else None
     if not keras.looks_like_config(doc):
@@ -773,7 +710,7 @@ def _scan_keras_config(ctx: _Ctx, data, member: str | None) -> bool:
     return True
 
 
-def _scan_hdf5(ctx: _Ctx, src: ByteSource) -> bool:
+def _scan_hdf5(ctx: ScanContext, src: ByteSource) -> bool:
     """An HDF5 file: the Keras configs its attributes hold, judged; the rest is not parsed."""
     raw = src.raw
     if not hasattr(raw, "find"):        # an in-memory or remote source: its bytes
@@ -791,7 +728,7 @@ def _scan_hdf5(ctx: _Ctx, src: ByteSource) -> bool:
     return complete
 
 
-def _scan_hidden_local_entries(ctx: _Ctx, src: ByteSource, end: int, prefix: str | None,
+def _scan_hidden_local_entries(ctx: ScanContext, src: ByteSource, end: int, prefix: str | None,
                                depth: int) -> None:
     """Local entries before the first member the central directory lists: zipfile and miniz never
     read them, streaming unzippers (``unzip -`` from a pipe, ZipInputStream, stream-unzip) read
@@ -856,7 +793,7 @@ def _dcp_blobs(path: str) -> list[tuple[int, int]] | None:
     return sorted(blobs) or None
 
 
-def _scan_dcp_blobs(ctx: _Ctx, src: ByteSource, blobs: list[tuple[int, int]]) -> bool:
+def _scan_dcp_blobs(ctx: ScanContext, src: ByteSource, blobs: list[tuple[int, int]]) -> bool:
     ok = True
     covered = 0
     for off, length in blobs:
@@ -881,7 +818,7 @@ def _scan_dcp_blobs(ctx: _Ctx, src: ByteSource, blobs: list[tuple[int, int]]) ->
     return ok
 
 
-def scan_blob(ctx: _Ctx, data: memoryview, member: str | None, base: int, absolute: bool,
+def scan_blob(ctx: ScanContext, data: memoryview, member: str | None, base: int, absolute: bool,
                depth: int, strict: bool):
     """A member or nested payload judged by its content. Returns the storage keys its pickles
     reference (a set), True when read, False when it could not be read."""
@@ -937,7 +874,7 @@ _TEXT_NAMES = frozenset({"requirements.txt", "manifest.json", "dockerfile", "lic
 # =================================================================================================
 # NumPy, tar, compression
 
-def _scan_npy(ctx: _Ctx, data, member: str | None, base: int, absolute: bool, depth: int) -> bool:
+def _scan_npy(ctx: ScanContext, data, member: str | None, base: int, absolute: bool, depth: int) -> bool:
     from ..parsers import numpy_fmt
     try:
         h = numpy_fmt.parse_header(data, file=ctx.path, member=member, base=base)
@@ -964,7 +901,7 @@ def decompress(data, kind: str, cap: int) -> bytes:
     return compression.decompress(data, kind, cap=cap)
 
 
-def _scan_compressed(ctx: _Ctx, data, kind: str, member: str | None, depth: int) -> bool:
+def _scan_compressed(ctx: ScanContext, data, kind: str, member: str | None, depth: int) -> bool:
     try:
         inner = decompress(data, kind, ctx.limits.max_decompressed)
     except LimitExceeded:
@@ -986,7 +923,7 @@ _STORAGE_ITEMSIZE: dict[str, int] = {"Double": 8, "Float": 4, "Half": 2, "BFloat
                      "ComplexDouble": 16}
 
 
-def _scan_tar(ctx: _Ctx, data, member: str | None, depth: int, base: int = 0,
+def _scan_tar(ctx: ScanContext, data, member: str | None, depth: int, base: int = 0,
               absolute: bool = True) -> bool:
     """torch's legacy tar form (members ``sys_info``, ``pickle``, ``tensors``, ``storages``) or any
     tar: every entry (duplicates included) judged by content; ``storages`` and ``tensors`` walked
@@ -1029,7 +966,7 @@ def _scan_tar(ctx: _Ctx, data, member: str | None, depth: int, base: int = 0,
     return ok
 
 
-def _scan_legacy_records(ctx: _Ctx, data, member: str, base: int, absolute: bool, depth: int,
+def _scan_legacy_records(ctx: ScanContext, data, member: str, base: int, absolute: bool, depth: int,
                          which: str) -> bool:
     """The legacy tar's ``storages`` (count; per storage a pickle + int64 numel + raw bytes;
     then a pickle of storage views) and ``tensors`` (count; per tensor a pickle + int32 ndim,
@@ -1104,7 +1041,7 @@ def _zip_is_a_tar_member(src: ByteSource, archive) -> bool:
         return False
 
 
-def _scan_polyglot_zip(ctx: _Ctx, src: ByteSource, kind: str) -> None:
+def _scan_polyglot_zip(ctx: ScanContext, src: ByteSource, kind: str) -> None:
     """A zip that Python's zipfile (and scanners built on it) would find behind another head."""
     tail = src.read(max(0, src.size - 65557), min(src.size, 65557))
     if MAGIC_EMPTY_ZIP not in tail:

@@ -29,7 +29,7 @@ from .. import policy
 from . import pt2_exprs, yaml_tree
 
 if TYPE_CHECKING:
-    from . import loader
+    from .context import ScanContext
 
 CONFIG_SUFFIXES = (".yaml", ".yml", ".json")
 MAX_TEXT = 16 << 20     # configs are KBs; a larger text is read up to this
@@ -72,7 +72,7 @@ def documents(text: str, member: str | None = None) -> list[yaml_tree.Document]:
         return []
 
 
-def check_text(ctx: "loader._Ctx", text: str, member: str | None) -> None:
+def check_text(ctx: "ScanContext", text: str, member: str | None) -> None:
     """Report what loading one config text imports and calls."""
     text = text[:MAX_TEXT]
     docs = documents(text, member)
