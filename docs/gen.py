@@ -5,7 +5,7 @@ Generated at build time, so they cannot fall behind the code:
 - ``cli.md``: every subcommand's ``--help``, from the argparse parsers ``tensorscope.cli`` builds;
 - ``rules.md``: every scan rule, from the registry ``tensorscope.scanning.rules.RULES``;
 - ``schemas.md``: the hand-written ``inspect --json`` page plus the ``diff`` and ``scan`` schemas,
-  read from the docstrings that define them (``tensorscope/diffing.py``, ``tensorscope/scanning/report.py``).
+  read from the docstrings that define them (``tensorscope/diff_result.py``, ``tensorscope/scanning/report.py``).
 
 The navigation lists every page of `NAV` that exists (written or generated), so a page another
 change adds appears once its file is there, and a page not written yet is simply not listed.
@@ -100,7 +100,7 @@ def _cell(text: str) -> str:
 
 def schemas() -> str:
     page = (ROOT / "docs" / "schemas.md").read_text()
-    for title, path in [("`diff --json`", "tensorscope/diffing.py"),
+    for title, path in [("`diff --json`", "tensorscope/diff_result.py"),
                         ("`scan --json`", "tensorscope/scanning/report.py")]:
         page += f"\n## {title}\n\nFrom the docstring of `{path}`.\n\n" + _schema_section(ROOT / path)
     return page

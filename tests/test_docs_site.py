@@ -41,7 +41,7 @@ def test_rules_page_has_every_rule():
 
 def test_schemas_page_carries_the_diff_and_scan_schemas():
     page = _gen().schemas()
-    assert '"schema": "tensorscope.diff/2"' in page
+    assert '"schema": "tensorscope.diff/3"' in page
     assert '"schema": "tensorscope.scan/1"' in page
     assert page.count("```") % 2 == 0
 

@@ -169,7 +169,8 @@ def test_convert_that_fails_leaves_no_folder(tmp_path, cli):
 
 @pytest.mark.parametrize("argv, line", [
     (["inspect", "--bogus", "x"], "tensorscope inspect: error: unrecognized arguments: --bogus"),
-    (["diff", "a", "b", "--atol", "abc"], "tensorscope diff: error: argument --atol: invalid float value: 'abc'"),
+    (["diff", "a", "b", "--atol", "abc"],
+     "tensorscope diff: error: argument --atol: atol must be a number >= 0 such as 1e-6, got 'abc'"),
     (["scan"], None),
     (["convert", "in.pt"], "tensorscope convert: error: the following arguments are required: OUT"),
 ])

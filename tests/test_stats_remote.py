@@ -24,9 +24,8 @@ torch = pytest.importorskip("torch")
 
 
 def _listing(url: str):
-    from tensorscope.parsers.zip_dispatch import listing_only
     remote.reset_totals()
-    with listing_only(), tensorscope.open(url) as m:
+    with tensorscope.open(url, listing=True) as m:
         names = [(t.name, t.dtype, t.shape, t.byte_offset) for t in m.tensors]
         src = next(iter(m.sources.values()))
         waits = src.waits
@@ -34,8 +33,7 @@ def _listing(url: str):
 
 
 def _local(path):
-    from tensorscope.parsers.zip_dispatch import listing_only
-    with listing_only(), tensorscope.open(str(path)) as m:
+    with tensorscope.open(str(path), listing=True) as m:
         return [(t.name, t.dtype, t.shape, t.byte_offset) for t in m.tensors]
 
 

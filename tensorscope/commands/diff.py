@@ -86,19 +86,7 @@ def _budget(text: str) -> int:
         raise argparse.ArgumentTypeError(f"expected bytes like 512M or 4G, got {text!r}")
 
 
-def _one_line_errors(p) -> None:
-    """A usage error of diff's own arguments is one line naming the argument, and a hint: not a
-    usage block before the line that matters."""
-    import sys
-
-    def error(message: str):
-        print(f"{p.prog}: error: {message} (see {p.prog} --help)", file=sys.stderr)
-        raise SystemExit(2)
-    p.error = error
-
-
 def add_arguments(p):
-    _one_line_errors(p)
     p.add_argument("a", help="first model (file or folder)")
     p.add_argument("b", help="second model (file or folder)")
     p.add_argument("--atol", type=_tolerance("atol"), default=None, metavar="X",
