@@ -112,3 +112,32 @@ def test_the_cli_pauses_its_own_collector_and_restores_it(tmp_path, capsys):
     finally:
         formats.gc_paused = old
     assert seen == [want[0]] and _same_as(want)
+
+
+def test_a_fleet_scan_leaves_the_hosts_own_freeze_alone(tmp_path):
+    """scan_fleet forks workers with the parent's objects frozen, but never thaws what the host
+    froze itself, and leaves no freeze of its own behind."""
+    import gc
+    import pickle
+    import subprocess
+    import sys
+    import textwrap
+    for i in range(3):
+        (tmp_path / f"m{i}.pkl").write_bytes(pickle.dumps({"w": list(range(4))}))
+    code = textwrap.dedent(f"""
+        import gc
+        from tensorscope.scanning.fleet import scan_fleet
+        keep = [[i] for i in range(1000)]
+        gc.freeze()
+        frozen = gc.get_freeze_count()
+        scan_fleet([{str(tmp_path)!r}], jobs=2)
+        # still frozen (a few frozen temporaries may have died meanwhile; an unfreeze drops to 0)
+        assert gc.get_freeze_count() > frozen - 100, (gc.get_freeze_count(), frozen)
+        gc.unfreeze()
+        scan_fleet([{str(tmp_path)!r}], jobs=2)
+        assert gc.get_freeze_count() == 0, gc.get_freeze_count()
+        print("ok")
+    """)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr[-2000:]
+    assert gc.isenabled()

@@ -149,12 +149,16 @@ def _run_processes(items, jobs: int, limits,
     # fork starts workers with everything imported, and is safe while this process has no other
     # thread; otherwise forkserver/spawn: a clean interpreter, not a copy of one whose threads
     # (fetch pools, progress bars) may hold locks.
+    froze = False
     if "fork" in methods and threading.active_count() == 1:
         method = "fork"
         _preload()
         # the objects alive now are shared with the workers: kept out of their collections so
-        # that a collection does not touch (and so copy) every shared page
-        gc.freeze()
+        # that a collection does not touch (and so copy) every shared page. Only when the host
+        # has frozen nothing itself: unfreezing afterwards would thaw the host's objects too.
+        if gc.get_freeze_count() == 0:
+            gc.freeze()
+            froze = True
     else:
         method = "forkserver" if "forkserver" in methods else "spawn"
     ctx = multiprocessing.get_context(method)
@@ -169,8 +173,8 @@ def _run_processes(items, jobs: int, limits,
             running = {pool.submit(_scan_batch, batch, limits, inventory) for batch in
                        (b for _, b in zip(range(2 * jobs), todo))}
         finally:
-            if method == "fork":
-                gc.unfreeze()  # the workers exist (forked at the first submit); ours is ours
+            if froze:
+                gc.unfreeze()  # the workers exist (forked at the first submit): as we found it
         while running:
             done, running = wait(running, return_when=FIRST_COMPLETED)
             for fut in done:
