@@ -150,7 +150,7 @@ def generate_moe(n: int, shards: int | None = None) -> Path:
     import numpy as np
     from safetensors.numpy import save_file
 
-    folder = CACHE / f"moe_{n}"
+    folder = CACHE / (f"moe_{n}" if shards is None else f"moe_{n}_{shards}shards")
     index = folder / "model.safetensors.index.json"
     if (folder / "done").exists():
         return folder

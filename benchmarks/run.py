@@ -517,6 +517,9 @@ class Bench:
         items = [(f"{self.many:,}-tensor safetensors", p["many_st"], True),
                  (f"{self.many:,}-tensor torch zip", p["many_pt"], False),
                  ("torch zip, 500 tensors", p["pt"], False)]
+        if not self.quick:  # issue 29: 100,000 MoE tensors in 10 shards, first screen within 1 s
+            items.append(("100,000-tensor MoE, 10 safetensors shards",
+                          bench_tui.generate_moe(100_000, shards=10), False))
         for label, path, in_quick in items:
             if self.quick and not in_quick:
                 continue

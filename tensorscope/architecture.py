@@ -159,14 +159,19 @@ def _first(tensors, pattern: str):
     return None
 
 
-def summarize(model) -> dict | None:
-    """The architecture summary of an opened model, or None when nothing is recognisable."""
+def summarize(model, collector: GroupCollector | None = None) -> dict | None:
+    """The architecture summary of an opened model, or None when nothing is recognisable.
+    ``collector``: a `GroupCollector` already fed with every one of ``model.tensors`` (as
+    ``inspect`` groups them), reused when each tensor is its own (no tied views, no inputs)."""
     cfg, cfg_path = _config(model)
     # Read as groups (`tensorscope.grouping`: ``layers.#.mlp.experts.#.up_proj.weight`` ×N, one
     # record per pattern, dtype and shape): a million tensors are a few thousand groups, and
     # each rule below runs once per group, not per tensor.
-    collector = GroupCollector()
-    collector.add_tensors(_unique(model.tensors))
+    own = list(_unique(model.tensors))
+    if collector is None or len(own) != len(model.tensors):
+        # the grouping pass is the costly one per tensor: run it only when no caller did
+        collector = GroupCollector()
+        collector.add_tensors(own)
     tensors = [_Group(g) for g in collector.groups()]
     if not tensors:
         return None

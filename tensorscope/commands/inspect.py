@@ -107,9 +107,13 @@ def run(args) -> int:
         tensors = _selected(model, args.filter)
         group = args.group if args.group is not None else len(tensors) > GROUP_ABOVE
         stats = _compute_stats(model, tensors) if args.stats else {}
-        groups = _groups(tensors, stats) if group else None
+        # the grouping pass over every tensor, shared with the architecture summary when the
+        # listing is the whole model
+        collector = GroupCollector() if group else None
+        groups = _groups(tensors, stats, collector) if group else None
+        whole = collector if not args.filter else None
         if args.json:
-            _emit_json(model, tensors, stats, groups)
+            _emit_json(model, tensors, stats, groups, whole)
         else:
             _print_human(model, tensors, stats, groups, args)
         if args.filter and not tensors:
@@ -177,10 +181,11 @@ def outside_allowlist(model) -> list[tuple[str, str]]:
     return list(dict.fromkeys(found))
 
 
-def _groups(tensors, stats=None) -> list[dict]:
-    """The groups of `tensorscope.grouping.GroupCollector`, with params and labelled ranges, and
-    with ``stats`` (per tensor name) the statistics of each group's values, merged exactly."""
-    c = GroupCollector()
+def _groups(tensors, stats=None, c=None) -> list[dict]:
+    """The groups of `tensorscope.grouping.GroupCollector` (``c``, fed here), with params and
+    labelled ranges, and with ``stats`` (per tensor name) the statistics of each group's values,
+    merged exactly."""
+    c = GroupCollector() if c is None else c
     c.add_tensors(tensors)
     merged = _group_stats(tensors, stats) if stats else {}
     out = []
@@ -235,7 +240,7 @@ def _group_stats(tensors, stats) -> dict[tuple, dict]:
 
 # -- JSON ------------------------------------------------------------------------------------------
 
-def _emit_json(model, tensors, stats, groups):
+def _emit_json(model, tensors, stats, groups, collector=None):
     doc = {"schema": "tensorscope.inspect/1", "summary": summarize(model, tensors),
            "metadata": model.metadata,
            "anomalies": [{"kind": a.kind, "message": a.message, "file": a.file, "member": a.member,
@@ -243,7 +248,7 @@ def _emit_json(model, tensors, stats, groups):
            "outside_allowlist": [{"global": d, "category": c} for d, c in outside_allowlist(model)]}
     if groups is not None:
         doc["groups"] = groups
-    doc["model"] = _architecture(model)
+    doc["model"] = _architecture(model, collector)
     # ``fetched``: what reading a URL cost (the rows read nothing more)
     if stats:
         emit_json_stream(with_cost(doc), "tensors", tensors, to_dict=lambda t: _stats_row(t, stats))
@@ -458,10 +463,10 @@ def _print_summary(console, model, tensors):
                       "`tensorscope scan` on the folder")
 
 
-def _architecture(model):
+def _architecture(model, collector=None):
     """The architecture summary (`tensorscope.architecture`); None when nothing is recognised."""
     from ..architecture import summarize
-    return summarize(model)
+    return summarize(model, collector)
 
 
 def _print_architecture(console, model) -> None:

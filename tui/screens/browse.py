@@ -34,6 +34,7 @@ __all__ = ["BrowseScreen", "MAX_CHILDREN", "GROUP_ABOVE", "COLUMNS", "YIELD_ORDE
 
 MAX_CHILDREN = 500   # tree children shown per node; the rest are reachable by filtering
 GROUP_ABOVE = 5_000  # tensors above which the tree opens grouped (layers.#)
+BEHIND_ABOVE = 20_000  # tensors above which the tree is built behind the first screen
 DEBOUNCE_ABOVE = 300_000  # tensors above which filter keystrokes are coalesced
 DEBOUNCE_SECONDS = 0.08
 DETAILS_AFTER = 0.15  # seconds after the last filter keystroke before the details pane follows
@@ -87,7 +88,13 @@ class BrowseScreen(Screen):
         self._trees: dict[bool, ModuleNode] = {}
         if root is not None:
             self._trees[self.grouped] = root
-        self.root = self._tree(self.grouped)
+        # A large model's tree (seconds at 10^6 tensors) is built behind the first screen: the
+        # table lists every tensor in saved order meanwhile, under a placeholder root.
+        self._pending = root is None and len(model.tensors) > BEHIND_ABOVE
+        if self._pending:
+            self.root = ModuleNode(self.label, (), count=len(model.tensors))
+        else:
+            self.root = self._tree(self.grouped)
         self.index = index if index is not None else TensorIndex(model.tensors)
         self.node: ModuleNode = self.root
         self.pattern = ""
@@ -106,19 +113,29 @@ class BrowseScreen(Screen):
         return self._trees[grouped]
 
     # -- layout -----------------------------------------------------------------------------------
-    def compose(self) -> ComposeResult:
+    def _title(self) -> Text:
         m = self.model
         n = len(m.tensors)
         title = Text()
         title.append(" tensorscope ", style="bold reverse")
-        title.append(f" {shown(self.label)} · {m.format} · {n:,} tensor{'s' if n != 1 else ''} · "
-                     f"{human_count(self.root.params)} params · {human_bytes(self.root.nbytes)}")
-        yield Static(title, id="titlebar")
+        title.append(f" {shown(self.label)} · {m.format} · {n:,} tensor{'s' if n != 1 else ''}")
+        if not self._pending:
+            title.append(f" · {human_count(self.root.params)} params · {human_bytes(self.root.nbytes)}")
+        return title
+
+    def _root_label(self) -> Text:
+        if self._pending:  # the progress indicator until the tree arrives
+            return Text.assemble((shown(self.label), "bold"),
+                                 (f" grouping {len(self.model.tensors):,} tensors …", "dim italic"))
+        return node_label(self.root, root=True)
+
+    def compose(self) -> ComposeResult:
+        yield Static(self._title(), id="titlebar")
         yield SafetyBanner(id="banner")
         yield Input(placeholder="filter by name: substring, or glob like *.weight  (enter: done, esc: clear)",
                     id="filter")
         with Horizontal(id="browse-main"):
-            yield Tree(node_label(self.root, root=True), data=self.root, id="modules")
+            yield Tree(self._root_label(), data=self.root, id="modules")
             with Vertical(id="browse-right"):
                 yield VirtualTable(table_columns(self.index), yield_order=YIELD_ORDER, id="tensors")
                 yield Static(id="table-status")
@@ -133,6 +150,8 @@ class BrowseScreen(Screen):
         tree.root.expand()
         self.refresh_table()
         self.query_one("#tensors", VirtualTable).focus()
+        if self._pending:
+            self._build_tree(self.grouped)
 
     # -- tree -------------------------------------------------------------------------------------
     def _populate(self, tnode) -> None:
@@ -163,6 +182,9 @@ class BrowseScreen(Screen):
     def action_toggle_grouped(self) -> None:
         """Switch between the module tree and the grouped tree (``layers.#``)."""
         grouped = not self.grouped
+        if self._pending:
+            self.notify("the tree is still being built …", timeout=2)
+            return
         if grouped in self._trees:
             self._use_tree(grouped, self._trees[grouped])
         else:  # built off the UI thread: a module tree of a million tensors takes seconds
@@ -176,14 +198,21 @@ class BrowseScreen(Screen):
         self.app.call_from_thread(self._use_tree, grouped, root)
 
     def _use_tree(self, grouped: bool, root: ModuleNode) -> None:
+        first = self._pending  # the tree built behind the first screen: the table stays as it is
+        self._pending = False
         self._trees[grouped] = root
-        self.grouped, self.root, self.node = grouped, root, root
+        self.grouped, self.root = grouped, root
+        self.node = root
         self._expanded.clear()
         tree = self.query_one("#modules", Tree)
         tree.reset(node_label(self.root, root=True), self.root)
         self._populate(tree.root)
         tree.root.expand()
-        self.refresh_table()
+        if first:
+            self.query_one("#titlebar", Static).update(self._title())
+            self._update_status()
+        else:
+            self.refresh_table()
 
     # -- table ------------------------------------------------------------------------------------
     def refresh_table(self, details_after: float | None = None) -> None:
@@ -233,7 +262,9 @@ class BrowseScreen(Screen):
             bits.append(f"filter {shown(self.pattern)!r}")
         if self.sort != "#":
             bits.append(f"sort {self.sort} {'▼' if self.reverse else '▲'}")
-        if self.grouped:
+        if self._pending:
+            bits.append("building the module tree …")
+        elif self.grouped:
             bits.append("grouped tree (g: by module)")
         # one line, always: no layout pass needed
         self.query_one("#table-status", Static).update(Text(" · ".join(bits), style="dim"), layout=False)
