@@ -49,7 +49,7 @@ def file_identity(path: str, follow: bool = True) -> str | None:
     ``follow=False`` for a symlink the walk reported instead of following."""
     from ..remote import is_url
     if is_url(path):
-        from .fleet import identity
+        from .identity import identity
         version = identity(path).get("version")
         return f"version:{version}" if version else None
     try:

@@ -29,28 +29,12 @@ from typing import Any, Callable, Iterable, Iterator
 from .. import remote
 from ..errors import TensorscopeError
 from .context import DEFAULT_SCAN_LIMITS, ScanLimits
+from .identity import identity
 from .loader import scan_file
 from .report import FileReport, Finding, ScanReport, merge, sort_findings
 from .walk import plan
 
 __all__ = ["identity", "scan_record", "scan_fleet", "load_resume", "file_report"]
-
-
-def identity(path: str) -> dict[str, Any]:
-    """``{"size", "version", "mtime_ns"}``: what says the file is still the one scanned.
-    A URL costs one request for one byte (its size and ETag come with it); a local file one
-    stat."""
-    if remote.is_url(path):
-        try:
-            with remote.RemoteSource(path, first_fetch=1) as src:
-                return {"size": src.size, "version": src.version, "mtime_ns": None}
-        except (OSError, TensorscopeError):
-            return {"size": None, "version": None, "mtime_ns": None}
-    try:
-        st = os.stat(path)
-    except OSError:
-        return {"size": None, "version": None, "mtime_ns": None}
-    return {"size": st.st_size, "version": None, "mtime_ns": st.st_mtime_ns}
 
 
 def scan_record(path: str, explicit: bool = True, limits: ScanLimits | None = None,

@@ -77,7 +77,7 @@ def inventory_of(path: str, model=None, report: FileReport | None = None) -> dic
                            "metadata": {}, "parsed": model is not None}
     if is_url(path):
         from .. import remote
-        from .fleet import identity
+        from .identity import identity
         ident = remote.seen(path) or identity(path)   # what the scan read: no new request
         inv["size"], inv["version"] = ident["size"], ident["version"]
     else:
