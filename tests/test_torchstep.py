@@ -26,7 +26,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tensorscope import cli, formats
-from tensorscope.parsers import pickle_hooks, pickle_torchpath, pickle_vm, torch_pickle, torch_zip, zipfmt
+from tensorscope.parsers import (pickle_hooks, pickle_torchpath, pickle_vm, torch_pickle, torch_zip,
+                                zip_reader, zipfmt)
 from tensorscope.source import ByteSource
 from torch_oracle import FIXTURES
 
@@ -74,7 +75,7 @@ def vm_picture(archive_bytes: bytes, data: bytes, mode: str, monkeypatch, *, rec
                limits=pickle_vm.DEFAULT_LIMITS, torch_hooks=True):
     """Run ``data`` (a data.pkl, maybe damaged) with the resolver `torch_zip.open_zip` builds for
     ``archive_bytes`` in listing mode; a comparable picture of everything the run did."""
-    archive = zipfmt.read_zip(ByteSource.from_bytes(archive_bytes))
+    archive = zip_reader.read_zip(ByteSource.from_bytes(archive_bytes))
     prefix = archive.torch_prefix()
     records = torch_zip.data_records(archive, prefix)
     load, storages = torch_zip.make_storage_resolver(archive, prefix, records=records)
@@ -240,7 +241,7 @@ def test_attack_corpus_every_way(corpus, monkeypatch):
             data = path.read_bytes()
             try:
                 pkl, _ = _zip_pickle(data)
-                zipfmt.read_zip(ByteSource.from_bytes(data)).torch_prefix()
+                zip_reader.read_zip(ByteSource.from_bytes(data)).torch_prefix()
             except Exception:
                 pkl = None
             if pkl is not None:
