@@ -664,10 +664,10 @@ def exercise_bytes(target: str, data: bytes) -> str:
             return "error"
         return "ok" if r.error is None else "ok+"
     if target == "zipfmt":
-        from tensorscope.parsers import zipfmt
+        from tensorscope.parsers import zip_reader
         src = ByteSource.from_bytes(data, "fuzz.zip")
         try:
-            archive = zipfmt.read_zip(src)
+            archive = zip_reader.read_zip(src)
         except TensorscopeError:
             return "error"
         outcome = "ok"

@@ -84,7 +84,7 @@ def _pickle_member(data: bytes) -> tuple[str, bytes] | None:
 
 def run_torch_step(rng: random.Random, archive: bytes, pool: list[bytes]) -> None:
     from tensorscope import TensorscopeError
-    from tensorscope.parsers import pickle_vm, torch_pickle, torch_zip, zipfmt
+    from tensorscope.parsers import pickle_vm, torch_pickle, torch_zip, zip_reader
     from tensorscope.source import ByteSource
     member = _pickle_member(archive)
     if member is None:
@@ -95,7 +95,7 @@ def run_torch_step(rng: random.Random, archive: bytes, pool: list[bytes]) -> Non
     recording = rng.random() < 0.3
 
     def once():
-        arc = zipfmt.read_zip(ByteSource.from_bytes(archive))
+        arc = zip_reader.read_zip(ByteSource.from_bytes(archive))
         prefix = arc.torch_prefix()
         records = torch_zip.data_records(arc, prefix)
         load, storages = torch_zip.make_storage_resolver(arc, prefix, records=records)
@@ -119,12 +119,12 @@ def run_torch_step(rng: random.Random, archive: bytes, pool: list[bytes]) -> Non
 
 def run_zipscan(rng: random.Random, data: bytes) -> None:
     from tensorscope import TensorscopeError
-    from tensorscope.parsers import torch_zip, zipfmt
+    from tensorscope.parsers import torch_zip, zip_reader, zipfmt
     from tensorscope.source import ByteSource
 
     def once():
         try:
-            arc = zipfmt.read_zip(ByteSource.from_bytes(data, "fuzz.zip"))
+            arc = zip_reader.read_zip(ByteSource.from_bytes(data, "fuzz.zip"))
         except TensorscopeError as e:
             return ("error", str(e)), None
         return ([(m.name, m.raw_name, m.header_offset, m.data_offset, m.size, m.crc32, m.error)

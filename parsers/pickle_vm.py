@@ -57,6 +57,11 @@ checked against the bytes that remain, and every failure is a `PickleError` (or 
 that names the file, member, absolute byte offset and opcode. The result keeps what was seen
 before the failure: a loader runs every opcode before a broken one.
 
+Layout: this module is the VM (opcode table, the loop, `run`); the inert values and the result are
+in `pickle_values`, the container hooks and hashing guard in `pickle_hooks`, the protocol-0/1 text
+forms in `pickle_text`, the torch tensor pattern in `pickle_torchpath`. The public API below is
+imported from here.
+
 Public API: `run`, `Limits`, `DEFAULT_LIMITS`, `PickleResult`, `GlobalSeen`, `CallSeen`, `Global`,
 `Call`, `PersistentRef`, `OutOfBandBuffer`, `Extension`, `UnhashableKey`, `BuildStates`, `NOTSET`,
 `DECLINE`, `CONTAINER_HOOKS`, `PickleError`, `MAX_NESTED_RUNS`, `NotRecorded`.
@@ -77,14 +82,26 @@ import gc
 import pickletools
 import re
 import struct
-import threading
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
-from types import MappingProxyType
 from typing import Any
 
 from tensorscope.errors import FormatError, LimitExceeded
 from tensorscope.native import optional_extension
+from tensorscope.parsers.pickle_hooks import (
+    _ACTIVE, CONTAINER_HOOKS, _add_item, _HashGuard, _ordered_dict, _set_key, _Unmodelled,
+)
+from tensorscope.parsers.pickle_text import (
+    _py2_string, _py_int, _text_float, _text_index, _text_int,
+)
+from tensorscope.parsers.pickle_torchpath import (
+    _SMALL_TUPLES, _TORCH_TENSOR, _puts_in_order, _small_int, _small_tuple,
+)
+# The values are part of this module's public API (`__all__` below): callers import them from here.
+from tensorscope.parsers.pickle_values import (
+    _INERT_DATA, _SYMBOLIC, DECLINE, DEFAULT_LIMITS, DYNAMIC, NOTSET, BuildStates, Call, CallSeen,
+    EvidenceNotKept, Extension, Global, GlobalSeen, Limits, NotRecorded, OutOfBandBuffer,
+    PersistentRef, PickleError, PickleResult, UnhashableKey,
+)
 
 __all__ = [
     "run", "Limits", "DEFAULT_LIMITS", "PickleResult", "GlobalSeen", "CallSeen", "Global", "Call",
@@ -144,621 +161,9 @@ _F64 = struct.Struct(">d")    # BINFLOAT is big-endian
 # Limits on stack, memo and object counts are checked every _CHECK_EVERY opcodes and at STOP,
 # so they may be overshot by at most that many entries; the opcode limit is exact.
 _CHECK_EVERY = 4096
-# Tuple elements hashed per run (see _HashGuard): ~1 s of hashing, far above any real pickle.
-_MAX_HASH_WORK = 100_000_000
-# CPython refuses int <-> str conversions above 4300 digits (CVE-2020-10735); so do we, even when
-# the interpreter's own limit was lifted, because int() of a long string is quadratic.
-_MAX_INT_DIGITS = 4300
-# Encodings that the bytes/bytearray/_codecs.encode hooks accept. An encoding name from a file is
-# never handed to codecs.lookup: that imports a module named by the file.
 # Pickles run inside pickles through build hooks (`nested`), at most this deep: each level is a
 # Python call, and a hostile file could nest one per few bytes.
 MAX_NESTED_RUNS = 32
-_SAFE_ENCODINGS = {"latin1": "latin-1", "latin-1": "latin-1", "iso-8859-1": "latin-1",
-                   "iso8859-1": "latin-1", "utf-8": "utf-8", "utf8": "utf-8", "ascii": "ascii"}
-
-
-class PickleError(FormatError):
-    """The pickle is malformed or does something a loader would refuse."""
-
-    def __init__(self, reason: str, **where):
-        where.setdefault("format", "pickle")
-        super().__init__(reason, **where)
-
-
-@dataclass(frozen=True)
-class Limits:
-    """Resource bounds for one run. Defaults suit a 100 GB checkpoint with ~1e6 tensors
-    (~35 opcodes, ~8 memo entries and ~4 objects per tensor). The opcode, depth, string and
-    integer limits are exact; stack, memo and object counts are checked every 4096 opcodes and
-    at STOP, so they may be overshot by that much before the run fails.
-
-    Attributes:
-        max_opcodes: opcodes executed.
-        max_stack: items on the stack, all MARK levels together.
-        max_memo: memo entries.
-        max_objects: containers and calls built.
-        max_depth: MARK nesting, and nesting of a tuple that gets hashed.
-        max_string: bytes of one string/bytes argument (also checked against the bytes left).
-        max_long: bytes of one LONG1/LONG4 integer built exactly (65536 bytes is ~158,000
-            decimal digits); a longer one becomes an int of the same sign (the run goes on, as
-            CPython's does).
-    """
-
-    max_opcodes: int = 100_000_000
-    max_stack: int = 10_000_000
-    max_memo: int = 50_000_000
-    max_objects: int = 50_000_000
-    max_depth: int = 10_000
-    max_string: int = 1 << 30
-    max_long: int = 1 << 16
-
-    def __post_init__(self):
-        for name in ("max_opcodes", "max_stack", "max_memo", "max_objects", "max_depth",
-                     "max_string", "max_long"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or value < 1:
-                raise ValueError(f"Limits.{name} must be a positive int, got {value!r}")
-
-
-DEFAULT_LIMITS = Limits()
-
-
-# ---------------------------------------------------------------------------------------------
-# Inert objects pushed by the VM.
-
-class _NotSet:
-    __slots__ = ()
-
-    def __repr__(self) -> str:
-        return "NOTSET"
-
-    def __bool__(self) -> bool:
-        return False
-
-
-NOTSET = _NotSet()
-"""`Call.state` before any BUILD."""
-
-
-class _Decline:
-    __slots__ = ()
-
-    def __repr__(self) -> str:
-        return "DECLINE"
-
-
-DECLINE = _Decline()
-"""Returned by a hook: build no value, push the inert `Call` the VM would have built."""
-
-
-class Global:
-    """A class or function reference (GLOBAL, STACK_GLOBAL, INST, OBJ); nothing is imported.
-
-    Hashable by identity: two GLOBAL opcodes naming the same thing give two objects.
-    """
-
-    __slots__ = ("module", "name", "pos", "_hook")
-
-    def __init__(self, module: str, name: str, pos: int):
-        self.module = module
-        self.name = name
-        self.pos = pos
-        self._hook = None   # the run's hook for (module, name), looked up once at creation
-
-    @property
-    def dotted(self) -> str:
-        return f"{self.module}.{self.name}"
-
-    def __repr__(self) -> str:
-        return f"Global({self.module}.{self.name})"
-
-
-class BuildStates(list):
-    """`Call.state` after several BUILDs whose states are not all dicts: every state, in order."""
-
-    __slots__ = ()
-
-
-class Call:
-    """The inert result of a call (REDUCE, NEWOBJ, NEWOBJ_EX, INST, OBJ).
-
-    Attributes:
-        func: what was called (usually a `Global`; may be another `Call`, e.g. ``getattr(...)``).
-        args: the positional arguments (a tuple).
-        kwargs: keyword arguments (NEWOBJ_EX only), else None.
-        pos: offset of the calling opcode.
-        opcode: its name.
-        state: the BUILD state (`NOTSET` if none); a second BUILD merges dicts into a new dict,
-            otherwise the state becomes a `BuildStates` list of every state.
-        items: objects APPEND(S)ed onto it; dictitems: (key, value) pairs SETITEM(S)ed;
-            setitems: objects ADDITEMSed. Read-only views (an empty list when nothing was added).
-    """
-
-    __slots__ = ("func", "args", "kwargs", "pos", "opcode", "state", "_items", "_dictitems",
-                 "_setitems", "_owns_state")
-
-    def __init__(self, func: Any, args: tuple, kwargs: dict | None, pos: int, opcode: str):
-        self.func = func
-        self.args = args
-        self.kwargs = kwargs
-        self.pos = pos
-        self.opcode = opcode
-        self.state = NOTSET
-        self._items = None      # lists are made on first use: most calls never get any
-        self._dictitems = None
-        self._setitems = None
-        self._owns_state = False
-
-    @property
-    def items(self) -> list:
-        return self._items if self._items is not None else []
-
-    @property
-    def dictitems(self) -> list:
-        return self._dictitems if self._dictitems is not None else []
-
-    @property
-    def setitems(self) -> list:
-        return self._setitems if self._setitems is not None else []
-
-    def __repr__(self) -> str:  # shallow on purpose: values may nest a million levels deep
-        func = self.func.dotted if isinstance(self.func, Global) else type(self.func).__name__
-        return f"Call({func}, {len(self.args)} args)"
-
-
-class PersistentRef:
-    """PERSID/BINPERSID when no ``persistent_load`` is given: the id and where it was."""
-
-    __slots__ = ("pid", "pos")
-
-    def __init__(self, pid: Any, pos: int):
-        self.pid = pid
-        self.pos = pos
-
-    def __repr__(self) -> str:
-        return f"PersistentRef(pos={self.pos})"
-
-
-class OutOfBandBuffer:
-    """NEXT_BUFFER (protocol 5): the ``index``-th out-of-band buffer; ``readonly`` after
-    READONLY_BUFFER."""
-
-    __slots__ = ("index", "pos", "readonly")
-
-    def __init__(self, index: int, pos: int, readonly: bool = False):
-        self.index = index
-        self.pos = pos
-        self.readonly = readonly
-
-    def __repr__(self) -> str:
-        return f"OutOfBandBuffer({self.index}, readonly={self.readonly})"
-
-
-class Extension:
-    """EXT1/EXT2/EXT4: a copyreg extension code. The registry is never consulted."""
-
-    __slots__ = ("code", "pos")
-
-    def __init__(self, code: int, pos: int):
-        self.code = code
-        self.pos = pos
-
-    def __repr__(self) -> str:
-        return f"Extension({self.code})"
-
-
-class UnhashableKey:
-    """A dict key or set item that cannot be hashed (a list, a dict ...), kept so that the
-    container still builds. A real loader would fail there with TypeError."""
-
-    __slots__ = ("value",)
-
-    def __init__(self, value: Any):
-        self.value = value
-
-    def __repr__(self) -> str:
-        return f"UnhashableKey({type(self.value).__name__})"
-
-
-@dataclass(slots=True)
-class GlobalSeen:
-    """One global reference: GLOBAL, STACK_GLOBAL, INST, OBJ (class argument) or EXT1/2/4
-    (recorded as ``copyreg._inverted_registry[code]``)."""
-
-    module: str
-    name: str
-    pos: int
-    opcode: str
-
-    @property
-    def dotted(self) -> str:
-        return f"{self.module}.{self.name}"
-
-
-@dataclass(slots=True)
-class CallSeen:
-    """One place where a loader runs code: REDUCE, NEWOBJ, NEWOBJ_EX, INST, OBJ; BUILD
-    (``func`` = the object, ``args`` = ``(state,)``); and APPEND(S)/SETITEM(S)/ADDITEMS onto an
-    object that is not a container the VM built (``func`` = that object, ``args`` = the items,
-    pairs as 2-tuples for SETITEM(S))."""
-
-    func: Any
-    args: tuple
-    kwargs: dict | None
-    pos: int
-    opcode: str
-
-
-class EvidenceNotKept(RuntimeError):
-    """Evidence read from a run made with ``record_calls=False`` (a programming error)."""
-
-
-class NotRecorded(list):
-    """`PickleResult.calls` / ``persistent_ids`` of a run made with ``record_calls=False``: the
-    VM's appends are dropped, and reading raises `EvidenceNotKept`, so that a scan of such a
-    result fails loudly instead of finding no calls."""
-
-    __slots__ = ("what",)
-
-    def __init__(self, what: str):
-        super().__init__()
-        self.what = what
-
-    def append(self, item) -> None:
-        pass
-
-    def extend(self, items) -> None:
-        pass
-
-    def _refuse(self, *args):
-        raise EvidenceNotKept(f"the pickle's {self.what} were not recorded (record_calls=False): "
-                              "run it again to scan it")
-
-    __iter__ = __len__ = __getitem__ = __bool__ = __contains__ = _refuse
-
-
-@dataclass
-class PickleResult:
-    """What one run saw. Positions are relative to the start of ``data`` given to `run`.
-
-    Attributes:
-        value: the object returned at STOP (None if the run failed before).
-        globals: every global reference, in order.
-        calls: every call, in order (hooked calls included).
-        persistent_ids: (pid, pos) of every PERSID/BINPERSID.
-        protocol: the first PROTO's argument, None without PROTO.
-        opcodes: opcodes executed (the failing one included).
-        end: offset just after STOP, or of the opcode that failed.
-        stopped: True when STOP was reached.
-        error: the failure, or None. Results before it are kept.
-        reader_disagreements: (pos, what) of every place where CPython's own readers read the
-            bytes differently: an opcode that runs past the end of its FRAME (``pickle.loads``
-            and buffered files read on, ``io.BytesIO`` -- torch.load's reading of a zip's
-            data.pkl -- drops the rest of the frame and reads the opcode's argument from after
-            it), a FRAME inside a FRAME that runs past it, a STOP with bytes left in its frame.
-            The run follows the contiguous reading; a scanner MUST treat any entry as a way to
-            hide opcodes from it. No writer produces these.
-    """
-
-    value: Any = None
-    globals: list[GlobalSeen] = field(default_factory=list)
-    calls: list[CallSeen] = field(default_factory=list)
-    persistent_ids: list[tuple[object, int]] = field(default_factory=list)
-    protocol: int | None = None
-    opcodes: int = 0
-    end: int = 0
-    stopped: bool = False
-    error: FormatError | None = None
-    reader_disagreements: list[tuple[int, str]] = field(default_factory=list)
-
-    def raise_for_error(self) -> None:
-        """Raise `error` if the run failed."""
-        if self.error is not None:
-            raise self.error
-
-
-# ---------------------------------------------------------------------------------------------
-# Container hooks: inert rebuilds of the few builtins that pickles reach through REDUCE.
-
-_INERT_DATA = (type(None), bool, int, float, complex, str, bytes, bytearray, tuple, list, dict,
-               set, frozenset)
-
-# Values whose type is only known when a loader runs (what an import, a call or persistent_load
-# returns): a check on their type must not stop the run, the real value may pass it.
-_SYMBOLIC = (Global, Call, PersistentRef, Extension)
-
-DYNAMIC = "<dynamic>"
-"""`GlobalSeen` module or name of a STACK_GLOBAL whose operand is computed at load time."""
-
-
-class _Unmodelled(PickleError):
-    """A container hook cannot model these arguments. The VM then pushes the inert `Call`
-    (as for `DECLINE`) and goes on: the real callee might accept them (``bytes(5)``, a stand-in
-    class), so stopping here would hide the rest of the pickle from the scan."""
-
-
-def _hook_error(what: str, args: tuple) -> PickleError:
-    kinds = ", ".join(type(a).__name__ for a in args)
-    return _Unmodelled(f"{what} called with unsupported arguments ({kinds})")
-
-
-def _pairs_to_dict(what: str, pairs: Any) -> dict:
-    out: dict = {}
-    if type(pairs) is dict:
-        return dict(pairs)
-    if type(pairs) not in (list, tuple):
-        raise _hook_error(what, (pairs,))
-    for pair in pairs:
-        if type(pair) not in (list, tuple) or len(pair) != 2:
-            raise _Unmodelled(f"{what} wants (key, value) pairs, got {type(pair).__name__}")
-        _set_key(out, pair[0], pair[1])
-    return out
-
-
-def _ordered_dict(args: tuple, pos: int) -> dict:
-    if not args:
-        return {}
-    if len(args) == 1:
-        return _pairs_to_dict("collections.OrderedDict", args[0])
-    raise _hook_error("collections.OrderedDict", args)
-
-
-def _defaultdict(args: tuple, pos: int) -> dict:
-    # (default_factory[, items]); the factory is a Global that stays recorded in `globals`.
-    if len(args) <= 1:
-        return {}
-    if len(args) == 2:
-        return _pairs_to_dict("collections.defaultdict", args[1])
-    raise _hook_error("collections.defaultdict", args)
-
-
-def _iterable_items(what: str, args: tuple) -> list:
-    if not args:
-        return []
-    if len(args) == 1 and type(args[0]) in (list, tuple, set, frozenset, dict):
-        return list(args[0])
-    raise _hook_error(what, args)
-
-
-def _make_set(args: tuple, pos: int) -> set:
-    out: set = set()
-    for item in _iterable_items("set", args):
-        _add_item(out, item)
-    return out
-
-
-def _make_frozenset(args: tuple, pos: int) -> frozenset:
-    return frozenset(_make_set(args, pos))
-
-
-def _encode(what: str, text: Any, encoding: Any) -> bytes:
-    codec = _SAFE_ENCODINGS.get(encoding.lower()) if type(encoding) is str else None
-    if type(text) is not str or codec is None:
-        raise _hook_error(what, (text, encoding))
-    try:
-        return text.encode(codec)
-    except UnicodeEncodeError as exc:
-        raise _Unmodelled(f"{what}: text cannot be encoded as {codec}: {exc.reason}") from None
-
-
-def _make_bytes(args: tuple, pos: int) -> bytes:
-    if not args:
-        return b""
-    if len(args) == 1 and type(args[0]) in (bytes, bytearray):
-        return bytes(args[0])
-    if len(args) == 2:
-        return _encode("bytes", args[0], args[1])
-    raise _hook_error("bytes", args)  # bytes(n) would allocate what the file merely claims
-
-
-def _make_bytearray(args: tuple, pos: int) -> bytearray:
-    return bytearray(_make_bytes(args, pos))
-
-
-def _codecs_encode(args: tuple, pos: int) -> bytes:
-    # Protocols 0-2 pickle bytes as _codecs.encode('<latin-1 text>', 'latin1').
-    if len(args) == 1:
-        return _encode("_codecs.encode", args[0], "utf-8")
-    if len(args) == 2:
-        return _encode("_codecs.encode", args[0], args[1])
-    raise _hook_error("_codecs.encode", args)
-
-
-CONTAINER_HOOKS: Mapping[tuple[str, str], Callable[[tuple, int], object]] = MappingProxyType({
-    ("collections", "OrderedDict"): _ordered_dict,
-    ("collections", "defaultdict"): _defaultdict,
-    ("builtins", "set"): _make_set,
-    ("__builtin__", "set"): _make_set,
-    ("builtins", "frozenset"): _make_frozenset,
-    ("__builtin__", "frozenset"): _make_frozenset,
-    ("builtins", "bytes"): _make_bytes,
-    ("__builtin__", "bytes"): _make_bytes,
-    ("builtins", "bytearray"): _make_bytearray,
-    ("__builtin__", "bytearray"): _make_bytearray,
-    ("_codecs", "encode"): _codecs_encode,
-})
-"""Inert builders for containers that pickles build by calling a builtin. Pure data, no import.
-Merge with your own: ``hooks={**CONTAINER_HOOKS, **mine}``. ``OrderedDict``/``defaultdict`` give
-a plain dict (a later BUILD of their ``__dict__`` is recorded and ignored)."""
-
-
-# ---------------------------------------------------------------------------------------------
-# Hashing guard shared by the VM and the hooks.
-
-class _HashGuard:
-    """Bounds the work of hashing tuples during one run (dict keys, set items).
-
-    Tuple hashes are not cached, and C recursion through nested tuples has no guard: a 1e6-deep
-    tuple crashes the interpreter, a DAG of shared tuples costs 2**depth, and one big tuple
-    used as a key again and again (through the memo) costs its size each time. Each tuple's
-    depth and expanded size are computed once per run (iteratively), and every hash is charged
-    to a budget for the run.
-    """
-
-    def __init__(self, max_depth: int):
-        self.max_depth = max_depth
-        self.known: dict[int, tuple[int, int, tuple]] = {}  # id -> (depth, size, the tuple)
-        self.work = 0
-
-    def charge(self, key: tuple) -> None:
-        self.work += self.size_of(key)
-        if self.work > _MAX_HASH_WORK:
-            raise LimitExceeded("tuple hashing work", _MAX_HASH_WORK, self.work,
-                                format="pickle")
-
-    def size_of(self, key: tuple) -> int:
-        known = self.known
-        if id(key) in known:
-            return known[id(key)][1]
-        path = [(key, iter(key))]
-        while path:
-            node, children = path[-1]
-            for child in children:
-                if type(child) is tuple and id(child) not in known:
-                    if len(path) >= self.max_depth:
-                        raise LimitExceeded("nesting depth of a hashed tuple", self.max_depth,
-                                            len(path) + 1, format="pickle")
-                    path.append((child, iter(child)))
-                    break
-            else:
-                path.pop()
-                depth, size = 1, 1
-                for child in node:
-                    if type(child) is tuple:
-                        child_depth, child_size, _ = known[id(child)]
-                        depth = max(depth, child_depth + 1)
-                        size += child_size
-                    else:
-                        size += 1
-                if size > _MAX_HASH_WORK:
-                    raise LimitExceeded("tuple hashing work", _MAX_HASH_WORK, size,
-                                        format="pickle")
-                known[id(node)] = (depth, size, node)   # keeps the tuple (and its id) alive
-        return known[id(key)][1]
-
-
-_ACTIVE = threading.local()     # .guard: the running VM's _HashGuard, for CONTAINER_HOOKS
-
-
-def _charge_hash(key: tuple) -> None:
-    guard = getattr(_ACTIVE, "guard", None)
-    if guard is None:           # a hook called outside run()
-        guard = _HashGuard(DEFAULT_LIMITS.max_depth)
-    guard.charge(key)
-
-
-def _set_key(d: dict, key: Any, value: Any) -> None:
-    if type(key) is tuple:
-        _charge_hash(key)
-    try:
-        d[key] = value
-    except TypeError:
-        d[UnhashableKey(key)] = value
-
-
-def _add_item(s: set, item: Any) -> None:
-    if type(item) is tuple:
-        _charge_hash(item)
-    try:
-        s.add(item)
-    except TypeError:
-        s.add(UnhashableKey(item))
-
-
-# ---------------------------------------------------------------------------------------------
-# Text-form helpers (protocols 0 and 1).
-
-# The C unpickler copies each text line into a NUL-terminated buffer and parses it with C
-# string functions, which stop at the first NUL: ``I1\x00junk\n`` is the int 1.
-def _c_string(text: bytes) -> bytes:
-    nul = text.find(b"\0")
-    return text if nul < 0 else text[:nul]
-
-
-# C strtol(s, &end, 0): optional space, sign, then 0x-hex, 0-octal or decimal (a prefix match:
-# load_int accepts it only when it reaches the end of the C string).
-_STRTOL = re.compile(rb"[ \t\n\v\f\r]*([+-]?)(0[xX][0-9a-fA-F]+|0[0-7]*|[1-9][0-9]*)")
-_INT64_MIN, _INT64_MAX = -(1 << 63), (1 << 63) - 1
-_C_SPACE = b" \t\n\v\f\r"
-
-
-def _py_int(text: bytes, what: str, base: int = 0) -> int:
-    """PyLong_FromString(s, NULL, base) over the C string of ``text``: Python's int syntax
-    (ASCII only, surrounding whitespace, underscores), with CPython's 4300-digit cap for
-    decimal (power-of-two bases have none: their conversion is linear)."""
-    body = _c_string(text).strip(_C_SPACE)
-    digits = body.lstrip(b"+-")
-    binary = base == 0 and digits[:2].lower() in (b"0x", b"0o", b"0b")
-    if not binary and len(digits) > _MAX_INT_DIGITS and \
-            len(digits.replace(b"_", b"")) > _MAX_INT_DIGITS:
-        raise PickleError(f"{what} literal has {len(text)} characters, more than the "
-                          f"{_MAX_INT_DIGITS}-digit limit for int conversion")
-    try:
-        return int(body.decode("ascii"), base)
-    except (UnicodeDecodeError, ValueError):
-        shown = text[:40] + (b"..." if len(text) > 40 else b"")
-        raise PickleError(f"{what} argument {shown!r} is not an integer") from None
-
-
-def _text_int(text: bytes) -> int | bool:
-    """INT's argument as load_int in _pickle.c reads it: strtol(s, &end, 0) must end at the
-    newline or a NUL and fit a C long, else PyLong_FromString(s, NULL, 0) decides."""
-    c = _c_string(text)
-    m = _STRTOL.match(c)
-    if m is None:
-        value = 0 if not c else None    # no digits: strtol gives 0 with end at the start
-    elif m.end() != len(c) or len(m.group(2)) > 40:
-        value = None
-    else:
-        sign, digits = m.groups()
-        if digits[:2] in (b"0x", b"0X"):
-            value = int(digits[2:], 16)
-        elif digits.startswith(b"0"):
-            value = int(digits, 8)
-        else:
-            value = int(digits)
-        value = -value if sign == b"-" else value
-        if not _INT64_MIN <= value <= _INT64_MAX:
-            value = None
-    if value is None:
-        return _py_int(text, "INT")     # not a C long: Python's own rules
-    if len(text) == 2 and value in (0, 1):
-        return bool(value)              # I00 / I01: protocol-1 bools (the line's length counts)
-    return value
-
-
-_FLOAT_TEXT = re.compile(rb"[+-]?(?:(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][+-]?[0-9]+)?"
-                         rb"|(?i:inf|infinity|nan))\Z")
-
-
-def _text_float(text: bytes) -> float:
-    # PyOS_string_to_double over the C string: the whole of it must be a float literal (no
-    # space, no underscore); overflow is an error.
-    c = _c_string(text)
-    if _FLOAT_TEXT.match(c) is None:
-        raise PickleError(f"FLOAT argument {text[:40]!r} is not a float")
-    value = float(c.decode("ascii"))
-    if value in (float("inf"), float("-inf")) and b"inf" not in c.lower():
-        raise PickleError(f"FLOAT argument {text[:40]!r} overflows a double")
-    return value
-
-
-def _text_index(text: bytes, what: str) -> int:
-    """PUT/GET arguments: PyLong_FromString(s, NULL, 10)."""
-    try:
-        return _py_int(text, what, 10)
-    except PickleError:
-        raise PickleError(f"{what} argument {text[:40]!r} is not a memo index") from None
-
-
-def _py2_string(raw: bytes) -> str | bytes:
-    """STRING/BINSTRING/SHORT_BINSTRING hold Python 2 ``str``: text when it decodes as UTF-8
-    (what torch.load's encoding='utf-8' gives), else the raw bytes (encoding='bytes')."""
-    try:
-        return raw.decode("utf-8")
-    except UnicodeDecodeError:
-        return raw
 
 
 def _type_name(obj: Any) -> str:
@@ -783,76 +188,11 @@ _INLINE = ("BININT1", "LONG_BINPUT", "BINGET", "BINPUT", "MARK", "BINUNICODE", "
 
 
 # The fixed opcode sequence torch.save writes for one dense tensor, from the MARK after the
-# rebuild function to the REDUCE that calls it (protocol 2; protocol 4's SHORT_BINUNICODE and
-# MEMOIZE too):
-#   ( ( GET'storage' GET<class> X<key> PUT GET<location> INT<numel> t PUT Q
-#   INT<offset> <size> PUT <stride> PUT NEWFALSE|NEWTRUE GET<OrderedDict> ) R PUT t PUT R
-# `_VM.torch_tensor` runs a match as one step with exactly the effects of its 28-odd opcodes one
-# by one (memo, stack, calls, persistent ids, opcode and object counts, where a failure is
-# placed); anything else (another layout, memo indices out of order, a key that is not digits)
-# is left to the opcode loop. A regex match costs less than dispatching those opcodes.
-_GET = rb"(h.|j....)"
-_PUT = rb"(q.|r....|\x94)"
-_INT = rb"(K.|M..|J....)"
-_SMALL_TUPLE = rb"(\)|(?:K.|M..|J....){1,3}[\x85-\x87]|\((?:K.|M..|J....){0,64}t)"
-_TORCH_TENSOR = re.compile(
-    rb"\(\(" + _GET + _GET + rb"(?:X(.)\x00\x00\x00|\x8c(.))([0-9]{1,19})" + _PUT + _GET
-    + _INT + rb"t" + _PUT + rb"Q" + _INT + _SMALL_TUPLE + _PUT + _SMALL_TUPLE + _PUT
-    + rb"([\x88\x89])" + _GET + rb"\)R" + _PUT + rb"t" + _PUT + rb"R", re.DOTALL)
 _FAST_TORCH = True      # tests turn it off to compare with the opcode-by-opcode run
 # The same step compiled (tensorscope/_torchstep.c), bound at the end of this module; None when
 # it is not built (or is a stale build): `torch_tensor` then runs. Tests set it to None too.
 TORCHSTEP_ABI = 1
 _STEP = optional_extension("_torchstep", TORCHSTEP_ABI)
-_MEMOIZE6 = b"\x94" * 6
-_BINPUT6 = struct.Struct("<" + "BB" * 6)
-_LONG_BINPUT6 = struct.Struct("<" + "BI" * 6)
-_INT_WIDTH = {0x4b: 2, 0x4d: 3, 0x4a: 5}     # BININT1, BININT2, BININT with their argument
-_TUPLE_ARITY = {0x85: 1, 0x86: 2, 0x87: 3}   # TUPLE1..3
-_SMALL_TUPLES: dict[bytes, tuple[tuple | None, int]] = {}   # opcode bytes -> (tuple, opcodes)
-
-
-def _small_int(arg: bytes) -> int:
-    """The value of a BININT1/BININT2/BININT opcode with its argument."""
-    if arg[0] == 0x4b:
-        return arg[1]
-    return int.from_bytes(arg[1:], "little", signed=arg[0] == 0x4a)
-
-
-def _puts_in_order(n: int, puts: bytes) -> bool:
-    """True when ``puts`` are six MEMOIZEs, BINPUTs or LONG_BINPUTs to memo indices n .. n+5."""
-    if len(puts) == 30:
-        return puts == _LONG_BINPUT6.pack(0x72, n, 0x72, n + 1, 0x72, n + 2, 0x72, n + 3,
-                                          0x72, n + 4, 0x72, n + 5)
-    if len(puts) == 12:
-        return n + 5 < 256 and puts == _BINPUT6.pack(0x71, n, 0x71, n + 1, 0x71, n + 2,
-                                                     0x71, n + 3, 0x71, n + 4, 0x71, n + 5)
-    return puts == _MEMOIZE6
-
-
-def _small_tuple(arg: bytes) -> tuple[tuple | None, int]:
-    """(the tuple a `_SMALL_TUPLE` match builds, its opcode count); the tuple is None when a
-    TUPLEn takes more or fewer items than were pushed (not a plain size: the loop runs it).
-    Shared: every [4, 4] of a checkpoint is one tuple object."""
-    known = _SMALL_TUPLES.get(arg)
-    if known is not None:
-        return known
-    items = []
-    at = 1 if arg[0] == 0x28 else 0     # MARK ... TUPLE
-    while arg[at] in _INT_WIDTH:
-        width = _INT_WIDTH[arg[at]]
-        items.append(_small_int(arg[at:at + width]))
-        at += width
-    arity = _TUPLE_ARITY.get(arg[-1])
-    if arg[0] == 0x29:                  # EMPTY_TUPLE
-        known = ((), 1)
-    elif arity is None:
-        known = (tuple(items), len(items) + 2)
-    else:
-        known = (tuple(items) if arity == len(items) else None, len(items) + 1)
-    if len(_SMALL_TUPLES) < 4096:
-        _SMALL_TUPLES[arg] = known
-    return known
 
 
 class _VM:
@@ -950,6 +290,16 @@ class _VM:
     # -- the loop ------------------------------------------------------------------------------
 
     def execute(self) -> PickleResult:
+        """Run the opcodes from ``start`` to STOP (or the first failure) and return the result.
+
+        One function on purpose, the one place of this package where that is so: the hot opcodes
+        are an if-chain inline here, over locals bound once at the top (stack, memo, the opcode
+        bytes, bound methods), because each opcode then costs a local load and a compare instead of
+        a method call with its frame and attribute lookups -- the dispatch is most of a pickle's
+        run time (benchmarks/bench_pickle_vm.py). Split into functions, every opcode would pay a
+        frame. The rarer opcodes are ``op_*`` methods reached through ``_SLOW_TABLE``; the values,
+        container hooks, text forms and the torch pattern it uses live in their own modules.
+        """
         result = self.result
         data = self.data
         raw = self.raw

@@ -494,7 +494,7 @@ def _cross_check(model: ModelFile, src: ByteSource, member: str, spec_names: dic
 def read_programs(src: ByteSource) -> dict[str, Any]:
     """``{model name: the parsed models/<m>.json}`` of a ``.pt2`` archive: the serialized graphs
     (nodes, tensor_values, signature) that `open_zip` summarizes. JSON only, never unpickled."""
-    from .zipfmt import read_zip
+    from .zip_reader import read_zip
     archive = read_zip(src)
     prefix = archive.torch_prefix()
     if prefix is None:

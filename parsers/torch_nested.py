@@ -17,7 +17,7 @@ from tensorscope.errors import FormatError
 from tensorscope.model import Anomaly, PickleRecord
 from tensorscope.source import ByteSource
 
-from . import pickle_vm, torch_pickle, zipfmt
+from . import pickle_vm, torch_pickle, zip_reader, zipfmt
 from .torch_pickle import StorageRef, TensorRef
 from .torch_zip import archive_metadata, make_storage_resolver
 
@@ -79,7 +79,7 @@ def open_nested_save(src: ByteSource, offset: int, length: int, *, label: str, f
             raise FormatError(f"blob does not start with a zip signature (starts with "
                               f"{bytes(view[:8])!r}): not a torch.save archive", format=fmt,
                               file=src.path, offset=0)
-        archive = zipfmt.read_zip(inner)
+        archive = zip_reader.read_zip(inner)
         prefix = archive.torch_prefix()
         pkl = f"{prefix}/data.pkl" if prefix is not None else None
         member = archive.get(pkl) if pkl else None

@@ -18,7 +18,7 @@ from tensorscope.errors import FormatError
 from tensorscope.model import ModelFile
 from tensorscope.source import ByteSource
 
-from . import zipfmt
+from . import zip_reader, zipfmt
 
 FORMAT = "zip"
 FORMATS = ("zip", "torch-zip", "torchscript", "pt2", "npz")
@@ -54,7 +54,7 @@ _MODULES = {"torch-zip": "torch_zip", "torchscript": "torchscript", "pt2": "torc
 
 
 def open_source(src: ByteSource) -> ModelFile:
-    return open_archive(src, zipfmt.read_zip(src))
+    return open_archive(src, zip_reader.read_zip(src))
 
 
 def open_archive(src: ByteSource, archive: zipfmt.ZipArchive) -> ModelFile:

@@ -2,7 +2,7 @@
  * torch.save writes for one dense tensor, from the MARK after the rebuild function to the REDUCE
  * that calls it, run as one step (a 100,000-tensor checkpoint is 100,000 of them).
  *
- * `tensor` reads the same byte pattern as `pickle_vm._TORCH_TENSOR` (that regex is deterministic:
+ * `tensor` reads the same byte pattern as `pickle_torchpath._TORCH_TENSOR` (that regex is deterministic:
  * each alternative starts with its own byte, so a plain left-to-right reading is the same match)
  * and declines, having changed nothing, in every case where `torch_tensor` declines. Otherwise
  * it has `torch_tensor`'s effects in their order: the memo's six entries, the persistent id
@@ -12,7 +12,7 @@
  *  - a storage met for the first time with a stored record of the exact name: the inline branch
  *    of `torch_zip.make_storage_resolver`'s `persistent_load` (its "fast context" says where the
  *    storages, records and tables are);
- *  - `OrderedDict()` through `pickle_vm._ordered_dict`: a new empty dict;
+ *  - `OrderedDict()` through `pickle_hooks._ordered_dict`: a new empty dict;
  *  - `_rebuild_tensor_v2` of a StorageRef with a typed dtype, an int offset >= 0, size and stride
  *    tuples of ints >= 0 of one length: `torch_pickle._dense`'s TensorRef.
  * Anything else (another hook, another storage, a run that records calls) calls the same Python
@@ -91,9 +91,9 @@ static Slot info_slots[N_INFO] = {
     {"chunks"}, {"extras"}, {"has_data"}};
 
 static PyTypeObject *global_type, *storage_type, *tensor_type, *info_type, *frozen_dict_type;
-static PyObject *small_tuples;      /* pickle_vm._SMALL_TUPLES: opcode bytes -> (tuple, ops) */
-static PyObject *small_tuple_fn;    /* pickle_vm._small_tuple */
-static PyObject *ordered_dict_hook; /* pickle_vm._ordered_dict */
+static PyObject *small_tuples;      /* pickle_torchpath._SMALL_TUPLES: opcode bytes -> (tuple, ops) */
+static PyObject *small_tuple_fn;    /* pickle_torchpath._small_tuple */
+static PyObject *ordered_dict_hook; /* pickle_hooks._ordered_dict */
 static PyObject *rebuild_v2_hook;   /* torch_pickle._rebuild_tensor_v2 */
 static PyObject *no_extras;         /* torch_pickle._NO_EXTRAS */
 static PyObject *str_storage, *str_tensor, *str_fast_at, *str_load_storage, *str_reduce_global;
@@ -311,7 +311,7 @@ static int read_small_tuple(Reader *r, Py_ssize_t *start) {
     return 1;
 }
 
-/* The (tuple, opcodes) pair `pickle_vm._small_tuple` gives for these opcode bytes (a new
+/* The (tuple, opcodes) pair `pickle_torchpath._small_tuple` gives for these opcode bytes (a new
  * reference); the last pair for each of the two places is kept, as checkpoints repeat shapes. */
 typedef struct {
     unsigned char bytes[64];

@@ -1,4 +1,4 @@
-/* The zip reader's plain-member step (`parsers.zipfmt._Reader.regular_member`) in one compiled
+/* The zip reader's plain-member step (`parsers.zip_reader._Reader.regular_member`) in one compiled
  * loop over the central directory: a torch archive has one member per tensor (10^5 and more),
  * and the Python step costs ~5 µs a member.
  *

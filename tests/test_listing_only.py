@@ -98,11 +98,11 @@ def _renamed_archive(tmp_path, old: bytes, new: bytes):
 def test_data_records_answer_as_the_archive(tmp_path, old, new):
     """`data_records` + `_record_lookup` find for every storage name what `ZipArchive.get` finds
     (or decline, None), on archives whose record names differ in case, are not ASCII or hold NUL."""
-    from tensorscope.parsers import zipfmt
+    from tensorscope.parsers import zip_reader
     from tensorscope.parsers.torch_zip import _record_lookup, data_records
     from tensorscope.source import ByteSource
     for path in [*TORCH_FILES, _renamed_archive(tmp_path, old, new)]:
-        archive = zipfmt.read_zip(ByteSource(str(path)))
+        archive = zip_reader.read_zip(ByteSource(str(path)))
         prefix = archive.torch_prefix()
         records = data_records(archive, prefix)
         if records is None:

@@ -31,7 +31,7 @@ import torch
 
 import tensorscope
 from tensorscope import diffing
-from tensorscope.parsers import pickle_vm, torch_pickle, torch_zip, zipfmt
+from tensorscope.parsers import pickle_vm, torch_pickle, torch_zip, zip_reader, zipfmt
 from tensorscope.source import ByteSource
 
 HAVE_CC = shutil.which("cc") is not None or shutil.which("gcc") is not None
@@ -252,7 +252,7 @@ def _pickle_of(sd) -> tuple[bytes, bytes]:
 
 
 def _run_with_resolver(archive: bytes, data: bytes, **kw):
-    arc = zipfmt.read_zip(ByteSource.from_bytes(archive))
+    arc = zip_reader.read_zip(ByteSource.from_bytes(archive))
     prefix = arc.torch_prefix()
     records = torch_zip.data_records(arc, prefix)
     load, storages = torch_zip.make_storage_resolver(arc, prefix, records=records)
@@ -275,7 +275,7 @@ def test_a_hook_that_empties_the_vm_lists_is_caught_not_read(monkeypatch, what):
 
     monkeypatch.setattr(pickle_vm._VM, "load_storage", emptying)
     monkeypatch.setattr(torch_zip, "make_storage_resolver", torch_zip.make_storage_resolver)
-    arc = zipfmt.read_zip(ByteSource.from_bytes(archive))
+    arc = zip_reader.read_zip(ByteSource.from_bytes(archive))
     prefix = arc.torch_prefix()
     # no fast context: every storage goes through (the emptying) load_storage
     load, _ = torch_zip.make_storage_resolver(arc, prefix, records=None)
@@ -297,7 +297,7 @@ def test_a_record_class_that_is_not_the_record_layout_hands_over_to_python(recor
     # records of that class: a tuple subclass holds the same items, the others none
     fake = {k: record_type(rec) if issubclass(record_type, tuple) else record_type()
             for k, rec in records.items()}
-    arc = zipfmt.read_zip(ByteSource.from_bytes(archive))
+    arc = zip_reader.read_zip(ByteSource.from_bytes(archive))
     load2, storages2 = torch_zip.make_storage_resolver(arc, arc.torch_prefix(),
                                                        records=dict(records))
     load2.torch_fast = (storages2, fake, prefix, path, dtypes, modules, record_type)

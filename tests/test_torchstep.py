@@ -26,7 +26,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tensorscope import cli, formats
-from tensorscope.parsers import pickle_vm, torch_pickle, torch_zip, zipfmt
+from tensorscope.parsers import (pickle_hooks, pickle_torchpath, pickle_vm, torch_pickle, torch_zip,
+                                zip_reader, zipfmt)
 from tensorscope.source import ByteSource
 from torch_oracle import FIXTURES
 
@@ -74,7 +75,7 @@ def vm_picture(archive_bytes: bytes, data: bytes, mode: str, monkeypatch, *, rec
                limits=pickle_vm.DEFAULT_LIMITS, torch_hooks=True):
     """Run ``data`` (a data.pkl, maybe damaged) with the resolver `torch_zip.open_zip` builds for
     ``archive_bytes`` in listing mode; a comparable picture of everything the run did."""
-    archive = zipfmt.read_zip(ByteSource.from_bytes(archive_bytes))
+    archive = zip_reader.read_zip(ByteSource.from_bytes(archive_bytes))
     prefix = archive.torch_prefix()
     records = torch_zip.data_records(archive, prefix)
     load, storages = torch_zip.make_storage_resolver(archive, prefix, records=records)
@@ -183,7 +184,8 @@ def test_bind_refuses_classes_without_the_slots():
         __slots__ = ("key", "dtype")
 
     with pytest.raises(TypeError):
-        pickle_vm._STEP.bind_vm(NotAGlobal, {}, pickle_vm._small_tuple, pickle_vm._ordered_dict)
+        pickle_vm._STEP.bind_vm(NotAGlobal, {}, pickle_torchpath._small_tuple,
+                                pickle_hooks._ordered_dict)
     with pytest.raises(TypeError):
         pickle_vm._STEP.bind_torch(NotAStorage, torch_pickle.TensorRef,
                                    torch_pickle._rebuild_tensor_v2, torch_pickle._NO_EXTRAS,
@@ -239,7 +241,7 @@ def test_attack_corpus_every_way(corpus, monkeypatch):
             data = path.read_bytes()
             try:
                 pkl, _ = _zip_pickle(data)
-                zipfmt.read_zip(ByteSource.from_bytes(data)).torch_prefix()
+                zip_reader.read_zip(ByteSource.from_bytes(data)).torch_prefix()
             except Exception:
                 pkl = None
             if pkl is not None:
@@ -279,7 +281,7 @@ def damaged(draw):
     sd = draw(state_dicts())
     data = _saved(sd, draw(st.sampled_from([2, 4])))
     pkl, _ = _zip_pickle(data)
-    seqs = [m.start() for m in pickle_vm._TORCH_TENSOR.finditer(pkl)] or [0]
+    seqs = [m.start() for m in pickle_torchpath._TORCH_TENSOR.finditer(pkl)] or [0]
     at = draw(st.sampled_from(seqs)) + draw(st.integers(0, 90))
     at = min(at, len(pkl) - 1)
     kind = draw(st.sampled_from(["cut", "flip", "memo", "huge", "arity", "insert", "key"]))

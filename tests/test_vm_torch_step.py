@@ -15,7 +15,7 @@ from collections import OrderedDict
 import pytest
 import torch
 
-from tensorscope.parsers import pickle_vm, torch_pickle
+from tensorscope.parsers import pickle_torchpath, pickle_vm, torch_pickle
 from torch_oracle import FIXTURES
 
 
@@ -111,7 +111,7 @@ def _run(data: bytes, fast: bool, monkeypatch, *, torch_hooks: bool, **kw):
 
 
 def _used(data: bytes) -> bool:
-    return pickle_vm._TORCH_TENSOR.search(data) is not None
+    return pickle_torchpath._TORCH_TENSOR.search(data) is not None
 
 
 @pytest.mark.parametrize("torch_hooks", [True, False], ids=["torch", "bare"])

@@ -8,7 +8,7 @@ import io
 import pytest
 import torch
 
-from tensorscope.parsers import zipfmt
+from tensorscope.parsers import zip_reader, zipfmt
 from tensorscope.source import ByteSource
 from torch_oracle import FIXTURES, torch_archive
 
@@ -19,7 +19,7 @@ def _picture(data: bytes, fast: bool, monkeypatch):
     with monkeypatch.context() as m:
         m.setattr(zipfmt, "_SHORTCUTS", fast)
         try:
-            arc = zipfmt.read_zip(ByteSource.from_bytes(data))
+            arc = zip_reader.read_zip(ByteSource.from_bytes(data))
         except Exception as e:     # the same failure either way
             return ("error", type(e).__name__, str(e))
         members = [(x.name, x.raw_name, x.index, x.header_offset, x.data_offset,
@@ -57,16 +57,16 @@ def test_damaged_archives_read_the_same(monkeypatch):
 def test_the_shortcuts_are_taken(monkeypatch):
     """Not a test that cannot fail: a torch archive goes through the plain-member step."""
     taken = []
-    original = zipfmt._Reader.regular_member
+    original = zip_reader._Reader.regular_member
 
     def spy(self, *a):
         out = original(self, *a)
         taken.append(out is not None)
         return out
 
-    monkeypatch.setattr(zipfmt._Reader, "regular_member", spy)
+    monkeypatch.setattr(zip_reader._Reader, "regular_member", spy)
     monkeypatch.setattr(zipfmt, "_SCAN", None)   # the Python step (tests/test_zipscan.py: C's)
-    zipfmt.read_zip(ByteSource.from_bytes(_torch_archive()))
+    zip_reader.read_zip(ByteSource.from_bytes(_torch_archive()))
     assert taken and all(taken)
 
 
@@ -81,12 +81,12 @@ def test_an_empty_member_reads_the_same(monkeypatch):
 def test_the_descriptor_shortcut_is_taken(monkeypatch):
     """Not a test that cannot fail: torch's non-empty records' descriptors are read inline."""
     calls = []
-    original = zipfmt._Reader.descriptor_length
-    monkeypatch.setattr(zipfmt._Reader, "descriptor_length",
+    original = zip_reader._Reader.descriptor_length
+    monkeypatch.setattr(zip_reader._Reader, "descriptor_length",
                         lambda self, m: calls.append(m.name) or original(self, m))
     monkeypatch.setattr(zipfmt, "_SCAN", None)
-    zipfmt.read_zip(ByteSource.from_bytes(_torch_archive()))
+    zip_reader.read_zip(ByteSource.from_bytes(_torch_archive()))
     assert calls == []
     monkeypatch.setattr(zipfmt, "_SHORTCUTS", False)
-    zipfmt.read_zip(ByteSource.from_bytes(_torch_archive()))
+    zip_reader.read_zip(ByteSource.from_bytes(_torch_archive()))
     assert calls

@@ -14,7 +14,8 @@ import torch
 import torch.utils.serialization  # noqa: F401  (not imported by `import torch`)
 
 from tensorscope.errors import FormatError, LimitExceeded
-from tensorscope.parsers.zipfmt import read_zip, sniff
+from tensorscope.parsers.zip_reader import read_zip
+from tensorscope.parsers.zipfmt import sniff
 from tensorscope.source import ByteSource
 
 ser_config = torch.utils.serialization.config.save  # torch 2.13: storage_alignment, compute_crc32

@@ -19,7 +19,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tensorscope.parsers import zipfmt
+from tensorscope.parsers import zip_reader, zipfmt
 from tensorscope.source import ByteSource
 from torch_oracle import FIXTURES, torch_archive
 
@@ -37,7 +37,7 @@ def _picture(data: bytes, mode: str, monkeypatch, **kw):
             m.setattr(zipfmt, "_SCAN", None)
         m.setattr(zipfmt, "_SHORTCUTS", mode != "slow")
         try:
-            arc = zipfmt.read_zip(ByteSource.from_bytes(data), **kw)
+            arc = zip_reader.read_zip(ByteSource.from_bytes(data), **kw)
         except Exception as e:     # the same failure every way
             return ("error", type(e).__name__, str(e))
         members = [(type(x), x.name, x.raw_name, x.index, x.header_offset, x.data_offset,
@@ -134,7 +134,7 @@ def test_member_data_with_a_bad_crc_is_reported_the_same(monkeypatch):
         for n in range(41):
             z.writestr(f"m/{n}", bytes(range(n)))
     data = bytearray(buf.getvalue())
-    arc = zipfmt.read_zip(ByteSource.from_bytes(bytes(data)))
+    arc = zip_reader.read_zip(ByteSource.from_bytes(bytes(data)))
     assert not [a for a in arc.anomalies if a.kind == "zip.bad_crc"]
     for m in arc.members[5::6]:
         if m.size:
@@ -150,17 +150,17 @@ def test_the_compiled_step_is_taken(monkeypatch):
     """Not a test that cannot fail: a torch archive's members all come from the compiled step,
     the layout is one span and the Python step is not called."""
     calls = []
-    monkeypatch.setattr(zipfmt._Reader, "regular_member", lambda *a: calls.append(a))
-    monkeypatch.setattr(zipfmt._Reader, "descriptor_length", lambda *a: calls.append(a))
+    monkeypatch.setattr(zip_reader._Reader, "regular_member", lambda *a: calls.append(a))
+    monkeypatch.setattr(zip_reader._Reader, "descriptor_length", lambda *a: calls.append(a))
     seen = {}
-    original = zipfmt._Reader.check_layout
+    original = zip_reader._Reader.check_layout
 
     def spy(self, *a):
         seen.update(span=self.span, made=list(self.made))
         return original(self, *a)
 
-    monkeypatch.setattr(zipfmt._Reader, "check_layout", spy)
-    arc = zipfmt.read_zip(ByteSource.from_bytes(TORCH))
+    monkeypatch.setattr(zip_reader._Reader, "check_layout", spy)
+    arc = zip_reader.read_zip(ByteSource.from_bytes(TORCH))
     assert calls == [] and seen["made"] == [] and seen["span"] == (0, arc.cd_offset)
     assert arc.names() == zipfile.ZipFile(io.BytesIO(TORCH)).namelist()
 
@@ -169,7 +169,7 @@ def test_the_compiled_step_is_taken(monkeypatch):
 def test_members_are_tracked_by_the_collector_like_any_other():
     # ZipMember is mutable: one the collector did not track would leak once given a cycle
     import gc
-    arc = zipfmt.read_zip(ByteSource.from_bytes(TORCH))
+    arc = zip_reader.read_zip(ByteSource.from_bytes(TORCH))
     assert arc.members and all(gc.is_tracked(m) for m in arc.members)
     made = zipfmt.ZipMember("a", b"a", 0, 0, 30, 0, 0, 0, 0, 0)
     assert gc.is_tracked(made)
@@ -363,7 +363,7 @@ def test_records_under_is_data_records_loop(path, monkeypatch):
     data folder."""
     from tensorscope.parsers.torch_zip import _Record
     try:
-        arc = zipfmt.read_zip(ByteSource.from_bytes(path.read_bytes()))
+        arc = zip_reader.read_zip(ByteSource.from_bytes(path.read_bytes()))
     except Exception:
         return
     prefix = arc.torch_prefix() or "archive"
@@ -396,6 +396,6 @@ def test_a_missing_name_is_found_as_miniz_finds_it(names, queries):
     with zipfile.ZipFile(buf, "w") as z:
         for k, name in enumerate(names):
             z.writestr(name, bytes([k]))
-    arc = zipfmt.read_zip(ByteSource.from_bytes(buf.getvalue()))
+    arc = zip_reader.read_zip(ByteSource.from_bytes(buf.getvalue()))
     for q in queries + [n.upper() for n in names] + [n.swapcase() for n in names]:
         assert arc.get(q) is _via_miniz(arc, q), q

@@ -343,9 +343,9 @@ _ONNX_CACHE: dict[tuple, frozenset[str]] = {}
 
 def _read_archive(src: ByteSource):
     """The zip's `ZipArchive`, or the FormatError that reading it raised."""
-    from ..parsers import zipfmt
+    from ..parsers import zip_reader
     try:
-        return zipfmt.read_zip(src)
+        return zip_reader.read_zip(src)
     except FormatError as e:
         return e
 
@@ -1046,9 +1046,9 @@ def _scan_polyglot_zip(ctx: ScanContext, src: ByteSource, kind: str) -> None:
     tail = src.read(max(0, src.size - 65557), min(src.size, 65557))
     if MAGIC_EMPTY_ZIP not in tail:
         return
-    from ..parsers import zipfmt
+    from ..parsers import zip_reader
     try:
-        archive = zipfmt.read_zip(src)
+        archive = zip_reader.read_zip(src)
     except FormatError:
         return
     if not archive.members:
