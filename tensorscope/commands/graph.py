@@ -11,6 +11,7 @@ from collections import Counter
 from .. import open as open_model
 from ..grouping import group_key
 from ..render import TextTable, emit_json, human_count, opening, stdout_console
+from ._args import positive_rows as _positive
 from ..safetext import markup, shown
 
 HELP = "the computation graph (ONNX, torch.export .pt2, TorchScript): ops, shapes, params, FLOPs"
@@ -33,16 +34,6 @@ Example:
   tensorscope graph model.onnx --dot > model.dot && dot -Tsvg model.dot -o model.svg
   tensorscope graph model.onnx --mermaid > model.mmd
 """
-
-
-def _positive(text: str) -> int:
-    try:
-        n = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"invalid int value: {text!r}") from None
-    if n <= 0:
-        raise argparse.ArgumentTypeError(f"must be a positive number of rows, got {n}")
-    return n
 
 
 def add_arguments(p):

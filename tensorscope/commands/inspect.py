@@ -17,6 +17,7 @@ from ..grouping import GroupCollector, describe_ranges, pattern_of, range_labels
 from ..remote import with_cost
 from ..render import (TextTable, emit_json_stream, human_bytes, human_count, opening, plural,
                       progress, stdout_console)
+from ._args import positive_rows as _positive
 from ..safetext import markup, shown
 
 HELP = "list the tensors of a model file (any format)"
@@ -37,16 +38,6 @@ Example:
   tensorscope inspect moe-checkpoint/ --no-group | grep 'experts.17.'
   tensorscope inspect model.onnx --json
 """
-
-
-def _positive(text: str) -> int:
-    try:
-        n = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"invalid int value: {text!r}") from None
-    if n <= 0:
-        raise argparse.ArgumentTypeError(f"must be a positive number of rows, got {n}")
-    return n
 
 
 def add_arguments(p):
