@@ -12,6 +12,8 @@
 - `assert_mutants_fail_cleanly(open_source, paths, seed)`: random byte flips, cuts and insertions
   near a fixture's header give a FormatError or a clean listing whose reads stay in the buffer,
   never an IndexError/struct.error/UnicodeDecodeError.
+- `gguf_with_template(path, template)`: a GGUF written by gguf-py whose chat template is
+  ``template`` (a string, or the list of ``{"name", "template"}`` named variants).
 """
 from __future__ import annotations
 
@@ -169,3 +171,18 @@ async def settle(pilot) -> None:
             break
         await asyncio.sleep(0.01)
     await pilot.pause()
+
+
+def gguf_with_template(path, template):
+    """A one-tensor GGUF written by gguf-py's own writer, carrying ``template`` as
+    ``tokenizer.chat_template`` (named variants when a list). Returns ``path``."""
+    import gguf
+    import numpy as np
+    w = gguf.GGUFWriter(str(path), "llama")
+    w.add_chat_template(template)
+    w.add_tensor("w", np.zeros(4, dtype=np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path

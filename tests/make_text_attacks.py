@@ -19,6 +19,8 @@ import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from helpers import gguf_with_template
+
 CMD = "echo tensorscope-pwned"
 
 CVE_34359 = "CVE-2024-34359 (llama-cpp-python chat template SSTI, GHSA-56xg-wfcc-g829)"
@@ -46,19 +48,6 @@ class Case:
     severity: str = "critical"  # at least this severity for that rule
     source: str = ""
     trigger: str | None = None
-
-
-def _gguf(path: Path, template) -> Path:
-    import gguf
-    import numpy as np
-    w = gguf.GGUFWriter(str(path), "llama")
-    w.add_chat_template(template)
-    w.add_tensor("w", np.zeros(4, dtype=np.float32))
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-    return path
 
 
 def _hf(folder: Path, files: dict[str, str]) -> Path:
@@ -305,13 +294,13 @@ def build(out: Path) -> list[Case]:
     g = out / "gguf"
     g.mkdir(exist_ok=True)
     for name, template, source in TEMPLATES:
-        cases.append(Case(f"gguf_{name}", _gguf(g / f"{name}.gguf", BASE + template),
+        cases.append(Case(f"gguf_{name}", gguf_with_template(g / f"{name}.gguf", BASE + template),
                           "gguf.chat-template-code", "critical", source))
         cases.append(Case(f"hf_{name}", _hf(out / "hf" / name, {"chat_template.jinja":
                                                                  BASE + template}),
                           "hf.chat-template-code", "high", source))
     for name, template, source in SUSPECT_TEMPLATES:
-        cases.append(Case(f"gguf_{name}", _gguf(g / f"{name}.gguf", BASE + template),
+        cases.append(Case(f"gguf_{name}", gguf_with_template(g / f"{name}.gguf", BASE + template),
                           "gguf.chat-template-code", "high", source))
         cases.append(Case(f"hf_{name}", _hf(out / "hf" / name, {"chat_template.jinja":
                                                                  BASE + template}),

@@ -13,6 +13,8 @@ import pytest
 from tensorscope import policy
 from tensorscope.scanning import Severity, scan_paths
 
+from helpers import gguf_with_template
+
 
 def _checkpoints():
     import torch
@@ -88,32 +90,21 @@ def test_chat_template_obfuscations_are_found(template):
     assert _findings(BENIGN_TEMPLATES[0] + template) is not None
 
 
-def _gguf(path, template):
-    import gguf
-    w = gguf.GGUFWriter(str(path), "llama")
-    w.add_chat_template(template)
-    w.add_tensor("w", np.zeros(4, dtype=np.float32))
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-
-
 def test_real_chat_templates_stay_clean(tmp_path):
     for i, template in enumerate(BENIGN_TEMPLATES):
         path = tmp_path / f"t{i}.gguf"
-        _gguf(path, template)
+        gguf_with_template(path, template)
         report = scan_paths(path)
         assert not [str(f) for f in report.findings if f.severity > Severity.INFO], template
     path = tmp_path / "named.gguf"
-    _gguf(path, [{"name": "default", "template": BENIGN_TEMPLATES[0]},
+    gguf_with_template(path, [{"name": "default", "template": BENIGN_TEMPLATES[0]},
                  {"name": "rag", "template": BENIGN_TEMPLATES[2]}])
     assert scan_paths(path).exit_code() == 0
 
 
 def test_chat_template_escape_is_critical(tmp_path):
     path = tmp_path / "evil.gguf"
-    _gguf(path, BENIGN_TEMPLATES[0] + "{{ cycler.__init__.__globals__.os.popen('id').read() }}")
+    gguf_with_template(path, BENIGN_TEMPLATES[0] + "{{ cycler.__init__.__globals__.os.popen('id').read() }}")
     report = scan_paths(path)
     hits = [f for f in report.findings if f.rule == "gguf.chat-template-code"]
     assert hits and hits[0].severity == Severity.CRITICAL and hits[0].trigger == "__init__"

@@ -12,21 +12,12 @@ import pytest
 import chat_templates
 from tensorscope.scanning import Severity, jinja_tree, scan_paths
 
+from helpers import gguf_with_template
+
 MESSAGES = [{"role": "system", "content": "Be brief."},
             {"role": "user", "content": "Hi"},
             {"role": "assistant", "content": "<think>greet</think>Hello"},
             {"role": "user", "content": "Bye"}]
-
-
-def _gguf(path, template):
-    import gguf
-    w = gguf.GGUFWriter(str(path), "llama")
-    w.add_chat_template(template)
-    w.add_tensor("w", np.zeros(4, dtype=np.float32))
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
 
 
 @pytest.mark.parametrize("name", sorted(chat_templates.ALL))
@@ -42,7 +33,7 @@ def test_real_templates_render_in_transformers_and_scan_clean(tmp_path, name):
                                         add_generation_prompt=True)
     assert rendered and "Hi" in rendered[0]
     assert jinja_tree.findings(template) == []
-    _gguf(tmp_path / "m.gguf", template)
+    gguf_with_template(tmp_path / "m.gguf", template)
     (tmp_path / "repo").mkdir()
     (tmp_path / "repo" / "tokenizer_config.json").write_text(json.dumps(
         {"chat_template": template, "tokenizer_class": "PreTrainedTokenizerFast"}))
@@ -54,7 +45,7 @@ def test_real_templates_render_in_transformers_and_scan_clean(tmp_path, name):
 
 def test_named_templates_in_one_gguf_are_each_judged(tmp_path):
     path = tmp_path / "named.gguf"
-    _gguf(path, [{"name": "default", "template": chat_templates.CHATML},
+    gguf_with_template(path, [{"name": "default", "template": chat_templates.CHATML},
                  {"name": "tool_use", "template": chat_templates.QWEN25 +
                   "{{ ()|attr('\\x5f\\x5fclass\\x5f\\x5f') }}"}])
     [f] = [f for f in scan_paths(path).findings if f.rule == "gguf.chat-template-code"]
