@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The sanitizer job (issue 24): the C extensions built with AddressSanitizer and
 # UndefinedBehaviorSanitizer in a venv of their own, then the native-code tests, a bounded fuzz
-# of every C entry point (fuzz/native_fuzz.py) and a bounded atheris run. Any sanitizer report
+# of every C entry point (fuzz/native_fuzz.py) and a bounded atheris run (optimised build)
+# whose corpus is replayed under the sanitizers (fuzz/replay.py). Any sanitizer report
 # aborts the process (-fno-sanitize-recover=all, halt_on_error): the job fails.
 #
 # The build is made in a copy of the checkout (the editable install of the main venv keeps its
@@ -74,21 +75,27 @@ start=$(date +%s)
 run fuzz/native_fuzz.py --seconds "${NATIVE_FUZZ_SECONDS:-60}" --seed "${NATIVE_FUZZ_SEED:-24}"
 echo "sanitize: native fuzz took $(( $(date +%s) - start )) s"
 
+# atheris: coverage-guided, in the optimised build ("$PY", whose editable install is the checkout):
+# with libasan preloaded into an interpreter not linked with libFuzzer, the sanitizer runtime
+# provides the coverage symbols, so libFuzzer sees no coverage and traced comparisons slow down as
+# a run goes on (see fuzz/replay.py). Every input it kept is then replayed under ASan+UBSan.
 start=$(date +%s)
 for harness in listing diffkernel zipfmt pickle_vm; do
     corpus="$WORK/corpus-$harness"
     mkdir -p "$corpus"
     rc=0
-    (cd "$WORK" && run "$WORK/src/fuzz/fuzz_$harness.py" "$corpus" \
+    (cd "$WORK" && "$PY" "$ROOT/fuzz/fuzz_$harness.py" "$corpus" \
         -max_total_time="${ATHERIS_SECONDS:-8}" -timeout=10 -rss_limit_mb=4096 \
         -print_final_stats=1) > "$WORK/atheris-$harness.log" 2>&1 || rc=$?
     grep -E "stat::number_of_executed_units|stat::average_exec_per_sec|cov: [0-9]+" \
         "$WORK/atheris-$harness.log" | tail -3 | sed "s/^/sanitize: atheris $harness: /"
+    findings="$(ls "$WORK"/crash-* "$WORK"/timeout-* "$WORK"/oom-* 2>/dev/null || true)"
     if [ "$rc" -ne 0 ]; then
         tail -40 "$WORK/atheris-$harness.log"
-        echo "sanitize: atheris $harness failed (exit $rc); inputs: $(ls "$WORK"/crash-* "$WORK"/timeout-* "$WORK"/oom-* 2>/dev/null)"
+        echo "sanitize: atheris $harness failed (exit $rc); inputs: $findings"
         exit 1
     fi
+    run fuzz/replay.py "$harness" "$corpus" | sed "s/^/sanitize: under ASan+UBSan: /"
 done
-echo "sanitize: atheris took $(( $(date +%s) - start )) s"
+echo "sanitize: atheris and the replays took $(( $(date +%s) - start )) s"
 echo "sanitize: no sanitizer report"

@@ -813,7 +813,8 @@ def atheris_main(target: str) -> None:
     # this module's in-memory harnesses too (the routes of the C entry points they drive)
     for fn in (_listing_bytes, _diffkernel_bytes, _route):
         atheris.instrument_func(fn)
-    corpora = [a for a in sys.argv[1:] if not a.startswith("-")]
+    # libFuzzer's convention: a folder (or a path not made yet) is a corpus, a file is one input to run
+    corpora = [a for a in sys.argv[1:] if not a.startswith("-") and not os.path.isfile(a)]
     for d in corpora:
         os.makedirs(d, exist_ok=True)
         if not os.listdir(d):
