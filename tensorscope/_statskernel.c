@@ -27,7 +27,7 @@
 #include <stdint.h>
 #include <string.h>
 
-#define ABI 2
+#define ABI 3
 #define BLOCK 1024
 #define MAX_LANES 8
 
@@ -202,6 +202,123 @@ static void block_moments(const double *x, Py_ssize_t n, double shift, Moments *
     if (hi > m->hi) m->hi = hi;
 }
 
+/* ---- float16 with AVX2 and F16C ----------------------------------------------------------
+ *
+ * The hot path of `inspect --stats` (float16 checkpoints). Per block of up to FBLOCK elements
+ * (a multiple of 16), one pass over the halves:
+ *   - NaN/Inf/zero in the integer lanes, 16 at a time: |h| = h & 0x7fff, its maximum (a block
+ *     whose maximum is 0x7c00 or more holds an Inf or a NaN and is handed to the portable path
+ *     above, which has the rules for them), and the count of |h| == 0 (-0.0 included);
+ *   - min and max in the integer lanes too, over an order-keeping key of the bits (a negative
+ *     half's magnitude bits flipped: signed 16-bit order is then float order, -0.0 below +0.0);
+ *   - every half widened (F16C) to float64 into an L1-resident buffer, and summed: the sum of up
+ *     to 2^12 float16 values is exact in float64 in any order (each is a multiple of 2^-24 below
+ *     2^16, so every partial sum is a multiple of 2^-24 below 2^28: 52 bits), so the lanes need no
+ *     care and the block mean is the true one rounded once.
+ * Then the squared deviations from the block mean over the buffer, and the block is folded in by
+ * the same Chan update as `block_moments`. Loads are unaligned loads (no alignment is assumed).
+ * The tests hold this path and the portable one to the same figures (`simd(False)`). */
+#define FBLOCK 2048
+/* Software prefetch this many bytes ahead: a map of the page cache is read through 4 KiB pages,
+ * at whose edges the hardware prefetcher stops. Measured over the 2 GB float16 file, warm cache,
+ * one thread: 1.0 ns per element without, 0.46 at 1 KiB ahead, 0.40 at 4 KiB, 0.35 at 16 KiB
+ * (0.29 in cache); 32 KiB ahead was slower again. */
+#define PREFETCH_AHEAD 16384
+
+#if defined(__GNUC__) && defined(__x86_64__)
+#define HAVE_V3 1
+#include <immintrin.h>
+#define V3 __attribute__((target("avx2,f16c,fma")))
+static int cpu_v3;   /* set at load time: the CPU runs AVX2, F16C and FMA */
+static int use_v3;   /* cpu_v3, unless the tests turned it off (`simd`) */
+
+static inline double key_to_double(int key) {
+    uint16_t h = (uint16_t)(key < 0 ? (key ^ 0x7fff) : key);
+    return half_to_double(h);
+}
+
+/* One block of k (a multiple of 16, at most FBLOCK) halves at p. Returns 0, having changed
+ * nothing, when the block holds an Inf or a NaN. */
+V3 static int f16_block_v3(const unsigned char *p, Py_ssize_t k, double shift, double *buf,
+                           Moments *m) {
+    const __m256i mag = _mm256_set1_epi16(0x7fff), zero = _mm256_setzero_si256();
+    __m256i amax = zero, zc = zero, kmin = _mm256_set1_epi16(0x7fff),
+            kmax = _mm256_set1_epi16((short)0x8000);
+    __m256d s0 = _mm256_setzero_pd(), s1 = s0, s2 = s0, s3 = s0;
+    for (Py_ssize_t i = 0; i < k; i += 16) {
+        /* (the address may lie past the buffer: a prefetch never faults, and no pointer past
+         * the object is formed) */
+        _mm_prefetch((const char *)((uintptr_t)p + (uintptr_t)(2 * i) + PREFETCH_AHEAD),
+                     _MM_HINT_T0);
+        __m256i h = _mm256_loadu_si256((const __m256i *)(const void *)(p + 2 * i));
+        __m256i a = _mm256_and_si256(h, mag);
+        amax = _mm256_max_epu16(amax, a);
+        zc = _mm256_sub_epi16(zc, _mm256_cmpeq_epi16(a, zero));
+        __m256i key = _mm256_xor_si256(h, _mm256_and_si256(_mm256_srai_epi16(h, 15), mag));
+        kmin = _mm256_min_epi16(kmin, key);
+        kmax = _mm256_max_epi16(kmax, key);
+        __m256 f0 = _mm256_cvtph_ps(_mm256_castsi256_si128(h));
+        __m256 f1 = _mm256_cvtph_ps(_mm256_extracti128_si256(h, 1));
+        __m256d d0 = _mm256_cvtps_pd(_mm256_castps256_ps128(f0));
+        __m256d d1 = _mm256_cvtps_pd(_mm256_extractf128_ps(f0, 1));
+        __m256d d2 = _mm256_cvtps_pd(_mm256_castps256_ps128(f1));
+        __m256d d3 = _mm256_cvtps_pd(_mm256_extractf128_ps(f1, 1));
+        _mm256_storeu_pd(buf + i, d0);
+        _mm256_storeu_pd(buf + i + 4, d1);
+        _mm256_storeu_pd(buf + i + 8, d2);
+        _mm256_storeu_pd(buf + i + 12, d3);
+        s0 = _mm256_add_pd(s0, d0);
+        s1 = _mm256_add_pd(s1, d1);
+        s2 = _mm256_add_pd(s2, d2);
+        s3 = _mm256_add_pd(s3, d3);
+    }
+    uint16_t am[16], zs[16];
+    int16_t lo16[16], hi16[16];
+    _mm256_storeu_si256((__m256i *)(void *)am, amax);
+    _mm256_storeu_si256((__m256i *)(void *)zs, zc);
+    _mm256_storeu_si256((__m256i *)(void *)lo16, kmin);
+    _mm256_storeu_si256((__m256i *)(void *)hi16, kmax);
+    int top = 0, lo = 0x7fff, hi = -0x8000;
+    long long zeros = 0;
+    for (int j = 0; j < 16; j++) {
+        top = am[j] > top ? am[j] : top;
+        zeros += zs[j];
+        lo = lo16[j] < lo ? lo16[j] : lo;
+        hi = hi16[j] > hi ? hi16[j] : hi;
+    }
+    if (top >= 0x7c00) return 0;
+    double sv[4];
+    _mm256_storeu_pd(sv, _mm256_add_pd(_mm256_add_pd(s0, s1), _mm256_add_pd(s2, s3)));
+    double nb = (double)k, bm = ((sv[0] + sv[1]) + (sv[2] + sv[3])) / nb;
+    const __m256d vb = _mm256_set1_pd(bm);
+    __m256d q0 = _mm256_setzero_pd(), q1 = q0, q2 = q0, q3 = q0;
+    for (Py_ssize_t i = 0; i < k; i += 16) {
+        __m256d t0 = _mm256_sub_pd(_mm256_loadu_pd(buf + i), vb);
+        __m256d t1 = _mm256_sub_pd(_mm256_loadu_pd(buf + i + 4), vb);
+        __m256d t2 = _mm256_sub_pd(_mm256_loadu_pd(buf + i + 8), vb);
+        __m256d t3 = _mm256_sub_pd(_mm256_loadu_pd(buf + i + 12), vb);
+        q0 = _mm256_fmadd_pd(t0, t0, q0);
+        q1 = _mm256_fmadd_pd(t1, t1, q1);
+        q2 = _mm256_fmadd_pd(t2, t2, q2);
+        q3 = _mm256_fmadd_pd(t3, t3, q3);
+    }
+    _mm256_storeu_pd(sv, _mm256_add_pd(_mm256_add_pd(q0, q1), _mm256_add_pd(q2, q3)));
+    double q = (sv[0] + sv[1]) + (sv[2] + sv[3]);
+    m->zeros += zeros;
+    double total = m->count + nb, delta = (bm - shift) - m->mean;
+    m->mean += delta * (nb / total);
+    m->m2 += q + delta * delta * (m->count * nb / total);
+    m->count = total;
+    double vlo = key_to_double(lo), vhi = key_to_double(hi);
+    if (vlo < m->lo) m->lo = vlo;
+    if (vhi > m->hi) m->hi = vhi;
+    return 1;
+}
+#else
+static const int cpu_v3 = 0;
+static int use_v3 = 0;
+#endif
+
 static int itemsize_of(char code) {
     switch (code) {
     case 't': return 1;
@@ -236,8 +353,25 @@ static PyObject *py_moments(PyObject *self, PyObject *args) {
     Py_ssize_t n = data.len / size;
     const unsigned char *p = (const unsigned char *)data.buf;
     Py_BEGIN_ALLOW_THREADS
-    double buf[BLOCK];
-    for (Py_ssize_t i = 0; i < n; i += BLOCK) {
+    double buf[FBLOCK > BLOCK ? FBLOCK : BLOCK];
+    Py_ssize_t i = 0;
+#ifdef HAVE_V3
+    if (code == 'e' && use_v3) {
+        for (; n - i >= 16; ) {
+            Py_ssize_t left = (n - i) / 16 * 16, k = left < FBLOCK ? left : FBLOCK;
+            if (!f16_block_v3(p + i * size, k, shift, buf, &m)) {
+                /* an Inf or a NaN in the block: the portable path, which has their rules */
+                for (Py_ssize_t j = 0; j < k; j += BLOCK) {
+                    Py_ssize_t kk = k - j < BLOCK ? k - j : BLOCK;
+                    widen(p + (i + j) * size, code, table, kk, buf);
+                    block_moments(buf, kk, shift, &m);
+                }
+            }
+            i += k;
+        }
+    }
+#endif
+    for (; i < n; i += BLOCK) {
         Py_ssize_t k = n - i < BLOCK ? n - i : BLOCK;
         widen(p + i * size, code, table, k, buf);
         block_moments(buf, k, shift, &m);
@@ -250,7 +384,19 @@ done:
     return ret;
 }
 
+/* simd(on) -> whether the AVX2/F16C float16 path was in use; turns it on (where the CPU has it)
+ * or off, so that the tests can hold the portable loop and the vector path to the same figures. */
+static PyObject *py_simd(PyObject *self, PyObject *arg) {
+    int on = PyObject_IsTrue(arg);
+    if (on < 0) return NULL;
+    int was = use_v3;
+    use_v3 = on && cpu_v3;
+    return PyBool_FromLong(was);
+}
+
 static PyMethodDef methods[] = {
+    {"simd", py_simd, METH_O, "Use the AVX2/F16C float16 path (where the CPU has it) or not; "
+     "returns the previous setting."},
     {"count", py_count, METH_VARARGS,
      "count(data, width, counts): add each width-byte element's bit pattern to its uint64 counter"},
     {"moments", py_moments, METH_VARARGS,
@@ -261,8 +407,15 @@ static PyMethodDef methods[] = {
 static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_statskernel", NULL, -1, methods};
 
 PyMODINIT_FUNC PyInit__statskernel(void) {
+#ifdef HAVE_V3
+    __builtin_cpu_init();
+    cpu_v3 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c") &&
+             __builtin_cpu_supports("fma");
+    use_v3 = cpu_v3;
+#endif
     PyObject *m = PyModule_Create(&module);
-    if (m != NULL && PyModule_AddIntConstant(m, "ABI", ABI) < 0) {
+    if (m != NULL && (PyModule_AddIntConstant(m, "ABI", ABI) < 0 ||
+                      PyModule_AddIntConstant(m, "SIMD", cpu_v3) < 0)) {
         Py_DECREF(m);
         return NULL;
     }

@@ -93,7 +93,7 @@ class TensorStats:
 
 __all__ = ["Cancelled", "Summary", "summarize", "STEP_BYTES", "PARALLEL_BYTES"]
 
-KERNEL_ABI = 2   # what `_statskernel.c` must say it is (a stale build is ignored, never called)
+KERNEL_ABI = 3   # what `_statskernel.c` must say it is (a stale build is ignored, never called)
 _KERNEL = optional_extension("_statskernel", KERNEL_ABI)
 
 STEP_BYTES = 8 << 20        # pages are released behind the pass in steps of this many bytes
