@@ -86,18 +86,18 @@ def arrays(draw):
     return arr
 
 
-# The compiled routes: the AVX2/F16C float16 path where the CPU has it, and the portable loop.
-SIMD = [False, True] if KERNEL is not None and KERNEL.SIMD else [False]
+# The compiled float16 routes: 0 the portable loop, 1 AVX2/F16C, 2 AVX-512, as far as the CPU has them.
+SIMD = list(range(KERNEL.SIMD + 1)) if KERNEL is not None else [0]
 
 
 class simd_path:
-    """``with simd_path(on):`` the kernel's float16 route for the block (restored after)."""
+    """``with simd_path(level):`` the kernel's float16 route for the block (restored after)."""
 
-    def __init__(self, on: bool):
-        self.on = on
+    def __init__(self, level: int):
+        self.level = level
 
     def __enter__(self):
-        self.was = KERNEL.simd(self.on) if KERNEL is not None else False
+        self.was = KERNEL.simd(self.level) if KERNEL is not None else 0
 
     def __exit__(self, *exc):
         if KERNEL is not None:
@@ -122,17 +122,18 @@ F16_SPECIALS = np.array([np.nan, np.inf, -np.inf, 0.0, -0.0, 65504.0, -65504.0, 
                          6.1e-5, 1.0, -1.0], dtype=np.float16)
 
 
-@pytest.mark.skipif(not (KERNEL is not None and KERNEL.SIMD), reason="no AVX2/F16C path here")
+@pytest.mark.skipif(len(SIMD) < 2, reason="no float16 vector path on this CPU")
 @settings(max_examples=200, deadline=None)
-@given(n=st.sampled_from([0, 1, 15, 16, 17, 31, 2047, 2048, 2049, 4096, 4111, 10_000, 70_001]),
+@given(n=st.sampled_from([0, 1, 15, 16, 17, 31, 32, 33, 48, 2047, 2048, 2049, 2064, 4096, 4111,
+                          10_000, 70_001]),
        seed=st.integers(0, 2 ** 32 - 1), skip=st.integers(0, 7),
        scale=st.sampled_from([1.0, 1e-3, 3e4, 1e-7]), offset=st.sampled_from([0.0, 7.0, -2e3]),
        specials=st.lists(st.tuples(st.floats(0, 1), st.integers(0, len(F16_SPECIALS) - 1)), max_size=5),
        first=st.booleans())
 def test_f16_vector_path_equals_portable_and_numpy(n, seed, skip, scale, offset, specials, first):
-    """The AVX2/F16C float16 blocks (all-finite blocks summed exactly, blocks with an Inf or a
-    NaN handed to the portable path, the tail of fewer than 16 elements too) against the portable
-    loop and numpy, at every alignment, around the block and vector edges."""
+    """The AVX2/F16C and AVX-512 float16 blocks (all-finite blocks summed exactly, blocks with an
+    Inf or a NaN handed to the portable path, the tail of fewer than 16 elements too) against the
+    portable loop and numpy, at every alignment, around the block and vector edges."""
     rng = np.random.default_rng(seed)
     with np.errstate(over="ignore"):
         x = (rng.standard_normal(n) * scale + offset).astype(np.float16)
@@ -143,14 +144,16 @@ def test_f16_vector_path_equals_portable_and_numpy(n, seed, skip, scale, offset,
     shift = float(head[0]) if first and head.size else 0.0   # what the pass gives: `_shift_of`
     buf = bytearray(b"\0" * skip + x.tobytes())
     view = memoryview(buf)[skip:]
-    with simd_path(True):
-        fast = KERNEL.moments(view, "e", b"", shift)
-    with simd_path(False):
+    with simd_path(0):
         slow = KERNEL.moments(view, "e", b"", shift)
+    fasts = []
+    for level in SIMD[1:]:
+        with simd_path(level):
+            fasts.append(KERNEL.moments(view, "e", b"", shift))
     want = valuestats._moments_numpy(x.astype(np.float64), shift)
     fin = x[np.isfinite(x)].astype(np.longdouble)
     big = float(np.abs(fin).max(initial=0))
-    for got in (fast, slow):
+    for got in [slow] + fasts:
         assert got[:6] == want[:6]                       # counts and extremes exactly
         assert got[6] == pytest.approx(want[6], rel=1e-12, abs=1e-15 * (big + abs(shift)))
         assert got[7] == pytest.approx(want[7], rel=1e-9, abs=1e-300)
@@ -158,7 +161,8 @@ def test_f16_vector_path_equals_portable_and_numpy(n, seed, skip, scale, offset,
         # the vector path sums the halves exactly (no shift is taken off them first): its m2
         # is the exact one (long double, from the exact mean) to rounding
         d = fin - fin.sum() / fin.size
-        assert fast[7] == pytest.approx(float((d * d).sum()), rel=1e-11, abs=1e-300)
+        for fast in fasts:
+            assert fast[7] == pytest.approx(float((d * d).sum()), rel=1e-11, abs=1e-300)
 
 
 @pytest.mark.skipif(KERNEL is None, reason="the compiled kernel is not built")
@@ -344,7 +348,7 @@ K = importlib.util.module_from_spec(spec); spec.loader.exec_module(K)
 rnd = random.Random(0)
 table = np.arange(256, dtype=np.float64).tobytes()
 for trial in range(3000):
-    K.simd(trial % 2 == 0)   # the AVX2/F16C float16 path (where the CPU has it) and the portable one
+    K.simd(trial % 3)   # each float16 route: portable, AVX2/F16C, AVX-512 (as far as the CPU has them)
     n = rnd.choice([0, 1, 2, 3, 7, 8, 15, 16, 17, 1023, 1024, 1025, 4095, 4096, 4099, 8210])
     skip = rnd.randrange(8)
     raw = bytearray(rnd.getrandbits(8) for _ in range(n + skip))
