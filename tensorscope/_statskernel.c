@@ -15,11 +15,15 @@
  *       'b' bfloat16, 'h'/'H' int16/uint16, 'f'/'d' float32/64, 'i'/'I' int32/uint32, 'q'/'Q'
  *       int64/uint64, 't' one byte through a 256-entry float64 table given by the caller (every
  *       one-byte dtype: the table is numpy's own conversion, so the values are numpy's).
+ *       float16 takes a vector path where the CPU has AVX2/F16C or AVX-512 (below).
+ *   simd(level) -> the previous level: the float16 route (0 portable, 1 AVX2/F16C, 2 AVX-512,
+ *       capped at what the CPU has), for the tests to hold every route to the same figures.
  *
  * The kernel decides nothing: it counts and sums what it is given. Every length is checked
- * against the buffer (sizes in Py_ssize_t, products checked before they are formed), every load
- * goes through memcpy (no alignment is assumed of any buffer), and the GIL is released only
- * while the loop reads buffers whose exporters the Py_buffer views keep alive.
+ * against the buffer (sizes in Py_ssize_t, products checked before they are formed), every
+ * scalar load goes through memcpy and every vector load is an unaligned one (no alignment is
+ * assumed of any buffer), and the GIL is released only while the loop reads buffers whose
+ * exporters the Py_buffer views keep alive.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -217,7 +221,8 @@ static void block_moments(const double *x, Py_ssize_t n, double shift, Moments *
  *     care and the block mean is the true one rounded once.
  * Then the squared deviations from the block mean over the buffer, and the block is folded in by
  * the same Chan update as `block_moments`. Loads are unaligned loads (no alignment is assumed).
- * The tests hold this path and the portable one to the same figures (`simd(False)`). */
+ * The tests hold this path and the portable one to the same figures (`simd(0)`). The AVX-512
+ * variant below is the same block, 32 halves a step. */
 #define FBLOCK 2048
 /* Software prefetch this many bytes ahead: a map of the page cache is read through 4 KiB pages,
  * at whose edges the hardware prefetcher stops. Measured over the 2 GB float16 file, warm cache,
