@@ -15,11 +15,15 @@
  *       'b' bfloat16, 'h'/'H' int16/uint16, 'f'/'d' float32/64, 'i'/'I' int32/uint32, 'q'/'Q'
  *       int64/uint64, 't' one byte through a 256-entry float64 table given by the caller (every
  *       one-byte dtype: the table is numpy's own conversion, so the values are numpy's).
+ *       float16 takes a vector path where the CPU has AVX2/F16C or AVX-512 (below).
+ *   simd(level) -> the previous level: the float16 route (0 portable, 1 AVX2/F16C, 2 AVX-512,
+ *       capped at what the CPU has), for the tests to hold every route to the same figures.
  *
  * The kernel decides nothing: it counts and sums what it is given. Every length is checked
- * against the buffer (sizes in Py_ssize_t, products checked before they are formed), every load
- * goes through memcpy (no alignment is assumed of any buffer), and the GIL is released only
- * while the loop reads buffers whose exporters the Py_buffer views keep alive.
+ * against the buffer (sizes in Py_ssize_t, products checked before they are formed), every
+ * scalar load goes through memcpy and every vector load is an unaligned one (no alignment is
+ * assumed of any buffer), and the GIL is released only while the loop reads buffers whose
+ * exporters the Py_buffer views keep alive.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -27,7 +31,7 @@
 #include <stdint.h>
 #include <string.h>
 
-#define ABI 2
+#define ABI 3
 #define BLOCK 1024
 #define MAX_LANES 8
 
@@ -202,6 +206,226 @@ static void block_moments(const double *x, Py_ssize_t n, double shift, Moments *
     if (hi > m->hi) m->hi = hi;
 }
 
+/* ---- float16 with AVX2 and F16C ----------------------------------------------------------
+ *
+ * The hot path of `inspect --stats` (float16 checkpoints). Per block of up to FBLOCK elements
+ * (a multiple of 16), one pass over the halves:
+ *   - NaN/Inf/zero in the integer lanes, 16 at a time: |h| = h & 0x7fff, its maximum (a block
+ *     whose maximum is 0x7c00 or more holds an Inf or a NaN and is handed to the portable path
+ *     above, which has the rules for them), and the count of |h| == 0 (-0.0 included);
+ *   - min and max in the integer lanes too, over an order-keeping key of the bits (a negative
+ *     half's magnitude bits flipped: signed 16-bit order is then float order, -0.0 below +0.0);
+ *   - every half widened (F16C) to float64 into an L1-resident buffer, and summed: the sum of up
+ *     to 2^12 float16 values is exact in float64 in any order (each is a multiple of 2^-24 below
+ *     2^16, so every partial sum is a multiple of 2^-24 below 2^28: 52 bits), so the lanes need no
+ *     care and the block mean is the true one rounded once.
+ * Then the squared deviations from the block mean over the buffer, and the block is folded in by
+ * the same Chan update as `block_moments`. Loads are unaligned loads (no alignment is assumed).
+ * The tests hold this path and the portable one to the same figures (`simd(0)`). The AVX-512
+ * variant below is the same block, 32 halves a step. */
+#define FBLOCK 2048
+/* Software prefetch this many bytes ahead: a map of the page cache is read through 4 KiB pages,
+ * at whose edges the hardware prefetcher stops. Measured over the 2 GB float16 file, warm cache,
+ * the AVX2 block, one thread: 1.0 ns per element without, 0.46 at 1 KiB ahead, 0.40 at 4 KiB,
+ * 0.35 at 16 KiB (0.29 in cache); 32 KiB ahead was slower again. */
+#define PREFETCH_AHEAD 16384
+
+#if defined(__GNUC__) && defined(__x86_64__)
+#define HAVE_V3 1
+#include <immintrin.h>
+#define V3 __attribute__((target("avx2,f16c,fma")))
+/* The vector level, set at load time: 2 the CPU runs AVX-512 (F, BW), 1 AVX2, F16C and FMA,
+ * 0 neither; `use_level` is at most that (the tests lower it: `simd`). */
+static int cpu_level;
+static int use_level;
+
+static inline double key_to_double(int key) {
+    uint16_t h = (uint16_t)(key < 0 ? (key ^ 0x7fff) : key);
+    return half_to_double(h);
+}
+
+/* One block of k (a multiple of 16, at most FBLOCK) halves at p. Returns 0, having changed
+ * nothing, when the block holds an Inf or a NaN. */
+V3 static int f16_block_v3(const unsigned char *p, Py_ssize_t k, double shift, double *buf,
+                           Moments *m) {
+    const __m256i mag = _mm256_set1_epi16(0x7fff), zero = _mm256_setzero_si256();
+    __m256i amax = zero, zc = zero, kmin = _mm256_set1_epi16(0x7fff),
+            kmax = _mm256_set1_epi16((short)0x8000);
+    __m256d s0 = _mm256_setzero_pd(), s1 = s0, s2 = s0, s3 = s0;
+    for (Py_ssize_t i = 0; i < k; i += 16) {
+        /* (the address may lie past the buffer: a prefetch never faults, and no pointer past
+         * the object is formed) */
+        _mm_prefetch((const char *)((uintptr_t)p + (uintptr_t)(2 * i) + PREFETCH_AHEAD),
+                     _MM_HINT_T0);
+        __m256i h = _mm256_loadu_si256((const __m256i *)(const void *)(p + 2 * i));
+        __m256i a = _mm256_and_si256(h, mag);
+        amax = _mm256_max_epu16(amax, a);
+        zc = _mm256_sub_epi16(zc, _mm256_cmpeq_epi16(a, zero));
+        __m256i key = _mm256_xor_si256(h, _mm256_and_si256(_mm256_srai_epi16(h, 15), mag));
+        kmin = _mm256_min_epi16(kmin, key);
+        kmax = _mm256_max_epi16(kmax, key);
+        __m256 f0 = _mm256_cvtph_ps(_mm256_castsi256_si128(h));
+        __m256 f1 = _mm256_cvtph_ps(_mm256_extracti128_si256(h, 1));
+        __m256d d0 = _mm256_cvtps_pd(_mm256_castps256_ps128(f0));
+        __m256d d1 = _mm256_cvtps_pd(_mm256_extractf128_ps(f0, 1));
+        __m256d d2 = _mm256_cvtps_pd(_mm256_castps256_ps128(f1));
+        __m256d d3 = _mm256_cvtps_pd(_mm256_extractf128_ps(f1, 1));
+        _mm256_storeu_pd(buf + i, d0);
+        _mm256_storeu_pd(buf + i + 4, d1);
+        _mm256_storeu_pd(buf + i + 8, d2);
+        _mm256_storeu_pd(buf + i + 12, d3);
+        s0 = _mm256_add_pd(s0, d0);
+        s1 = _mm256_add_pd(s1, d1);
+        s2 = _mm256_add_pd(s2, d2);
+        s3 = _mm256_add_pd(s3, d3);
+    }
+    uint16_t am[16], zs[16];
+    int16_t lo16[16], hi16[16];
+    _mm256_storeu_si256((__m256i *)(void *)am, amax);
+    _mm256_storeu_si256((__m256i *)(void *)zs, zc);
+    _mm256_storeu_si256((__m256i *)(void *)lo16, kmin);
+    _mm256_storeu_si256((__m256i *)(void *)hi16, kmax);
+    int top = 0, lo = 0x7fff, hi = -0x8000;
+    long long zeros = 0;
+    for (int j = 0; j < 16; j++) {
+        top = am[j] > top ? am[j] : top;
+        zeros += zs[j];
+        lo = lo16[j] < lo ? lo16[j] : lo;
+        hi = hi16[j] > hi ? hi16[j] : hi;
+    }
+    if (top >= 0x7c00) return 0;
+    double sv[4];
+    _mm256_storeu_pd(sv, _mm256_add_pd(_mm256_add_pd(s0, s1), _mm256_add_pd(s2, s3)));
+    double nb = (double)k, bm = ((sv[0] + sv[1]) + (sv[2] + sv[3])) / nb;
+    const __m256d vb = _mm256_set1_pd(bm);
+    __m256d q0 = _mm256_setzero_pd(), q1 = q0, q2 = q0, q3 = q0;
+    for (Py_ssize_t i = 0; i < k; i += 16) {
+        __m256d t0 = _mm256_sub_pd(_mm256_loadu_pd(buf + i), vb);
+        __m256d t1 = _mm256_sub_pd(_mm256_loadu_pd(buf + i + 4), vb);
+        __m256d t2 = _mm256_sub_pd(_mm256_loadu_pd(buf + i + 8), vb);
+        __m256d t3 = _mm256_sub_pd(_mm256_loadu_pd(buf + i + 12), vb);
+        q0 = _mm256_fmadd_pd(t0, t0, q0);
+        q1 = _mm256_fmadd_pd(t1, t1, q1);
+        q2 = _mm256_fmadd_pd(t2, t2, q2);
+        q3 = _mm256_fmadd_pd(t3, t3, q3);
+    }
+    _mm256_storeu_pd(sv, _mm256_add_pd(_mm256_add_pd(q0, q1), _mm256_add_pd(q2, q3)));
+    double q = (sv[0] + sv[1]) + (sv[2] + sv[3]);
+    m->zeros += zeros;
+    double total = m->count + nb, delta = (bm - shift) - m->mean;
+    m->mean += delta * (nb / total);
+    m->m2 += q + delta * delta * (m->count * nb / total);
+    m->count = total;
+    double vlo = key_to_double(lo), vhi = key_to_double(hi);
+    if (vlo < m->lo) m->lo = vlo;
+    if (vhi > m->hi) m->hi = vhi;
+    return 1;
+}
+
+/* The same block with AVX-512 (32 halves, one cache line, a step): the same figures, the same
+ * exact sums, the same hand-over of a block with an Inf or a NaN. */
+#define V4 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,f16c,fma")))
+V4 static int f16_block_v4(const unsigned char *p, Py_ssize_t k, double shift, double *buf,
+                           Moments *m) {
+    const __m512i mag = _mm512_set1_epi16(0x7fff), zero = _mm512_setzero_si512(),
+                  one = _mm512_set1_epi16(1);
+    __m512i amax = zero, zc = zero, kmin = _mm512_set1_epi16(0x7fff),
+            kmax = _mm512_set1_epi16((short)0x8000);
+    __m512d s0 = _mm512_setzero_pd(), s1 = s0, s2 = s0, s3 = s0;
+    Py_ssize_t i = 0;
+    for (; i + 32 <= k; i += 32) {
+        _mm_prefetch((const char *)((uintptr_t)p + (uintptr_t)(2 * i) + PREFETCH_AHEAD),
+                     _MM_HINT_T0);
+        __m512i h = _mm512_loadu_si512((const void *)(p + 2 * i));
+        __m512i a = _mm512_and_si512(h, mag);
+        amax = _mm512_max_epu16(amax, a);
+        zc = _mm512_mask_add_epi16(zc, _mm512_cmpeq_epi16_mask(a, zero), zc, one);
+        __m512i key = _mm512_xor_si512(h, _mm512_and_si512(_mm512_srai_epi16(h, 15), mag));
+        kmin = _mm512_min_epi16(kmin, key);
+        kmax = _mm512_max_epi16(kmax, key);
+        __m512 f0 = _mm512_cvtph_ps(_mm512_castsi512_si256(h));
+        __m512 f1 = _mm512_cvtph_ps(_mm512_extracti64x4_epi64(h, 1));
+        __m512d d0 = _mm512_cvtps_pd(_mm512_castps512_ps256(f0));
+        __m512d d1 = _mm512_cvtps_pd(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(f0), 1)));
+        __m512d d2 = _mm512_cvtps_pd(_mm512_castps512_ps256(f1));
+        __m512d d3 = _mm512_cvtps_pd(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(f1), 1)));
+        _mm512_storeu_pd(buf + i, d0);
+        _mm512_storeu_pd(buf + i + 8, d1);
+        _mm512_storeu_pd(buf + i + 16, d2);
+        _mm512_storeu_pd(buf + i + 24, d3);
+        s0 = _mm512_add_pd(s0, d0);
+        s1 = _mm512_add_pd(s1, d1);
+        s2 = _mm512_add_pd(s2, d2);
+        s3 = _mm512_add_pd(s3, d3);
+    }
+    if (i < k) {   /* 16 left (k is a multiple of 16) */
+        __m256i h = _mm256_loadu_si256((const __m256i *)(const void *)(p + 2 * i));
+        __m512i hz = _mm512_zextsi256_si512(h);
+        __m512i a = _mm512_and_si512(hz, mag);
+        amax = _mm512_max_epu16(amax, a);
+        zc = _mm512_mask_add_epi16(zc, _mm512_mask_cmpeq_epi16_mask(0xFFFFu, a, zero), zc, one);
+        __m512i key = _mm512_xor_si512(hz, _mm512_and_si512(_mm512_srai_epi16(hz, 15), mag));
+        kmin = _mm512_mask_min_epi16(kmin, 0xFFFFu, kmin, key);
+        kmax = _mm512_mask_max_epi16(kmax, 0xFFFFu, kmax, key);
+        __m512 f0 = _mm512_cvtph_ps(h);
+        __m512d d0 = _mm512_cvtps_pd(_mm512_castps512_ps256(f0));
+        __m512d d1 = _mm512_cvtps_pd(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(f0), 1)));
+        _mm512_storeu_pd(buf + i, d0);
+        _mm512_storeu_pd(buf + i + 8, d1);
+        s0 = _mm512_add_pd(s0, d0);
+        s1 = _mm512_add_pd(s1, d1);
+    }
+    uint16_t am[32], zs[32];
+    int16_t lo16[32], hi16[32];
+    _mm512_storeu_si512((void *)am, amax);
+    _mm512_storeu_si512((void *)zs, zc);
+    _mm512_storeu_si512((void *)lo16, kmin);
+    _mm512_storeu_si512((void *)hi16, kmax);
+    int top = 0, lo = 0x7fff, hi = -0x8000;
+    long long zeros = 0;
+    for (int j = 0; j < 32; j++) {
+        top = am[j] > top ? am[j] : top;
+        zeros += zs[j];
+        lo = lo16[j] < lo ? lo16[j] : lo;
+        hi = hi16[j] > hi ? hi16[j] : hi;
+    }
+    if (top >= 0x7c00) return 0;
+    double nb = (double)k;
+    double bm = _mm512_reduce_add_pd(_mm512_add_pd(_mm512_add_pd(s0, s1), _mm512_add_pd(s2, s3))) / nb;
+    const __m512d vb = _mm512_set1_pd(bm);
+    __m512d q0 = _mm512_setzero_pd(), q1 = q0, q2 = q0, q3 = q0;
+    for (i = 0; i + 32 <= k; i += 32) {
+        __m512d t0 = _mm512_sub_pd(_mm512_loadu_pd(buf + i), vb);
+        __m512d t1 = _mm512_sub_pd(_mm512_loadu_pd(buf + i + 8), vb);
+        __m512d t2 = _mm512_sub_pd(_mm512_loadu_pd(buf + i + 16), vb);
+        __m512d t3 = _mm512_sub_pd(_mm512_loadu_pd(buf + i + 24), vb);
+        q0 = _mm512_fmadd_pd(t0, t0, q0);
+        q1 = _mm512_fmadd_pd(t1, t1, q1);
+        q2 = _mm512_fmadd_pd(t2, t2, q2);
+        q3 = _mm512_fmadd_pd(t3, t3, q3);
+    }
+    if (i < k) {
+        __m512d t0 = _mm512_sub_pd(_mm512_loadu_pd(buf + i), vb);
+        __m512d t1 = _mm512_sub_pd(_mm512_loadu_pd(buf + i + 8), vb);
+        q0 = _mm512_fmadd_pd(t0, t0, q0);
+        q1 = _mm512_fmadd_pd(t1, t1, q1);
+    }
+    double q = _mm512_reduce_add_pd(_mm512_add_pd(_mm512_add_pd(q0, q1), _mm512_add_pd(q2, q3)));
+    m->zeros += zeros;
+    double total = m->count + nb, delta = (bm - shift) - m->mean;
+    m->mean += delta * (nb / total);
+    m->m2 += q + delta * delta * (m->count * nb / total);
+    m->count = total;
+    double vlo = key_to_double(lo), vhi = key_to_double(hi);
+    if (vlo < m->lo) m->lo = vlo;
+    if (vhi > m->hi) m->hi = vhi;
+    return 1;
+}
+#else
+static const int cpu_level = 0;
+static int use_level = 0;
+#endif
+
 static int itemsize_of(char code) {
     switch (code) {
     case 't': return 1;
@@ -236,8 +460,27 @@ static PyObject *py_moments(PyObject *self, PyObject *args) {
     Py_ssize_t n = data.len / size;
     const unsigned char *p = (const unsigned char *)data.buf;
     Py_BEGIN_ALLOW_THREADS
-    double buf[BLOCK];
-    for (Py_ssize_t i = 0; i < n; i += BLOCK) {
+    double buf[FBLOCK > BLOCK ? FBLOCK : BLOCK];
+    Py_ssize_t i = 0;
+#ifdef HAVE_V3
+    if (code == 'e' && use_level > 0) {
+        for (; n - i >= 16; ) {
+            Py_ssize_t left = (n - i) / 16 * 16, k = left < FBLOCK ? left : FBLOCK;
+            int done = use_level >= 2 ? f16_block_v4(p + i * size, k, shift, buf, &m)
+                                      : f16_block_v3(p + i * size, k, shift, buf, &m);
+            if (!done) {
+                /* an Inf or a NaN in the block: the portable path, which has their rules */
+                for (Py_ssize_t j = 0; j < k; j += BLOCK) {
+                    Py_ssize_t kk = k - j < BLOCK ? k - j : BLOCK;
+                    widen(p + (i + j) * size, code, table, kk, buf);
+                    block_moments(buf, kk, shift, &m);
+                }
+            }
+            i += k;
+        }
+    }
+#endif
+    for (; i < n; i += BLOCK) {
         Py_ssize_t k = n - i < BLOCK ? n - i : BLOCK;
         widen(p + i * size, code, table, k, buf);
         block_moments(buf, k, shift, &m);
@@ -250,7 +493,20 @@ done:
     return ret;
 }
 
+/* simd(level) -> the level in use before; uses the float16 vector path up to `level` (0 the
+ * portable loop, 1 AVX2/F16C, 2 AVX-512), as far as the CPU has it, so that the tests can hold
+ * each route to the same figures. */
+static PyObject *py_simd(PyObject *self, PyObject *arg) {
+    long level = PyLong_AsLong(arg);
+    if (level == -1 && PyErr_Occurred()) return NULL;
+    int was = use_level;
+    use_level = level < 0 ? 0 : (level > cpu_level ? cpu_level : (int)level);
+    return PyLong_FromLong(was);
+}
+
 static PyMethodDef methods[] = {
+    {"simd", py_simd, METH_O, "simd(level) -> the previous level: the float16 vector path up to "
+     "level (0 portable, 1 AVX2/F16C, 2 AVX-512) as far as the CPU has it"},
     {"count", py_count, METH_VARARGS,
      "count(data, width, counts): add each width-byte element's bit pattern to its uint64 counter"},
     {"moments", py_moments, METH_VARARGS,
@@ -261,8 +517,20 @@ static PyMethodDef methods[] = {
 static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_statskernel", NULL, -1, methods};
 
 PyMODINIT_FUNC PyInit__statskernel(void) {
+#ifdef HAVE_V3
+    __builtin_cpu_init();
+    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c") &&
+            __builtin_cpu_supports("fma")) {
+        cpu_level = 1;
+        if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+                __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq"))
+            cpu_level = 2;
+    }
+    use_level = cpu_level;
+#endif
     PyObject *m = PyModule_Create(&module);
-    if (m != NULL && PyModule_AddIntConstant(m, "ABI", ABI) < 0) {
+    if (m != NULL && (PyModule_AddIntConstant(m, "ABI", ABI) < 0 ||
+                      PyModule_AddIntConstant(m, "SIMD", cpu_level) < 0)) {
         Py_DECREF(m);
         return NULL;
     }

@@ -86,17 +86,109 @@ def arrays(draw):
     return arr
 
 
+# The compiled float16 routes: 0 the portable loop, 1 AVX2/F16C, 2 AVX-512, as far as the CPU has them.
+SIMD = list(range(KERNEL.SIMD + 1)) if KERNEL is not None else [0]
+
+
+class simd_path:
+    """``with simd_path(level):`` the kernel's float16 route for the block (restored after)."""
+
+    def __init__(self, level: int):
+        self.level = level
+
+    def __enter__(self):
+        self.was = KERNEL.simd(self.level) if KERNEL is not None else 0
+
+    def __exit__(self, *exc):
+        if KERNEL is not None:
+            KERNEL.simd(self.was)
+
+
 @settings(max_examples=300, deadline=None,
           suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
 @given(arr=arrays(), step=st.sampled_from([1, 7, 64, 1024, 1 << 20]), workers=st.integers(1, 4),
-       counts=st.booleans(), kernel=st.sampled_from(KERNELS))
-def test_pass_equals_numpy(arr, step, workers, counts, kernel, monkeypatch):
+       counts=st.booleans(), kernel=st.sampled_from(KERNELS), simd=st.sampled_from(SIMD))
+def test_pass_equals_numpy(arr, step, workers, counts, kernel, simd, monkeypatch):
     # thresholds down so that small arrays take every route: threads, counters, steps
     monkeypatch.setattr(valuestats, "PARALLEL_BYTES", 64)
     monkeypatch.setattr(valuestats, "COUNT_ELEMS", {1: 16, 2: 64})
-    got = valuestats.summarize(arr, step_bytes=step, workers=workers, want_counts=counts,
-                               kernel=kernel)
+    with simd_path(simd):
+        got = valuestats.summarize(arr, step_bytes=step, workers=workers, want_counts=counts,
+                                   kernel=kernel)
     assert_matches(got.stats(), oracle(arr))
+
+
+F16_SPECIALS = np.array([np.nan, np.inf, -np.inf, 0.0, -0.0, 65504.0, -65504.0, 6e-8, -6e-8,
+                         6.1e-5, 1.0, -1.0], dtype=np.float16)
+
+
+@pytest.mark.skipif(len(SIMD) < 2, reason="no float16 vector path on this CPU")
+@settings(max_examples=200, deadline=None)
+@given(n=st.sampled_from([0, 1, 15, 16, 17, 31, 32, 33, 48, 2047, 2048, 2049, 2064, 4096, 4111,
+                          10_000, 70_001]),
+       seed=st.integers(0, 2 ** 32 - 1), skip=st.integers(0, 7),
+       scale=st.sampled_from([1.0, 1e-3, 3e4, 1e-7]), offset=st.sampled_from([0.0, 7.0, -2e3]),
+       specials=st.lists(st.tuples(st.floats(0, 1), st.integers(0, len(F16_SPECIALS) - 1)), max_size=5),
+       first=st.booleans())
+def test_f16_vector_path_equals_portable_and_numpy(n, seed, skip, scale, offset, specials, first):
+    """The AVX2/F16C and AVX-512 float16 blocks (all-finite blocks summed exactly, blocks with an
+    Inf or a NaN handed to the portable path, the tail of fewer than 16 elements too) against the
+    portable loop and numpy, at every alignment, around the block and vector edges."""
+    rng = np.random.default_rng(seed)
+    with np.errstate(over="ignore"):
+        x = (rng.standard_normal(n) * scale + offset).astype(np.float16)
+    for where, which in specials:
+        if n:
+            x[min(n - 1, int(where * n))] = F16_SPECIALS[which]
+    head = x[np.isfinite(x)][:1]
+    shift = float(head[0]) if first and head.size else 0.0   # what the pass gives: `_shift_of`
+    buf = bytearray(b"\0" * skip + x.tobytes())
+    view = memoryview(buf)[skip:]
+    with simd_path(0):
+        slow = KERNEL.moments(view, "e", b"", shift)
+    fasts = []
+    for level in SIMD[1:]:
+        with simd_path(level):
+            fasts.append(KERNEL.moments(view, "e", b"", shift))
+    want = valuestats._moments_numpy(x.astype(np.float64), shift)
+    fin = x[np.isfinite(x)].astype(np.longdouble)
+    big = float(np.abs(fin).max(initial=0))
+    for got in [slow] + fasts:
+        assert got[:6] == want[:6]                       # counts and extremes exactly
+        assert got[6] == pytest.approx(want[6], rel=1e-12, abs=1e-15 * (big + abs(shift)))
+        assert got[7] == pytest.approx(want[7], rel=1e-9, abs=1e-300)
+    if fin.size:
+        # the vector path sums the halves exactly (no shift is taken off them first): its m2
+        # is the exact one (long double, from the exact mean) to rounding
+        d = fin - fin.sum() / fin.size
+        for fast in fasts:
+            assert fast[7] == pytest.approx(float((d * d).sum()), rel=1e-11, abs=1e-300)
+
+
+@pytest.mark.skipif(KERNEL is None, reason="the compiled kernel is not built")
+@pytest.mark.parametrize("simd", SIMD)
+def test_f16_every_pattern(simd):
+    """All 65,536 float16 bit patterns, shuffled: NaN/Inf/zero counts and extremes exactly, by
+    the block (with NaNs and Infs) and by all-finite blocks (the finite patterns alone)."""
+    bits = np.random.default_rng(4).permutation(np.arange(1 << 16, dtype=np.uint32)).astype(np.uint16)
+    every = bits.view(np.float16)
+    finite = every[np.isfinite(every)]
+    for arr in (every, finite, finite[finite <= 0], finite[finite >= 0]):
+        with simd_path(simd):
+            got = valuestats.summarize(arr, kernel=True).stats()
+        assert_matches(got, oracle(arr))
+
+
+@pytest.mark.skipif(KERNEL is None, reason="the compiled kernel is not built")
+@pytest.mark.parametrize("simd", SIMD)
+@pytest.mark.parametrize("value", [0.0, -0.0, 65504.0, -65504.0, 6e-8, 2.0 ** -14, 1.0, -7.5])
+def test_f16_constant_blocks(simd, value):
+    """One value throughout (std exactly 0: the block mean of an exact sum is the value)."""
+    arr = np.full(3 * 2048 + 5, value, dtype=np.float16)
+    with simd_path(simd):
+        got = valuestats.summarize(arr, kernel=True).stats()
+    assert_matches(got, oracle(arr))
+    assert got.std == 0.0 and got.mean == float(arr[0])
 
 
 @settings(max_examples=100, deadline=None)
@@ -111,8 +203,8 @@ def test_pieces_merge_like_one_pass(arr, pieces, kernel):
 @pytest.mark.skipif(KERNEL is None, reason="the compiled kernel is not built")
 @settings(max_examples=300, deadline=None)
 @given(data=st.binary(max_size=4000), code=st.sampled_from("tebhHfdiIqQ"), skip=st.integers(0, 7),
-       shift=st.sampled_from([0.0, 1.0, -3.5, 1e4]))
-def test_kernel_moments_equal_twin(data, code, skip, shift):
+       shift=st.sampled_from([0.0, 1.0, -3.5, 1e4]), simd=st.sampled_from(SIMD))
+def test_kernel_moments_equal_twin(data, code, skip, shift, simd):
     """Any bytes, at any alignment: the kernel's moments are the twin's (counts and extremes
     exactly, sums to rounding)."""
     dt = {"t": np.dtype(ml_dtypes.float8_e4m3fn), "e": np.dtype(np.float16),
@@ -124,7 +216,8 @@ def test_kernel_moments_equal_twin(data, code, skip, shift):
     buf = bytearray(b"\0" * skip + data)
     view = memoryview(buf)[skip:]   # misaligned on purpose: loads go through memcpy
     table = valuestats._pattern_values(dt).tobytes() if code == "t" else b""
-    got = KERNEL.moments(view, code, table, shift)
+    with simd_path(simd):
+        got = KERNEL.moments(view, code, table, shift)
     with np.errstate(invalid="ignore", over="ignore"):
         x = np.frombuffer(data, dtype=dt).astype(np.float64)
     if code == "d":   # squares of float64 beyond 1e154 overflow (numpy's too): compare the rest
@@ -255,7 +348,8 @@ K = importlib.util.module_from_spec(spec); spec.loader.exec_module(K)
 rnd = random.Random(0)
 table = np.arange(256, dtype=np.float64).tobytes()
 for trial in range(3000):
-    n = rnd.choice([0, 1, 2, 3, 7, 8, 1023, 1024, 1025, 4099])
+    K.simd(trial % 3)   # each float16 route: portable, AVX2/F16C, AVX-512 (as far as the CPU has them)
+    n = rnd.choice([0, 1, 2, 3, 7, 8, 15, 16, 17, 1023, 1024, 1025, 4095, 4096, 4099, 8210])
     skip = rnd.randrange(8)
     raw = bytearray(rnd.getrandbits(8) for _ in range(n + skip))
     view = memoryview(raw)[skip:]
@@ -263,6 +357,11 @@ for trial in range(3000):
                        ("I", 4), ("d", 8), ("q", 8), ("Q", 8)):
         part = view[: len(view) // size * size]
         K.moments(part, code, table if code == "t" else b"", rnd.choice([0.0, 1.5, -1e300]))
+    # finite halves only (exponent bits below 31): the all-finite vector blocks, not only the
+    # hand-over of blocks with an Inf or a NaN that random bytes nearly always have
+    halves = np.frombuffer(bytes(raw[skip:skip + (n // 2) * 2]), dtype=np.uint16) & 0xBFFF
+    fin = bytearray(b"\0" * skip + halves.tobytes())
+    K.moments(memoryview(fin)[skip:], "e", b"", rnd.choice([0.0, 1.5, -1e300]))
     for width in (1, 2):
         part = view[: len(view) // width * width]
         lanes = rnd.randint(1, 8)
