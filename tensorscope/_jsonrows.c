@@ -280,7 +280,7 @@ static int row(Buf *b, PyObject *t, PyObject *parts, PyObject *escape) {
 }
 
 /* texts(records, parts_of, escape) -> (list of str | None | NotImplemented, NotImplemented count) */
-static PyObject *texts(PyObject *self, PyObject *args) {
+static PyObject *run(PyObject *args, int joined) {
     PyObject *records, *parts_of, *escape;
     if (!PyArg_ParseTuple(args, "O!OO", &PyList_Type, &records, &parts_of, &escape))
         return NULL;
@@ -294,7 +294,8 @@ static PyObject *texts(PyObject *self, PyObject *args) {
         return NULL;
     for (Py_ssize_t i = 0; i < n; i++)   /* filled below; a list must hold objects throughout */
         PyList_SET_ITEM(out, i, Py_NewRef(Py_NotImplemented));
-    Buf b = {NULL, 0, 0};
+    Buf b = {NULL, 0, 0}, all = {NULL, 0, 0};   /* all: the rows joined (joined mode) */
+    int declined = 0;                            /* joined mode: a row Python makes, or None */
     PyObject *prev = NULL, *parts = NULL, *location = NULL;   /* owned references */
     int failed = 0;
     Py_ssize_t made = 0;
@@ -302,6 +303,9 @@ static PyObject *texts(PyObject *self, PyObject *args) {
         PyObject *t = PyList_GET_ITEM(records, i);
         if (!Py_IS_TYPE(t, info_type)) {
             Py_CLEAR(prev);   /* the Python loop makes this row, and compares the next anew */
+            declined = 1;
+            if (joined)
+                break;
             continue;
         }
         Py_INCREF(t);
@@ -326,11 +330,17 @@ static PyObject *texts(PyObject *self, PyObject *args) {
                 Py_DECREF(t);
                 Py_SETREF(PyList_GET_ITEM(out, i), Py_NewRef(Py_None));
                 made++;
+                declined = 1;
+                if (joined)
+                    break;
                 continue;
             }
             if (!PyTuple_CheckExact(p) || PyTuple_GET_SIZE(p) != 6) {
                 Py_DECREF(p);
                 Py_DECREF(t);
+                declined = 1;
+                if (joined)
+                    break;
                 continue;   /* not parts this file knows: Python's */
             }
             parts = p;
@@ -346,6 +356,9 @@ static PyObject *texts(PyObject *self, PyObject *args) {
                     }
                     Py_CLEAR(prev);
                     Py_CLEAR(parts);
+                    declined = 1;
+                    if (joined)
+                        break;
                     continue;
                 }
                 location = Py_NewRef(loc);
@@ -359,8 +372,20 @@ static PyObject *texts(PyObject *self, PyObject *args) {
             failed = 1;
             break;
         }
-        if (got == 0)
+        if (got == 0) {
+            declined = 1;
+            if (joined)
+                break;
             continue;
+        }
+        if (joined) {
+            if ((i && PUT_LIT(&all, ", ") < 0) || put(&all, b.d, b.len) < 0) {
+                PyErr_NoMemory();
+                failed = 1;
+                break;
+            }
+            continue;
+        }
         PyObject *s = PyUnicode_New(b.len, 127);
         if (s == NULL) {
             failed = 1;
@@ -375,17 +400,42 @@ static PyObject *texts(PyObject *self, PyObject *args) {
     Py_XDECREF(parts);
     Py_XDECREF(location);
     if (failed) {
+        free(all.d);
         Py_DECREF(out);
         return NULL;
     }
-    PyObject *result = Py_BuildValue("(Nn)", out, n - made);
-    return result;
+    if (joined) {
+        Py_DECREF(out);
+        PyObject *text = NULL;
+        if (declined) {
+            text = Py_NewRef(Py_None);
+        } else if ((text = PyUnicode_New(all.len, 127)) != NULL && all.len) {
+            memcpy(PyUnicode_1BYTE_DATA(text), all.d, (size_t)all.len);
+        }
+        free(all.d);
+        return text;
+    }
+    return Py_BuildValue("(Nn)", out, n - made);
 }
+
+static PyObject *texts(PyObject *self, PyObject *args) {
+    return run(args, 0);
+}
+
+/* joined(records, parts_of, escape) -> ", ".join(the texts) when this file makes every row, else
+ * None (a row Python makes, or one for the general encoder) */
+static PyObject *joined(PyObject *self, PyObject *args) {
+    return run(args, 1);
+}
+
+
 
 static PyMethodDef methods[] = {
     {"bind", bind, METH_VARARGS, "bind(TensorInfo, FrozenDict): the classes texts reads."},
     {"texts", texts, METH_VARARGS,
      "texts(records, parts_of, escape): json_texts' rows, NotImplemented where Python makes one."},
+    {"joined", joined, METH_VARARGS,
+     "joined(records, parts_of, escape): the rows joined by ', ', or None (Python's, row by row)."},
     {NULL, NULL, 0, NULL}};
 
 static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_jsonrows",

@@ -393,6 +393,14 @@ def json_texts(records) -> list[str | None]:
     return out
 
 
+def json_texts_joined(records) -> str | None:
+    """``", ".join(json_texts(records))`` made in one compiled pass (no string per row) when
+    `tensorscope/_jsonrows.c` is built and makes every row; else None (`json_texts` then)."""
+    if _ROWS_C is None or type(records) is not list:
+        return None
+    return _ROWS_C.joined(records, _parts_of, _str_json)
+
+
 def _json_texts(records) -> list[str | None]:
     """`json_texts` in Python (the compiled loop's twin)."""
     out: list[str | None] = []

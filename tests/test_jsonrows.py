@@ -37,6 +37,8 @@ def _check(records):
     for t, text in zip(records, got):
         if text is not None:
             assert text == ENCODE(t.to_dict())
+    joined = M.json_texts_joined(records)
+    assert joined is None or (None not in got and joined == ", ".join(got))
     return got
 
 
@@ -71,6 +73,25 @@ def _info(name="a.b", **kw):
 def _member(name, member, location="cpu", **kw):
     return _info(name, source_format="torch", storage_key=member.rsplit("/", 1)[-1],
                  extras=FrozenDict(location=location, member=member), **kw)
+
+
+@needs_c
+def test_joined_where_every_row_is_compiled():
+    shared = FrozenDict(safetensors_dtype="F16", header_shape=(4, 4))
+    plain = [_info(f"m.{i}.w", byte_offset=8 + 32 * i, extras=shared) for i in range(5)]
+    assert M.json_texts_joined(plain) == ", ".join(M._json_texts(plain))
+    assert M.json_texts_joined([]) == ""
+    assert M.json_texts_joined(plain + [_info("no-data", has_data=False)]) is None   # encoder's
+    escaped = plain + [_info("\u00e9\n", extras=shared)]     # escaped by the encoder's function
+    assert M.json_texts_joined(escaped) == ", ".join(M._json_texts(escaped))
+
+    class Sub(str):
+        pass
+    odd = _info("x", extras=shared)
+    object.__setattr__(odd, "name", Sub("x"))
+    assert M.json_texts_joined(plain + [odd]) is None                     # the row is Python's
+    storage = [_member(f"t.{i}", f"archive/data/{i}") for i in range(3)]
+    assert M.json_texts_joined(storage) == ", ".join(M._json_texts(storage))
 
 
 @needs_c
