@@ -17,7 +17,6 @@
 #include <Python.h>
 #include <structmember.h>
 #include <stdint.h>
-#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -118,6 +117,11 @@ static int put(Buf *b, const char *s, Py_ssize_t n) {
 
 #define PUT_LIT(b, lit) put((b), (lit), (Py_ssize_t)(sizeof(lit) - 1))
 
+/* The joined rows' buffer, kept between calls (a batch of 2,048 rows is ~1 MB: a fresh one per
+ * batch costs its pages' faults every time); at most KEEP_MAX bytes are kept. */
+#define KEEP_MAX ((Py_ssize_t)16 << 20)
+static Buf kept = {NULL, 0, 0};
+
 /* 1: an ASCII str, appended; 0: not an ASCII str (the row goes to Python) */
 static int put_ascii(Buf *b, PyObject *s) {
     if (!PyUnicode_CheckExact(s) || !PyUnicode_IS_ASCII(s))
@@ -160,10 +164,17 @@ static int put_int(Buf *b, PyObject *v) {
     long long x = PyLong_AsLongLongAndOverflow(v, &overflow);
     if (x == -1 && PyErr_Occurred())
         return -1;
-    if (!overflow) {
-        char tmp[32];
-        int n = snprintf(tmp, sizeof tmp, "%lld", x);
-        return put(b, tmp, n) < 0 ? -1 : 1;
+    if (!overflow) {   /* as "%lld" writes it */
+        char tmp[24];
+        int n = 0;
+        unsigned long long u = x < 0 ? 0ULL - (unsigned long long)x : (unsigned long long)x;
+        do {
+            tmp[sizeof tmp - 1 - n++] = (char)('0' + u % 10);
+            u /= 10;
+        } while (u);
+        if (x < 0)
+            tmp[sizeof tmp - 1 - n++] = '-';
+        return put(b, tmp + sizeof tmp - n, n) < 0 ? -1 : 1;
     }
     PyObject *r = PyObject_Repr(v);
     if (r == NULL)
@@ -294,7 +305,11 @@ static PyObject *run(PyObject *args, int joined) {
         return NULL;
     for (Py_ssize_t i = 0; i < n; i++)   /* filled below; a list must hold objects throughout */
         PyList_SET_ITEM(out, i, Py_NewRef(Py_NotImplemented));
-    Buf b = {NULL, 0, 0}, all = {NULL, 0, 0};   /* all: the rows joined (joined mode) */
+    Buf b = {NULL, 0, 0};
+    Buf all = kept;   /* the rows joined (joined mode): the buffer of the last call, emptied */
+    all.len = 0;
+    kept.d = NULL;
+    kept.cap = 0;
     int declined = 0;                            /* joined mode: a row Python makes, or None */
     PyObject *prev = NULL, *parts = NULL, *location = NULL;   /* owned references */
     int failed = 0;
@@ -399,8 +414,12 @@ static PyObject *run(PyObject *args, int joined) {
     Py_XDECREF(prev);
     Py_XDECREF(parts);
     Py_XDECREF(location);
-    if (failed) {
+    if (all.cap <= KEEP_MAX) {   /* kept for the next batch: no fresh pages per batch */
+        kept = all;
+    } else {
         free(all.d);
+    }
+    if (failed) {
         Py_DECREF(out);
         return NULL;
     }
@@ -412,7 +431,6 @@ static PyObject *run(PyObject *args, int joined) {
         } else if ((text = PyUnicode_New(all.len, 127)) != NULL && all.len) {
             memcpy(PyUnicode_1BYTE_DATA(text), all.d, (size_t)all.len);
         }
-        free(all.d);
         return text;
     }
     return Py_BuildValue("(Nn)", out, n - made);
