@@ -15,6 +15,9 @@
  * Python path reads the header and says what is wrong: this file decides nothing the Python
  * code does not decide the same way (tests/test_stheader.py holds the two to equal records).
  *
+ * `index_map` reads a sharded checkpoint's index the same way: the weight map as columns (names,
+ * each tensor's shard), the other members' places for json.loads (see there).
+ *
  * Every read is bounds-checked against the buffer's length; integers are read with overflow
  * checks; records are made without calling `TensorInfo.__init__`: `bind` is given the class once
  * and finds each field's slot, which `header` fills as `TensorInfo.trusted` would.
@@ -542,11 +545,208 @@ done:
     return result;
 }
 
+/* -- a sharded checkpoint's index: {"weight_map": {name: shard}, ...} ------------------------ */
+
+/* Skip any JSON value (for json.loads to read on its own); counts its string tokens. 0 when the
+ * text cannot be a value there (or nests deeper than 64). */
+static int skip_value(Reader *r, Py_ssize_t *strings, int depth) {
+    skip_ws(r);
+    if (r->at >= r->end || depth > 64)
+        return 0;
+    unsigned char c = r->d[r->at];
+    if (c == '"') {
+        r->at++;
+        while (r->at < r->end) {
+            unsigned char x = r->d[r->at++];
+            if (x == '"') {
+                (*strings)++;
+                return 1;
+            }
+            if (x == '\\') {
+                if (r->at >= r->end)
+                    return 0;
+                r->at++;
+            } else if (x < 0x20) {
+                return 0;
+            }
+        }
+        return 0;
+    }
+    if (c == '{' || c == '[') {
+        unsigned char close = c == '{' ? '}' : ']';
+        r->at++;
+        if (take(r, close))
+            return 1;
+        for (;;) {
+            if (c == '{') {
+                if (!peek(r, '"') || !skip_value(r, strings, depth + 1) || !take(r, ':'))
+                    return 0;
+            }
+            if (!skip_value(r, strings, depth + 1))
+                return 0;
+            if (take(r, close))
+                return 1;
+            if (!take(r, ','))
+                return 0;
+        }
+    }
+    /* a number or a literal: up to the next delimiter (json.loads checks it) */
+    Py_ssize_t s = r->at;
+    while (r->at < r->end) {
+        unsigned char x = r->d[r->at];
+        if (x == ',' || x == '}' || x == ']' || x == ' ' || x == '\t' || x == '\n' || x == '\r' ||
+            x == '"' || x == '{' || x == '[' || x == ':')
+            break;
+        r->at++;
+    }
+    return r->at > s;
+}
+
+/* index_map(raw) -> (names, shards, others) | None
+ *
+ * raw: an index file's bytes (UTF-8). names: {tensor name: the same string} in the weight map's
+ * order; shards: each tensor's shard name (one str object per distinct name); others: the other
+ * members as (key, start, end, string tokens) for json.loads to read raw[start:end]. None when
+ * the text is outside the subset: the weight map must be an object of strings without escapes or
+ * control characters, no key may repeat in it or at the top, and the document must be one object
+ * with nothing after it. */
+static PyObject *index_map(PyObject *self, PyObject *args) {
+    Py_buffer buf;
+    if (!PyArg_ParseTuple(args, "y*", &buf))
+        return NULL;
+    Reader r = {(const unsigned char *)buf.buf, 0, buf.len};
+    PyObject *names = NULL, *shards = NULL, *others = PyList_New(0), *keys = PySet_New(NULL);
+    PyObject *result = NULL;
+    PyObject *recent[8] = {NULL};   /* the last shard names made, by their bytes */
+    Py_ssize_t recent_at[8] = {0}, recent_len[8] = {0};
+    int next = 0, failed = others == NULL || keys == NULL;
+    if (failed || !take(&r, '{') || take(&r, '}'))
+        goto done;
+    for (;;) {
+        Py_ssize_t ks, kl;
+        if (!string(&r, &ks, &kl) || !take(&r, ':'))
+            goto done;
+        PyObject *key = decode(&r, ks, kl);
+        if (key == NULL) {
+            failed = PyErr_Occurred() != NULL;
+            goto done;
+        }
+        Py_ssize_t before = PySet_GET_SIZE(keys);
+        if (PySet_Add(keys, key) < 0) {
+            Py_DECREF(key);
+            failed = 1;
+            goto done;
+        }
+        if (PySet_GET_SIZE(keys) == before) {
+            Py_DECREF(key);
+            goto done;   /* a top-level key twice */
+        }
+        if (bytes_eq(&r, ks, kl, "weight_map")) {
+            Py_DECREF(key);
+            names = PyDict_New();
+            shards = PyList_New(0);
+            if (names == NULL || shards == NULL) {
+                failed = 1;
+                goto done;
+            }
+            if (!take(&r, '{'))
+                goto done;
+            if (!take(&r, '}')) {
+                for (;;) {
+                    Py_ssize_t a, al, b, bl;
+                    if (!string(&r, &a, &al) || !take(&r, ':') || !string(&r, &b, &bl))
+                        goto done;
+                    PyObject *name = decode(&r, a, al);
+                    if (name == NULL) {
+                        failed = PyErr_Occurred() != NULL;
+                        goto done;
+                    }
+                    Py_ssize_t had = PyDict_GET_SIZE(names);
+                    if (PyDict_SetDefault(names, name, name) == NULL) {
+                        Py_DECREF(name);
+                        failed = 1;
+                        goto done;
+                    }
+                    Py_DECREF(name);
+                    if (PyDict_GET_SIZE(names) == had)
+                        goto done;   /* a name twice */
+                    PyObject *shard = NULL;
+                    for (int k = 0; k < 8; k++)
+                        if (recent[k] != NULL && recent_len[k] == bl &&
+                            memcmp(r.d + recent_at[k], r.d + b, (size_t)bl) == 0) {
+                            shard = recent[k];
+                            break;
+                        }
+                    if (shard == NULL) {
+                        shard = decode(&r, b, bl);
+                        if (shard == NULL) {
+                            failed = PyErr_Occurred() != NULL;
+                            goto done;
+                        }
+                        Py_XSETREF(recent[next], shard);
+                        recent_at[next] = b;
+                        recent_len[next] = bl;
+                        next = (next + 1) % 8;
+                    }
+                    if (PyList_Append(shards, shard) < 0) {
+                        failed = 1;
+                        goto done;
+                    }
+                    if (take(&r, '}'))
+                        break;
+                    if (!take(&r, ','))
+                        goto done;
+                }
+            }
+        } else {
+            skip_ws(&r);
+            Py_ssize_t start = r.at, strings = 0;
+            if (!skip_value(&r, &strings, 0)) {
+                Py_DECREF(key);
+                goto done;
+            }
+            PyObject *item = Py_BuildValue("(Nnnn)", key, start, r.at, strings);
+            if (item == NULL || PyList_Append(others, item) < 0) {
+                Py_XDECREF(item);
+                failed = 1;
+                goto done;
+            }
+            Py_DECREF(item);
+        }
+        if (take(&r, '}'))
+            break;
+        if (!take(&r, ','))
+            goto done;
+    }
+    skip_ws(&r);
+    if (r.at != r.end || names == NULL)
+        goto done;
+    result = PyTuple_Pack(3, names, shards, others);
+    failed = result == NULL;
+done:
+    for (int k = 0; k < 8; k++)
+        Py_XDECREF(recent[k]);
+    Py_XDECREF(names);
+    Py_XDECREF(shards);
+    Py_XDECREF(others);
+    Py_XDECREF(keys);
+    PyBuffer_Release(&buf);
+    if (failed) {
+        Py_XDECREF(result);
+        return NULL;
+    }
+    if (result == NULL)
+        Py_RETURN_NONE;
+    return result;
+}
+
 static PyMethodDef methods[] = {
     {"bind", bind, METH_O, "bind(TensorInfo): the class header makes records of."},
     {"header", header, METH_VARARGS,
      "header(raw, data_start, file, dtypes, kind_of, known, fmt, role): `_fast`'s result, or "
      "None (see the file's comment)."},
+    {"index_map", index_map, METH_VARARGS,
+     "index_map(raw): an index file's weight map as columns, or None (see index_map)."},
     {NULL, NULL, 0, NULL}};
 
 static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_stheader",

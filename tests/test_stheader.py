@@ -214,3 +214,65 @@ def _headers(draw) -> bytes:
 @given(_headers(), st.sampled_from([None, 0, 2 ** 64 - 4]))
 def test_generated_and_damaged_headers(raw, data_start):
     _same(raw, data_start)
+
+
+# -- a sharded checkpoint's index (``index_map``) ---------------------------------------------------
+from tensorscope.parsers import sharded  # noqa: E402
+
+
+def _index_same(raw: bytes):
+    """The compiled columns, when given, are the Python parse's."""
+    got = sharded._compiled_index(raw)
+    try:
+        wm, meta, dups = sharded._parse_index(raw, "i.json")
+    except FormatError:
+        assert got is None
+        return None
+    if got is not None:
+        names, shards, doc = got
+        assert list(names) == list(wm) and all(k is v for k, v in names.items())
+        assert shards == list(wm.values()) and dups == []
+        assert (doc.get("metadata") if isinstance(doc.get("metadata"), dict) else {}) == meta
+        assert len(set(map(id, shards))) == len(set(shards))     # one string per shard
+    return got
+
+
+@needs_c
+@pytest.mark.parametrize("raw, taken", [
+    (b'{"metadata": {"total_size": 96}, "weight_map": {"a.0": "s1", "a.1": "s2", "b": "s1"}}', True),
+    (b'{"weight_map": {"a": "s"}}', True),
+    (b' {"weight_map" : { "a" : "s" } , "metadata" : {"x": [1, 2.5, {"y": null}], "z": "\\u00e9"},'
+     b' "other": [true, false, NaN]} \n', True),
+    ('{"weight_map": {"\u00e9": "s"}}'.encode(), True),
+    (b'{"weight_map": {}}', True),
+    (b'{"weight_map": {"a\\u0062": "s"}}', False),                    # an escape in the map
+    (b'{"weight_map": {"a": "s", "a": "t"}}', False),                 # a name twice
+    (b'{"weight_map": {"a": "s"}, "weight_map": {"b": "s"}}', False),
+    (b'{"metadata": {"k": 1, "k": 2}, "weight_map": {"a": "s"}}', False),   # twice inside
+    (b'{"weight_map": {"a": 5}}', False),
+    (b'{"metadata": {"total_size": 9}}', False),                      # no map
+    (b'{"metadata": 01, "weight_map": {"a": "s"}}', False),
+    (b'{"metadata": tru, "weight_map": {"a": "s"}}', False),
+    (b'{"metadata": {"a" 1}, "weight_map": {"a": "s"}}', False),
+    (b'{"weight_map": {"a": "s"}} x', False),
+    (b'{"weight_map": {"a": "s"},}', False),
+    (b'\xef\xbb\xbf{"weight_map": {"a": "s"}}', False),               # BOM: Python's
+    (b'{"weight_map": {"a\xff": "s"}}', False),
+    (b'[' * 100 + b']' * 100, False),
+])
+def test_index_subset(raw, taken):
+    assert (_index_same(raw) is not None) == taken
+
+
+@needs_c
+@settings(max_examples=300, deadline=None)
+@given(st.dictionaries(st.text(max_size=5), st.sampled_from(["s1", "s2", "s\u00e9"]), max_size=8),
+       st.sampled_from(['{"total_size": 5}', "null", "[1, {}]", '{"a": "\\"q"}', '{"a": 1, "a": 2}']),
+       st.integers(0, 3), st.integers(0, 255))
+def test_index_generated_and_damaged(wm, meta, damage, byte):
+    raw = f'{{"metadata": {meta}, "weight_map": {json.dumps(wm, ensure_ascii=False)}}}'.encode()
+    _index_same(raw)
+    if damage:
+        i = (byte * 7919) % len(raw)
+        _index_same(raw[:i] + bytes([byte]) + raw[i + 1:])
+        _index_same(raw[:i])
