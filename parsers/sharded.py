@@ -32,6 +32,7 @@ Public: ``FORMAT``, ``sniff_dir(path)``, ``open_dir(path)``, ``open_index(path)`
 """
 from __future__ import annotations
 
+import itertools
 import json
 import operator
 import os
@@ -386,21 +387,31 @@ _nbytes = operator.attrgetter("nbytes")
 def _mapped(names: dict, shards: list[str], order: list[str], subs: list[ModelFile]) -> list | None:
     """The records in index order (``names``, with ``shards`` the shard of each) when every
     mapped tensor is in its shard and the shards hold nothing else, each name once (checked in
-    C over whole columns); else None."""
-    records: dict[str, Any] = {}
+    C over whole columns); else None.
+
+    ``names`` (name -> the same string) is the table: each name's value becomes its record, in
+    place (no second table of 10^5-10^6 entries, no lookup per name to read them back in index
+    order). Its keys stay the map's: a key a shard added is removed before None is returned."""
+    count = len(names)
     shard_of: dict[str, str] = {}   # record file -> shard
     held = 0
+    same_files = True
     for shard, sub in zip(order, subs):
-        records.update(zip(map(_name, sub.tensors), sub.tensors))
+        names.update(zip(map(_name, sub.tensors), sub.tensors))
         held += len(sub.tensors)
         for f in set(map(_file, sub.tensors)):
             if shard_of.setdefault(f, shard) != shard:
-                return None
-    if not len(records) == held == len(names):
+                same_files = False
+        if not same_files or len(names) != count:
+            break
+    if len(names) != count:   # a tensor the map does not name
+        for key in list(itertools.islice(names, count, None)):
+            del names[key]
         return None
-    try:   # as many distinct names as the map, each of the map's found: the same names
-        tensors = list(map(records.__getitem__, names))
-    except KeyError:
+    if not same_files or held != count:
+        return None
+    tensors = list(names.values())
+    if str in set(map(type, tensors)):   # a mapped name no shard holds (or one held twice)
         return None
     if list(map(shard_of.__getitem__, map(_file, tensors))) != shards:
         return None
