@@ -82,7 +82,8 @@ static void cache_clear(Cached *c) {
 static PyObject *pattern_of(Cached *c, int *next, const char *p, Py_ssize_t n) {
     /* a new reference to the str of p[0:n] */
     for (int k = 0; k < CACHE; k++)
-        if (c[k].pattern != NULL && c[k].len == n && memcmp(c[k].text, p, (size_t)n) == 0)
+        if (c[k].pattern != NULL && c[k].len == n &&
+            (n == 0 || memcmp(c[k].text, p, (size_t)n) == 0))
             return Py_NewRef(c[k].pattern);
     PyObject *s = PyUnicode_FromStringAndSize(p, n);
     if (s == NULL)
@@ -97,7 +98,8 @@ static PyObject *pattern_of(Cached *c, int *next, const char *p, Py_ssize_t n) {
         slot->text = t;
         slot->cap = n;
     }
-    memcpy(slot->text, p, (size_t)n);
+    if (n)   /* (an empty pattern: no text, and memcpy is not given a null pointer) */
+        memcpy(slot->text, p, (size_t)n);
     slot->len = n;
     Py_XSETREF(slot->pattern, Py_NewRef(s));
     return s;
@@ -123,14 +125,14 @@ static int file_one(PyObject *groups, PyObject *t, Cached *cache, int *next, cha
         return 0;
     const char *p = (const char *)PyUnicode_1BYTE_DATA(text);
     Py_ssize_t n = PyUnicode_GET_LENGTH(text);
-    if (n > *bufcap) {
-        char *b = PyMem_Realloc(*buf, (size_t)n);
+    if (n >= *bufcap) {   /* never a null buffer, even for an empty text */
+        char *b = PyMem_Realloc(*buf, (size_t)n + 1);
         if (b == NULL) {
             PyErr_NoMemory();
             return -1;
         }
         *buf = b;
-        *bufcap = n;
+        *bufcap = n + 1;
     }
     /* the pattern into buf, the index components' places */
     Py_ssize_t starts[MAX_INDICES], lens[MAX_INDICES];

@@ -108,6 +108,8 @@ static int reserve(Buf *b, Py_ssize_t more) {
 }
 
 static int put(Buf *b, const char *s, Py_ssize_t n) {
+    if (n == 0)   /* nothing (and no memcpy into a buffer not yet made) */
+        return 0;
     if (reserve(b, n) < 0)
         return -1;
     memcpy(b->d + b->len, s, (size_t)n);
@@ -343,7 +345,7 @@ static PyObject *run(PyObject *args, int joined) {
             if (p == Py_None) {
                 Py_DECREF(p);
                 Py_DECREF(t);
-                Py_SETREF(PyList_GET_ITEM(out, i), Py_NewRef(Py_None));
+                PyList_SetItem(out, i, Py_NewRef(Py_None));   /* steals; drops the placeholder */
                 made++;
                 declined = 1;
                 if (joined)
@@ -407,7 +409,7 @@ static PyObject *run(PyObject *args, int joined) {
             break;
         }
         memcpy(PyUnicode_1BYTE_DATA(s), b.d, (size_t)b.len);
-        Py_SETREF(PyList_GET_ITEM(out, i), s);
+        PyList_SetItem(out, i, s);
         made++;
     }
     free(b.d);
