@@ -1,5 +1,7 @@
 """Build hook for the optional C extensions: the diff's one-pass statistics (`_diffkernel`),
-the zip reader's plain-member step (`_zipscan`) and the pickle VM's torch step (`_torchstep`).
+the zip reader's plain-member step (`_zipscan`), the pickle VM's torch step (`_torchstep`),
+the safetensors header's fast path (`_stheader`), the rows of `inspect --json` (`_jsonrows`) and
+the grouping pass (`_groupscan`).
 
 Everything else is declared in pyproject.toml. ``optional=True``: without a C compiler the
 install still succeeds, `tensorscope.diffing` computes the same figures with numpy and
@@ -28,5 +30,11 @@ setup(ext_modules=[
     Extension("tensorscope._torchstep", ["tensorscope/_torchstep.c"], extra_compile_args=FLAGS,
               optional=True),
     Extension("tensorscope._statskernel", ["tensorscope/_statskernel.c"], extra_compile_args=FLAGS,
+              optional=True),
+    Extension("tensorscope._stheader", ["tensorscope/_stheader.c"], extra_compile_args=FLAGS,
+              optional=True),
+    Extension("tensorscope._jsonrows", ["tensorscope/_jsonrows.c"], extra_compile_args=FLAGS,
+              optional=True),
+    Extension("tensorscope._groupscan", ["tensorscope/_groupscan.c"], extra_compile_args=FLAGS,
               optional=True),
 ])

@@ -51,8 +51,12 @@ run() { LD_PRELOAD="$LIBASAN $LIBUBSAN" "$VPY" "$@"; }
 import tensorscope, tensorscope.diffing as d
 from tensorscope.parsers import pickle_vm, torch_pickle, zipfmt  # noqa: F401 (binds the steps)
 import tensorscope._diffkernel as k, tensorscope._torchstep as t, tensorscope._zipscan as z
+import tensorscope._stheader as h, tensorscope._jsonrows as j, tensorscope._groupscan as g
+from tensorscope import grouping, model
+from tensorscope.parsers import safetensors
 assert d._KERNEL is not None and pickle_vm._STEP is not None and zipfmt._SCAN is not None
-for m in (k, t, z):
+assert safetensors._HEADER is not None and model._ROWS_C is not None and grouping._SCAN is not None
+for m in (k, t, z, h, j, g):
     assert m.__file__.startswith(tensorscope.__path__[0]), m.__file__
 print("sanitize: extensions loaded from", tensorscope.__path__[0])
 PY
@@ -65,6 +69,7 @@ run -m pytest -q -x -p no:cacheprovider -o addopts="" --capture=sys \
     tests/test_native_ub.py tests/test_torchstep.py tests/test_zipscan.py \
     tests/test_zip_fast_paths.py tests/test_vm_torch_step.py tests/test_diff_where.py \
     tests/test_listing_only.py tests/test_stats_kernel.py \
+    tests/test_stheader.py tests/test_jsonrows.py tests/test_groupscan.py \
     --deselect tests/test_torchstep.py::test_attack_corpus_every_way
 # (that one runs the whole attack corpus through three VM modes: 190 s of the job's 5 minutes
 # under ASan; the zip scan reads the same corpus under ASan in test_zipscan.py, the main suite

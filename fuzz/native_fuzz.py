@@ -11,7 +11,10 @@ Each round picks one entry and one mutated input and holds the C to its Python t
 - ``zipscan``: the zip reader on a mutated archive, compiled against the Python loop, plus
   ``exact``/``records``/``distinct`` over its members;
 - ``diffkernel``: every dtype code, aligned and at odd addresses, random lengths and bit
-  patterns (NaN, Inf, subnormals), the AVX-512 pass and the portable loop, against numpy.
+  patterns (NaN, Inf, subnormals), the AVX-512 pass and the portable loop, against numpy;
+- ``stheader``: a mutated safetensors file's header (`_stheader.header` against `_fast` after
+  ``json.loads``), the rows and groups of what it lists (`_jsonrows`, `_groupscan` against the
+  Python loops), and a mutated index of those names (`_stheader.index_map` against the parse).
 
 Any difference from the twin or any exception outside `TensorscopeError` is a finding: its input
 is written to ``--out`` and the run fails. Under the sanitizer build, any report aborts the run.
@@ -33,7 +36,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import fuzzlib  # noqa: E402
 
-ENTRIES = ("listing", "torch_step", "zipscan", "diffkernel")
+ENTRIES = ("listing", "torch_step", "zipscan", "diffkernel", "stheader")
 
 
 @contextlib.contextmanager
@@ -145,6 +148,56 @@ def run_zipscan(rng: random.Random, data: bytes) -> None:
         zipfmt._SCAN.records(members, visible, start, torch_zip._Record)
 
 
+def _records_picture(got):
+    if got is None:
+        return None
+    tensors, meta = got
+    return [(t.name, t.dtype, t.shape, t.stride, t.byte_offset, t.nbytes, t.file, t.path,
+             dict(t.extras)) for t in tensors], meta
+
+
+def run_stheader(rng: random.Random, data: bytes, pool: list[bytes]) -> None:
+    import json
+    import struct
+
+    from tensorscope import TensorscopeError, grouping, model
+    from tensorscope.parsers import safetensors as sf
+    from tensorscope.parsers import sharded
+    if len(data) < 8:
+        return
+    (n,) = struct.unpack_from("<Q", data)
+    raw = data[8:8 + min(n, len(data) - 8)]
+    for _ in range(rng.choice((0, 1, 1, 2))):
+        _, raw = fuzzlib.mutate(rng, raw, pool)
+    start = rng.choice((8 + len(raw), 0, 2 ** 64 - 9))
+    got = sf._compiled(raw, "f.safetensors", start)
+    if got is not None:   # the Python path must read it, and read the same
+        text = raw.decode("utf-8")
+        want = sf._fast(sf._loads(text, "f.safetensors", False), text, "f.safetensors", start)
+        assert _records_picture(got) == _records_picture(want), "header"
+        records = got[0]
+        assert model.json_texts(records) == model._json_texts(records), "rows"
+        a, b = grouping.GroupCollector(), grouping.GroupCollector()
+        a.add_tensors(list(records))
+        b._add_tensors(records)
+        assert list(a._groups.items()) == list(b._groups.items()), "groups"
+        names = [t.name for t in records]
+    else:
+        names = [f"n.{i}" for i in range(rng.randrange(1, 6))]
+    index = json.dumps({"metadata": {"total_size": rng.randrange(100)},
+                        "weight_map": {k: f"s{rng.randrange(3)}" for k in names}},
+                       ensure_ascii=rng.random() < 0.5).encode()
+    for _ in range(rng.choice((0, 1, 2))):
+        _, index = fuzzlib.mutate(rng, index, [index])
+    cols = sharded._compiled_index(index)
+    if cols is not None:
+        try:
+            wm, meta, dups = sharded._parse_index(index, "i.json")
+        except TensorscopeError as e:
+            raise AssertionError(f"index_map took an index the parse refuses: {e}") from None
+        assert list(cols[0]) == list(wm) and cols[1] == list(wm.values()) and not dups, "index"
+
+
 _CODES = {"e": "float16", "b": "bfloat16", "f": "float32", "d": "float64", "c": "int8",
           "B": "uint8", "h": "int16", "i": "int32", "E": "float8_e5m2", "F": "float8_e4m3fn",
           "t": "float8_e4m3fnuz"}
@@ -217,6 +270,7 @@ def main(argv: list[str] | None = None) -> int:
     torch_zips = [b for _, b in fuzzlib.seed_bytes("torch_zip") if len(b) < 400_000]
     zips = [b for _, b in fuzzlib.seed_bytes("zipfmt")]
     pickles = [b for _, b in fuzzlib.seed_bytes("pickle_vm")]
+    sts = [b for _, b in fuzzlib.seed_bytes("safetensors") if len(b) < 4_000_000]
     counts = dict.fromkeys(entries, 0)
     stop = time.monotonic() + args.seconds
     failures = 0
@@ -237,6 +291,9 @@ def main(argv: list[str] | None = None) -> int:
                 for _ in range(rng.choice((1, 1, 2))):
                     _, data = fuzzlib.mutate(rng, data, zips)
                 run_zipscan(rng, data)
+            elif entry == "stheader":
+                data = rng.choice(sts)
+                run_stheader(rng, data, sts)
             else:
                 run_diffkernel(rng)
         except Exception as e:  # noqa: BLE001 - every other exception is the finding

@@ -54,6 +54,7 @@ from typing import Any
 
 from tensorscope.errors import FormatError, LimitExceeded
 from tensorscope.model import FrozenDict, ModelFile, TensorInfo, shared_stride
+from tensorscope.native import optional_extension
 from tensorscope.source import ByteSource
 
 __all__ = ["FORMAT", "sniff", "open_source", "DTYPES", "MAX_HEADER_SIZE", "SafetensorsError"]
@@ -189,6 +190,21 @@ def _reject_constant(name: str):
 
 def _header_text(src: ByteSource) -> tuple[int, str]:
     """Read N and the header's text (checked UTF-8). Returns (N, text)."""
+    n, raw = _header_bytes(src)
+    return n, _decoded(raw, src.path)
+
+
+def _decoded(raw, path: str) -> str:
+    """The header's text; SafetensorsError (with the offset) when it is not valid UTF-8."""
+    try:
+        return str(raw, "utf-8")
+    except UnicodeDecodeError as e:
+        raise SafetensorsError(f"header is not valid UTF-8 ({e.reason})", file=path,
+                               offset=8 + e.start) from None
+
+
+def _header_bytes(src: ByteSource):
+    """Read N and the header's bytes (unchecked). Returns (N, bytes or a buffer)."""
     path = src.path
     if src.size < 8:
         raise SafetensorsError(f"file has {src.size} bytes; the header length alone needs 8",
@@ -203,12 +219,7 @@ def _header_text(src: ByteSource) -> tuple[int, str]:
     # spans would otherwise stay resident (10 shards of 10^5 tensors: 11 MB of RSS).
     pread = getattr(src, "pread", None)
     raw = pread(8, n) if pread is not None else src.view(8, n, "header", fmt=FORMAT)
-    try:
-        text = str(raw, "utf-8")
-    except UnicodeDecodeError as e:
-        raise SafetensorsError(f"header is not valid UTF-8 ({e.reason})", file=path,
-                               offset=8 + e.start) from None
-    return n, text
+    return n, raw
 
 
 def _loads(text: str, path: str, pairs: bool) -> Any:
@@ -357,6 +368,14 @@ def _fast(header: dict, text: str, path: str, data_start: int) -> tuple[list, di
     return tensors, (dict(meta) if meta is not None else None)
 
 
+# The compiled `_fast` (tensorscope/_stheader.c), bound to the record class here; None when it is
+# not built (or is a stale build): `_fast` then runs after `json.loads`. Tests set it to None too.
+STHEADER_ABI = 1
+_HEADER = optional_extension("_stheader", STHEADER_ABI)
+if _HEADER is not None:
+    _HEADER.bind(TensorInfo)
+
+
 def _json_type(v: Any) -> str:
     if v is None:
         return "null"
@@ -447,11 +466,28 @@ def open_source(src: ByteSource) -> ModelFile:
     return _open(src)
 
 
+def _compiled(raw, path: str, data_start: int) -> tuple[list, dict | None] | None:
+    """`_fast` over the header's bytes in C (`tensorscope/_stheader.c`), where it is built and
+    the header is in its subset of JSON; else None (the Python path reads it)."""
+    if _HEADER is None or type(path) is not str:
+        return None
+    return _HEADER.header(raw, data_start, path, DTYPES, _kind, _KNOWN_NAMES.get(), FORMAT,
+                          "tensor")
+
+
 def _open(src: ByteSource) -> ModelFile:
     path = src.path
-    n, text = _header_text(src)
+    n, raw = _header_bytes(src)
     data_start = 8 + n
     model = ModelFile(FORMAT, path)
+    fast = _compiled(raw, path, data_start)
+    if fast is not None:
+        tensors, user_meta = fast
+        last = tensors[-1]
+        if last.byte_offset + last.nbytes == src.size:
+            return _finish(model, tensors, user_meta, n, data_start)
+    text = _decoded(raw, path)
+    del raw
     fast = _fast(_loads(text, path, False), text, path, data_start)
     if fast is not None:
         tensors, user_meta = fast

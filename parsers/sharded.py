@@ -32,6 +32,7 @@ Public: ``FORMAT``, ``sniff_dir(path)``, ``open_dir(path)``, ``open_index(path)`
 """
 from __future__ import annotations
 
+import itertools
 import json
 import operator
 import os
@@ -188,8 +189,7 @@ def _open_shard(folder: str, root: str, name: str, origin: str, why: str) -> Mod
     return open_model(path)
 
 
-def _read_index(path: str) -> tuple[dict, dict, list[str]]:
-    """(weight_map, metadata, duplicate names) of an index file."""
+def _index_bytes(path: str) -> bytes:
     try:
         if is_url(path):
             with remote.RemoteSource(path) as src:
@@ -203,6 +203,51 @@ def _read_index(path: str) -> tuple[dict, dict, list[str]]:
                 raw = f.read(size + 1)  # not INDEX_MAX + 1: read() allocates what it asks for
     except OSError as e:
         raise _fail(f"cannot read the index: {e.strerror}", path) from None
+    return raw
+
+
+def _index_columns(path: str) -> tuple[dict, list[str], dict, list[str]]:
+    """(names: name -> the same string, in the map's order; each one's shard name, one string
+    per shard; metadata; duplicate names) of an index file. Read in C where it is built and the
+    index is in its subset (`tensorscope/_stheader.c`'s ``index_map``: no escape in the map, no
+    key twice); else by `_parse_index`."""
+    raw = _index_bytes(path)
+    got = _compiled_index(raw)
+    if got is not None:
+        names, shards, doc = got
+        meta = doc.get("metadata") if isinstance(doc.get("metadata"), dict) else {}
+        return names, shards, meta, []
+    wm, meta, dups = _parse_index(raw, path)
+    canon: dict[str, str] = {}
+    shards = list(map(canon.setdefault, wm.values(), wm.values()))
+    return dict(zip(wm, wm)), shards, meta, dups
+
+
+def _compiled_index(raw: bytes) -> tuple[dict, list[str], dict] | None:
+    """(names, shards, the other members parsed) from ``index_map``, or None (not built, not
+    UTF-8, outside its subset, or a member json.loads refuses or that repeats a key inside:
+    `_parse_index` then reads the whole text and says what is wrong)."""
+    index_map = getattr(safetensors._HEADER, "index_map", None)
+    if index_map is None or json.detect_encoding(raw) != "utf-8":
+        return None
+    got = index_map(raw)
+    if got is None:
+        return None
+    names, shards, others = got
+    doc: dict[str, Any] = {}
+    for key, start, end, strings in others:
+        try:
+            value = json.loads(raw[start:end].decode("utf-8", "surrogatepass"))
+        except (ValueError, RecursionError):
+            return None
+        if _strings(value) != strings:   # a key twice inside (json keeps the last)
+            return None
+        doc[key] = value
+    return names, shards, doc
+
+
+def _parse_index(raw: bytes, path: str) -> tuple[dict, dict, list[str]]:
+    """(weight_map, metadata, duplicate names) of an index file's bytes."""
     encoding = json.detect_encoding(raw)
     strings = _string_count(raw) if encoding == "utf-8" else -1   # UTF-16/32: not counted
     try:   # decoded as json.loads decodes bytes, and the bytes dropped (a 1M index: 90 MB)
@@ -290,19 +335,15 @@ class _Merger:
 
 
 def _from_index(index: str, folder: str, root: str) -> ModelFile:
-    wm, imeta, dups = _read_index(index)
+    # The map as two columns: the names (name -> the same string, in the map's order; the
+    # shards' records take these strings instead of their own copies) and each one's shard
+    # (one string per shard name: json makes one per value). The map itself, and its 10^5-
+    # 10^6 value strings, are dropped before the shards are read.
+    names, shards, imeta, dups = _index_columns(index)
     merger = _Merger(index, index)
     model = merger.model
     model.files.append(index)
     try:
-        # The map as two columns: the names (name -> the same string, in the map's order; the
-        # shards' records take these strings instead of their own copies) and each one's shard
-        # (one string per shard name: json makes one per value). The map itself, and its 10^5-
-        # 10^6 value strings, are dropped before the shards are read.
-        canon: dict[str, str] = {}
-        shards = list(map(canon.setdefault, wm.values(), wm.values()))
-        names = dict(zip(wm, wm))
-        del wm, canon
         order = list(dict.fromkeys(shards))                     # in first-mapped order
         first = dict(zip(reversed(shards), reversed(names)))    # shard -> first tensor mapped
         with safetensors.sharing_names(names):
@@ -346,21 +387,31 @@ _nbytes = operator.attrgetter("nbytes")
 def _mapped(names: dict, shards: list[str], order: list[str], subs: list[ModelFile]) -> list | None:
     """The records in index order (``names``, with ``shards`` the shard of each) when every
     mapped tensor is in its shard and the shards hold nothing else, each name once (checked in
-    C over whole columns); else None."""
-    records: dict[str, Any] = {}
+    C over whole columns); else None.
+
+    ``names`` (name -> the same string) is the table: each name's value becomes its record, in
+    place (no second table of 10^5-10^6 entries, no lookup per name to read them back in index
+    order). Its keys stay the map's: a key a shard added is removed before None is returned."""
+    count = len(names)
     shard_of: dict[str, str] = {}   # record file -> shard
     held = 0
+    same_files = True
     for shard, sub in zip(order, subs):
-        records.update(zip(map(_name, sub.tensors), sub.tensors))
+        names.update(zip(map(_name, sub.tensors), sub.tensors))
         held += len(sub.tensors)
         for f in set(map(_file, sub.tensors)):
             if shard_of.setdefault(f, shard) != shard:
-                return None
-    if not len(records) == held == len(names):
+                same_files = False
+        if not same_files or len(names) != count:
+            break
+    if len(names) != count:   # a tensor the map does not name
+        for key in list(itertools.islice(names, count, None)):
+            del names[key]
         return None
-    try:   # as many distinct names as the map, each of the map's found: the same names
-        tensors = list(map(records.__getitem__, names))
-    except KeyError:
+    if not same_files or held != count:
+        return None
+    tensors = list(names.values())
+    if str in set(map(type, tensors)):   # a mapped name no shard holds (or one held twice)
         return None
     if list(map(shard_of.__getitem__, map(_file, tensors))) != shards:
         return None

@@ -12,6 +12,8 @@ import re
 from operator import itemgetter
 from typing import Any
 
+from .native import optional_extension
+
 __all__ = ["components", "group_key", "group_indices", "index_ranges", "range_labels",
            "describe_ranges", "layer_key", "module_key", "GroupCollector"]
 
@@ -169,6 +171,13 @@ def _readers(text: str, parts: list[str]) -> tuple[Any, Any, dict | None]:
     return reader, itemgetter(*literal), {}
 
 
+# The compiled `add_tensors` (tensorscope/_groupscan.c), bound to the first record class it is
+# given (`_bound`); None when it is not built (or is a stale build). Tests set it to None too.
+GROUPSCAN_ABI = 1
+_SCAN = optional_extension("_groupscan", GROUPSCAN_ABI)
+_bound: list = [None]
+
+
 def _cacheable(text: str) -> bool:
     return text.isascii() and "\0" not in text
 
@@ -204,8 +213,26 @@ class GroupCollector:
             seen.add(d)
 
     def add_tensors(self, tensors) -> None:
-        """`add` for each `TensorInfo` (its bytes when it has data): `_pattern` and `_count`
-        inlined, since this runs once per tensor (10^5-10^6)."""
+        """`add` for each `TensorInfo` (its bytes when it has data). Compiled
+        (`tensorscope/_groupscan.c`, the same steps) where it is built; a record it does not read
+        is filed by `_add_tensors` in its turn."""
+        if _SCAN is not None and type(tensors) is list and tensors:
+            if type(tensors[0]) is not _bound[0]:
+                try:
+                    _SCAN.bind(type(tensors[0]))
+                    _bound[0] = type(tensors[0])
+                except TypeError:   # not a slots record: every one is Python's
+                    pass
+            _SCAN.add(self._groups, tensors, self._add_one)
+            return
+        self._add_tensors(tensors)
+
+    def _add_one(self, t) -> None:
+        self._add_tensors((t,))
+
+    def _add_tensors(self, tensors) -> None:
+        """`add_tensors` in Python (the compiled loop's twin): `_pattern` and `_count` inlined,
+        since this runs once per tensor (10^5-10^6)."""
         groups, skeletons, translate = self._groups, _SKELETONS, bytes.translate
         for t in tensors:
             path = t.path

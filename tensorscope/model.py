@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping
 
 from . import dtypes
 from .errors import TensorNotFound
+from .native import optional_extension
 from .remote import open_source
 from .source import ByteSource
 
@@ -379,7 +380,29 @@ def json_text(t: "TensorInfo") -> str | None:
 
 def json_texts(records) -> list[str | None]:
     """`json_text` of each record, in one loop (10^5-10^6 rows: no call per row). The parts of
-    a record's kind are looked up again only when it differs from the previous record's."""
+    a record's kind are looked up again only when it differs from the previous record's.
+    Compiled (`tensorscope/_jsonrows.c`, the same steps) where it is built; a row it hands back
+    (NotImplemented) is made by `_json_texts`."""
+    if _ROWS_C is None or type(records) is not list:
+        return _json_texts(records)
+    out, pending = _ROWS_C.texts(records, _parts_of, _str_json)
+    if pending:
+        for i, text in enumerate(out):
+            if text is NotImplemented:
+                out[i] = _json_texts((records[i],))[0]
+    return out
+
+
+def json_texts_joined(records) -> str | None:
+    """``", ".join(json_texts(records))`` made in one compiled pass (no string per row) when
+    `tensorscope/_jsonrows.c` is built and makes every row; else None (`json_texts` then)."""
+    if _ROWS_C is None or type(records) is not list:
+        return None
+    return _ROWS_C.joined(records, _parts_of, _str_json)
+
+
+def _json_texts(records) -> list[str | None]:
+    """`json_texts` in Python (the compiled loop's twin)."""
     out: list[str | None] = []
     append = out.append
     prev = parts = location = None     # location: of the previous kind, when a member kind
@@ -433,6 +456,14 @@ def _parts_of(t: "TensorInfo") -> tuple | None:
         if len(_ROWS) < _ROWS_MAX:
             _ROWS[key] = parts
     return parts
+
+
+# The compiled `json_texts` (tensorscope/_jsonrows.c), bound to the record classes here; None when
+# it is not built (or is a stale build). Tests set it to None too.
+JSONROWS_ABI = 1
+_ROWS_C = optional_extension("_jsonrows", JSONROWS_ABI)
+if _ROWS_C is not None:
+    _ROWS_C.bind(TensorInfo, FrozenDict)
 
 
 def _plain_extras(extras: Mapping[str, Any]) -> dict:

@@ -40,11 +40,14 @@ import random
 import re
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
+from typing import TYPE_CHECKING
 from urllib.parse import quote, urljoin, urlsplit
 
 from .errors import TensorscopeError
 from .source import check_range
+
+if TYPE_CHECKING:   # imported where a pool is made: a local listing never needs one (nor logging)
+    from concurrent.futures import ThreadPoolExecutor
 
 __all__ = ["RemoteSource", "RemoteError", "RemoteChanged", "FetchBudgetExceeded", "is_url",
            "merge_gap", "plan_requests",
@@ -837,6 +840,7 @@ class RemoteSource:
             results = [one(jobs[0])]
         else:
             if self._pool is None:
+                from concurrent.futures import ThreadPoolExecutor
                 self._pool = ThreadPoolExecutor(WORKERS, thread_name_prefix="tensorscope-fetch")
             results = list(self._pool.map(one, jobs))
         for a, data in results:

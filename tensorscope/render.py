@@ -62,13 +62,16 @@ def emit_json(obj: Any) -> None:
 
 def emit_json_stream(doc: dict, key: str, rows: Iterable[Any], batch: int = 2048,
                      to_dict: Callable[[Any], Any] | None = None,
-                     to_texts: Callable[[list], list[str | None]] | None = None) -> None:
+                     to_texts: Callable[[list], list[str | None]] | None = None,
+                     to_joined: Callable[[list], str | None] | None = None) -> None:
     """`emit_json` of ``doc`` plus ``doc[key] = [to_dict(r) for r in rows]``, written batch by
     batch: the rows are encoded ``batch`` at a time and never all held at once. ``key`` must sort
     after every key of ``doc`` (the output is then byte for byte what `emit_json` writes when
     piped). ``to_texts(rows)``, when given, returns each row's encoded text (exactly what the
-    encoder would write for ``to_dict(row)``) or None to take the encoder. On a terminal the whole
-    document is indented by `emit_json` instead (a person reads it, not a pipe)."""
+    encoder would write for ``to_dict(row)``) or None to take the encoder; ``to_joined(rows)``,
+    when given, their texts joined by ``", "`` in one string, or None to take ``to_texts``. On a
+    terminal the whole document is indented by `emit_json` instead (a person reads it, not a
+    pipe)."""
     if sys.stdout.isatty():
         emit_json({**doc, key: [to_dict(r) for r in rows] if to_dict else list(rows)})
         return
@@ -81,6 +84,11 @@ def emit_json_stream(doc: dict, key: str, rows: Iterable[Any], batch: int = 2048
     rows = iter(rows)
     sep = ""
     while chunk := list(itertools.islice(rows, batch)):
+        joined = to_joined(chunk) if to_joined else None
+        if joined is not None:
+            write(sep + joined)
+            sep = ", "
+            continue
         texts = to_texts(chunk) if to_texts else [None] * len(chunk)
         if None in texts:   # the rows the fast path left to the encoder
             texts = [encode(to_dict(r) if to_dict else r) if x is None else x

@@ -107,5 +107,5 @@ def test_native_fuzz_runs_every_entry_against_its_twin(tmp_path):
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     counts = proc.stdout.strip().splitlines()[-1]
-    for entry in ("listing", "torch_step", "zipscan", "diffkernel"):
+    for entry in ("listing", "torch_step", "zipscan", "diffkernel", "stheader"):
         assert f"{entry} 0 " not in counts and entry in counts, counts

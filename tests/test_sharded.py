@@ -200,6 +200,26 @@ def test_unmapped_tensor_is_an_anomaly(tmp_path):
         assert model.names[-1] == "head.weight"
 
 
+def test_tensor_in_two_shards_and_in_the_wrong_one(tmp_path):
+    """The in-place mapping table (`sharded._mapped`) refuses these, and the slow path names them
+    with the map's keys intact."""
+    from safetensors.torch import load_file, save_file
+    folder = _copy(tmp_path, "st_index")
+    one, two = "model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors"
+    first, second = load_file(str(folder / one)), load_file(str(folder / two))
+    name = next(iter(first))
+    save_file({**second, name: first[name]}, str(folder / two))          # in both shards
+    with tensorscope.open(folder) as model:
+        kinds = [a.kind for a in model.evidence.anomalies]
+        assert "sharded.duplicate_tensor" in kinds
+        assert model.names.count(name) == 1 and model.tensor(name).file.endswith(one)
+    _edit_index(folder, lambda d: d["weight_map"].update({name: two}))    # mapped to the other
+    with tensorscope.open(folder) as model:
+        assert model.tensor(name).file.endswith(two)
+        assert [t.name for t in model.tensors] == list(json.loads(
+            (folder / "model.safetensors.index.json").read_text())["weight_map"])
+
+
 @pytest.mark.parametrize("dup_text", [
     '"embed.weight": "model-00002-of-00002.safetensors"',        # the key again, plainly
     '"embed\\u002eweight": 3',                                   # escaped, another type

@@ -12,7 +12,7 @@ from operator import attrgetter
 
 from .. import open as open_model
 from ..errors import TensorscopeError
-from ..model import TensorInfo, json_texts
+from ..model import TensorInfo, json_texts, json_texts_joined
 from ..grouping import GroupCollector, describe_ranges, pattern_of, range_labels
 from ..remote import with_cost
 from ..render import (TextTable, emit_json_stream, human_bytes, human_count, opening, plural,
@@ -245,7 +245,7 @@ def _emit_json(model, tensors, stats, groups, collector=None):
         emit_json_stream(with_cost(doc), "tensors", tensors, to_dict=lambda t: _stats_row(t, stats))
     else:
         emit_json_stream(with_cost(doc), "tensors", tensors, to_dict=TensorInfo.to_dict,
-                         to_texts=json_texts)
+                         to_texts=json_texts, to_joined=json_texts_joined)
 
 
 def _stats_row(t, stats):
