@@ -32,11 +32,13 @@ Public: ``FORMAT``, ``sniff_dir(path)``, ``open_dir(path)``, ``open_index(path)`
 """
 from __future__ import annotations
 
+import contextvars
 import json
 import operator
 import os
 import re
-from typing import Any
+from contextlib import contextmanager
+from typing import Any, Callable
 
 from tensorscope import remote
 from tensorscope.errors import FormatError
@@ -45,7 +47,8 @@ from tensorscope.remote import is_url
 
 from . import safetensors
 
-__all__ = ["FORMAT", "sniff_dir", "open_dir", "open_index", "is_index_file", "single_file"]
+__all__ = ["FORMAT", "sniff_dir", "open_dir", "open_index", "is_index_file", "single_file",
+           "each_shard"]
 
 FORMAT = "sharded"
 INDEX_MAX = 256 << 20  # 1e6 tensors: ~90 MB (json.dumps defaults), ~110 MB with indent=2
@@ -264,12 +267,33 @@ def _strings(v: Any) -> int:
     return isinstance(v, str)
 
 
+# A listener told of each shard as soon as it is parsed (`each_shard`), for a consumer that shows
+# a model while the rest of it is still being read (the TUI's first screen).
+_ON_SHARD: contextvars.ContextVar[Callable | None] = contextvars.ContextVar("on_shard", default=None)
+
+
+@contextmanager
+def each_shard(listener: Callable[[str, ModelFile, int, int], None]):
+    """Within it, every shard that `open_dir`/`open_index` parses is handed at once to
+    ``listener(name, shard, k, total)`` (the k-th of ``total`` shards, 1-based, in the order they
+    are read: the index's order, else their numbers), before the next shard is read; the open
+    then returns the whole model as it would without the listener. The shard is the parsed file
+    (its own tensors, in its own order); the model's order and checks come at the end."""
+    token = _ON_SHARD.set(listener)
+    try:
+        yield
+    finally:
+        _ON_SHARD.reset(token)
+
+
 class _Merger:
-    def __init__(self, path: str, origin: str):
+    def __init__(self, path: str, origin: str, total: int = 0):
         self.model = ModelFile(FORMAT, path, files=[])
         self.origin = origin
         self.shards: list[dict] = []
         self.opened: dict[str, ModelFile] = {}
+        self.total = total
+        self.listener = _ON_SHARD.get()
 
     def add(self, name: str, sub: ModelFile) -> None:
         self.opened[name] = sub
@@ -283,6 +307,8 @@ class _Merger:
         m.extras.setdefault("shards", {})[name] = sub.extras
         self.shards.append({"file": name, "format": sub.format, "tensors": len(sub.tensors),
                             "bytes": sub.total_bytes, "metadata": sub.metadata})
+        if self.listener is not None:
+            self.listener(name, sub, len(self.opened), self.total)
 
     def close(self) -> None:
         for sub in self.opened.values():
@@ -304,6 +330,7 @@ def _from_index(index: str, folder: str, root: str) -> ModelFile:
         names = dict(zip(wm, wm))
         del wm, canon
         order = list(dict.fromkeys(shards))                     # in first-mapped order
+        merger.total = len(order)
         first = dict(zip(reversed(shards), reversed(names)))    # shard -> first tensor mapped
         with safetensors.sharing_names(names):
             for shard in order:
@@ -395,7 +422,7 @@ def _mapped_slowly(wm: dict, order: list[str], opened: dict[str, ModelFile], evi
 def _from_shards(folder: str, root: str, key: tuple[str, str, str], names: list[str]) -> ModelFile:
     stem, n, ext = key
     count = int(n)
-    merger = _Merger(folder, folder)
+    merger = _Merger(folder, folder, count)
     model = merger.model
     try:
         present = set(names)

@@ -44,6 +44,17 @@ def run(args) -> int:
     # unrecognised file fails here with one line and exit 2 (the CLI's boundary), like every
     # other command, instead of an app the user has to quit.
     paths = [args.path] + ([args.other] if args.other is not None else [])
+    if args.other is None:
+        # One model: the app opens it in its own thread, and the CLI waits for what its first
+        # screen needs (a sharded checkpoint's first shard; the rest streams in behind it, and a
+        # later shard that fails to parse gets the app's error screen).
+        from ..tui.app import make_app  # lazy: Textual loads only for this command
+
+        app = make_app(args.path, scan=not args.no_scan)
+        with opening(shown(args.path)):
+            app.wait_opened()
+        app.run()
+        return 0
     models = []
     try:
         # "reading … " while a slow open runs, wiped once it is done: nothing of it is left on
