@@ -23,7 +23,10 @@ from tensorscope.tui.screens.browse import BrowseScreen  # noqa: E402
 from tensorscope.tui.screens.misc import ErrorScreen  # noqa: E402
 from tensorscope.tui.widgets.tensor_table import VirtualTable  # noqa: E402
 
-SHARDS, PER = 3, 2_000
+from tensorscope.tui import app as tui_app  # noqa: E402
+
+SHARDS, PER = 3, 7_000
+assert SHARDS * PER > tui_app.STREAM_ABOVE   # large enough to stream (a small model is shown whole)
 
 
 def _write(folder, index: bool):
@@ -202,6 +205,30 @@ def test_a_later_shard_that_fails_gets_the_error_screen(tmp_path, hold):
             release.set()
             assert await _wait(lambda: isinstance(app.screen, ErrorScreen), pilot)
             assert "truncated" in app.load_error
+        return True
+
+    assert asyncio.run(run())
+
+
+def test_a_small_sharded_model_is_shown_whole(tmp_path, hold):
+    release, started = hold
+    folder = tmp_path / "small"
+    folder.mkdir()
+    for s in range(2):
+        save_file({f"w{s}.{i}": np.zeros(2, dtype=np.float32) for i in range(10)},
+                  str(folder / f"model-{s + 1:05d}-of-00002.safetensors"))
+
+    async def run():
+        app = make_app(folder, scan=False)
+        async with app.run_test(size=(120, 40)) as pilot:
+            assert await _wait(started.is_set, pilot)
+            await pilot.pause(0.2)
+            assert not isinstance(app.screen, BrowseScreen)   # the first screen waits for shard 2
+            release.set()
+            assert await _wait(lambda: _first_screen(app), pilot)
+            screen = app.screen
+            assert screen.stream is None and not screen._pending
+            assert screen.model.names == tensorscope.open(folder).names
         return True
 
     assert asyncio.run(run())

@@ -25,6 +25,7 @@ from .messages import LoadFailed, ModelComplete, ModelsLoaded, ScanFinished, Sha
 __all__ = ["TensorscopeApp", "make_app"]
 
 FREEZE_ABOVE = 20_000  # tensors above which the parsed model is frozen out of the cyclic GC
+STREAM_ABOVE = 20_000  # tensors (first shard x shards) above which a sharded model streams in
 FIRST_SCREEN_WAIT = 3.0  # seconds a streamed model's next shard waits at most for the first screen
 
 
@@ -132,8 +133,8 @@ class TensorscopeApp(App):
         from .streaming import ShardStream
 
         if self._stream is None:
-            if k != 1 or total < 2:
-                return   # one shard: the model is shown whole
+            if k != 1 or total < 2 or len(shard.tensors) * total <= STREAM_ABOVE:
+                return   # one shard, or a small model: shown whole, its tree with it
             stream = ShardStream(path, total)
             stream.first(shard)
             self._stream = stream

@@ -17,7 +17,8 @@ difference statistics and a histogram of a - b for the highlighted pair. The sta
 runs at startup with the threshold of `tensorscope scan`: a red banner when a file is unsafe to
 load, a yellow one when it needs review (s shows the findings, from any screen). Nothing in the
 files is executed; text from them is shown inert. The files are opened before the UI starts: a
-file that cannot be read is one line on stderr and exit 2, as with every command.
+file that cannot be read is one line on stderr and exit 2, as with every command. A sharded
+checkpoint is shown from its first shard on, the other shards read behind the first screen.
 Keys: ? every key of the screen, ctrl+p command palette, t theme, q quit.
 
 Example:

@@ -194,6 +194,7 @@ class BrowseScreen(Screen):
             self.index = index
         self.root = ModuleNode(self.label, (), count=len(model.tensors))
         self.node = self.root
+        self.grouped = len(model.tensors) > GROUP_ABOVE   # decided on the first shard until now
         if not self.is_mounted:
             return   # on_mount draws the whole model and starts the tree
         table = self.query_one("#tensors", VirtualTable)
