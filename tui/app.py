@@ -248,6 +248,7 @@ class TensorscopeApp(App):
         self.models = [model]
         if self._browse is not None:
             self._browse.model_complete(model, message.index)
+        self._stream.release()
         self.set_timer(0.05, lambda: self.call_after_refresh(self._start_scan))
 
     def on_load_failed(self, message: LoadFailed) -> None:

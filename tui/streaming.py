@@ -56,6 +56,11 @@ class ShardStream:
         self.done += 1
         return self.index.extend(chunk) if chunk is not None else False
 
+    def release(self) -> None:
+        """The whole model is on screen: let go of the growing one's lists (8 bytes a tensor each)."""
+        self.model.tensors = []
+        self.lists = []
+
     def index_of(self, model: ModelFile) -> TensorIndex | None:
         """On the opener thread, once the whole ``model`` is read: None when its records are the
         ones shown, in the order shown (the index of the model on screen serves it), else its own

@@ -37,6 +37,7 @@ GROUP_ABOVE = 5_000  # tensors above which the tree opens grouped (layers.#)
 BEHIND_ABOVE = 20_000  # tensors above which the tree is built behind the first screen
 DEBOUNCE_ABOVE = 300_000  # tensors above which filter keystrokes are coalesced
 DEBOUNCE_SECONDS = 0.08
+SHARD_REFRESH = 0.25  # seconds at most between a shard's arrival and its rows on screen
 DETAILS_AFTER = 0.15  # seconds after the last filter keystroke before the details pane follows
 COLUMNS = ("name", "dtype", "shape", "params", "bytes", "offset")
 # When the table is narrow, columns give way in this order: the offset (a detail the pane shows
@@ -108,6 +109,8 @@ class BrowseScreen(Screen):
         self._expanded: set[int] = set()
         self._filter_timer = None
         self._details_timer = None
+        self._grow_timer = None   # shards that arrived, to be shown (`shard_added`)
+        self._wider = False
 
     def _tree(self, grouped: bool) -> ModuleNode:
         if grouped not in self._trees:
@@ -171,10 +174,20 @@ class BrowseScreen(Screen):
 
     # -- a model still being read -----------------------------------------------------------------
     def shard_added(self, wider: bool) -> None:
-        """One more shard was appended to the model (and its index): show its rows, keep the
-        cursor on the tensor it was on."""
+        """One more shard was appended to the model (and its index): its rows are shown within
+        `SHARD_REFRESH` seconds (shards that come faster are shown together: each repaint takes
+        the GIL from the reader), the cursor kept on the tensor it was on."""
+        self._wider = self._wider or wider
+        if self._grow_timer is None:
+            self._grow_timer = self.set_timer(SHARD_REFRESH, self._grown)
+
+    def _grown(self) -> None:
+        self._grow_timer = None
+        if self.stream is None:
+            return   # the whole model came meanwhile (`model_complete` drew it)
         self.root.count = len(self.model.tensors)
-        if wider:
+        if self._wider:
+            self._wider = False
             self.query_one("#tensors", VirtualTable).set_columns(table_columns(self.index))
         self.query_one("#titlebar", Static).update(self._title())
         self.query_one("#modules", Tree).root.set_label(self._root_label())
@@ -184,6 +197,9 @@ class BrowseScreen(Screen):
         """The whole model (every shard read and checked) replaces the growing one; ``index``:
         its own table index when its order differs from the rows shown, else None. The tree is
         built next, behind the table."""
+        if self._grow_timer is not None:
+            self._grow_timer.stop()
+            self._grow_timer = None
         previous = None if index is None or self.current is None else \
             self.model.tensors[int(self.current)]
         self.stream = None
@@ -198,7 +214,8 @@ class BrowseScreen(Screen):
         if not self.is_mounted:
             return   # on_mount draws the whole model and starts the tree
         table = self.query_one("#tensors", VirtualTable)
-        if index is not None:
+        if index is not None or self._wider:
+            self._wider = False
             table.set_columns(table_columns(self.index))
         self.query_one("#titlebar", Static).update(self._title())
         tree = self.query_one("#modules", Tree)
