@@ -3,8 +3,11 @@
 Startup: the file(s) are parsed in a thread worker (a loading screen shows meanwhile), then the
 browse screen (one path) or the diff screen (two paths) is pushed; a file that fails to parse
 gets the error screen with its one-line message (``tensorscope tui`` opens the files before the
-app starts, so from the command line a bad file is one line and exit 2 instead). Then a second worker runs the static scan
-(`tensorscope.scan`) on every path; its result feeds the safety banner on every screen and
+app starts, so from the command line a bad file is one line and exit 2 instead). A sharded
+checkpoint of more than `STREAM_ABOVE` tensors is shown from its first shard on, the other shards
+streaming in behind the first screen (`tui.streaming`); a later shard that fails to parse gets
+the error screen. Then a second worker runs the static scan (`tensorscope.scan`) on every path
+(a streamed model once it is whole); its result feeds the safety banner on every screen and
 the scan screen (``s`` from anywhere). Nothing here reads past the public `tensorscope` API.
 """
 from __future__ import annotations
@@ -57,16 +60,16 @@ class TensorscopeApp(App):
         self.scan_done = False
         self.scan_updated: Signal = Signal(self, "scan-updated")
         self._browse = None   # the browse screen (one path)
-        # Parsing (unless the caller passed the opened ``models``, as the CLI does) and the tree
-        # and name index start now, in a plain thread, so they overlap Textual's own startup
+        # Parsing (unless the caller passed the opened ``models``, as the CLI does for a diff) and
+        # the tree and name index start now, in a plain thread, so they overlap Textual's own startup
         # (driver, CSS, first compose); the load worker only waits for it.
         self._opened: list = list(models or [])  # already opened by the CLI (input checked first)
         self._open_error: tuple[str, BaseException] | None = None
         self._tree = None
         self._index = None
         # A sharded checkpoint browsed on its own is shown from its first shard on: the rest
-        # streams in behind the first screen (`streaming.ShardStream`). ``_ready`` is set once
-        # the first screen's model is there (its first shard, or the whole of it, or an error).
+        # streams in behind the first screen (`streaming.ShardStream`). ``_first_ready`` is set
+        # once the first screen's model is there (its first shard, or the whole of it, or an error).
         self._stream = None
         self._complete = False   # the model on screen is the whole model
         self._first_ready = threading.Event()
