@@ -276,7 +276,9 @@ _ON_SHARD: contextvars.ContextVar[Callable | None] = contextvars.ContextVar("on_
 def each_shard(listener: Callable[[str, ModelFile, int, int], None]):
     """Within it, every shard that `open_dir`/`open_index` parses is handed at once to
     ``listener(name, shard, k, total)`` (the k-th of ``total`` shards, 1-based, in the order they
-    are read: the index's order, else their numbers), before the next shard is read; the open
+    are read: the index's order, else their numbers; with an index, its first numbered shard
+    ``<stem>-00001-of-N`` is read and told first, before the index, ``total`` then being that N),
+    before the next shard is read; the open
     then returns the whole model as it would without the listener. The shard is the parsed file
     (its own tensors, in its own order); the model's order and checks come at the end."""
     token = _ON_SHARD.set(listener)
@@ -294,8 +296,9 @@ class _Merger:
         self.opened: dict[str, ModelFile] = {}
         self.total = total
         self.listener = _ON_SHARD.get()
+        self.told = 0   # shards the listener was told of
 
-    def add(self, name: str, sub: ModelFile) -> None:
+    def add(self, name: str, sub: ModelFile, tell: bool = True) -> None:
         self.opened[name] = sub
         m = self.model
         if not is_url(sub.path):
@@ -307,19 +310,51 @@ class _Merger:
         m.extras.setdefault("shards", {})[name] = sub.extras
         self.shards.append({"file": name, "format": sub.format, "tensors": len(sub.tensors),
                             "bytes": sub.total_bytes, "metadata": sub.metadata})
-        if self.listener is not None:
-            self.listener(name, sub, len(self.opened), self.total)
+        if self.listener is not None and tell:
+            self.told += 1
+            self.listener(name, sub, self.told, self.total)
 
     def close(self) -> None:
         for sub in self.opened.values():
             sub.close()
 
 
+def _early_shard(index: str, folder: str, root: str, listener) -> tuple[str, ModelFile] | None:
+    """For a listener (`each_shard`): the index's first numbered shard (``model-00001-of-000NN``
+    beside ``model.safetensors.index.json``), parsed and told before the index is read (a 10^6-
+    tensor index is ~90 MB of JSON). None when there is none, or it does not parse (the index then
+    decides, as without a listener). The index still decides the model: a shard it does not name
+    is closed unused."""
+    if is_url(folder):
+        return None
+    base = os.path.basename(index)[:-len(".index.json")]   # model.safetensors
+    stem, _, ext = base.rpartition(".")
+    for name in _files(folder):
+        m = _SHARD.match(name)
+        if m and m["stem"] == stem and m["ext"] == ext and int(m["i"]) == 1:
+            try:
+                sub = _open_shard(folder, root, name, index, "(the first numbered shard)")
+            except (FormatError, OSError):
+                return None
+            listener(name, sub, 1, int(m["n"]))
+            return name, sub
+    return None
+
+
 def _from_index(index: str, folder: str, root: str) -> ModelFile:
-    wm, imeta, dups = _read_index(index)
+    listener = _ON_SHARD.get()
+    early = _early_shard(index, folder, root, listener) if listener is not None else None
+    try:
+        wm, imeta, dups = _read_index(index)
+    except BaseException:
+        if early is not None:
+            early[1].close()
+        raise
     merger = _Merger(index, index)
     model = merger.model
     model.files.append(index)
+    if early is not None:
+        merger.told = 1
     try:
         # The map as two columns: the names (name -> the same string, in the map's order; the
         # shards' records take these strings instead of their own copies) and each one's shard
@@ -334,8 +369,13 @@ def _from_index(index: str, folder: str, root: str) -> ModelFile:
         first = dict(zip(reversed(shards), reversed(names)))    # shard -> first tensor mapped
         with safetensors.sharing_names(names):
             for shard in order:
+                if early is not None and shard == early[0]:   # read and told before the index
+                    merger.add(shard, early[1], tell=False)
+                    continue
                 merger.add(shard, _open_shard(folder, root, shard, index,
                                               f"(named by the index for {first[shard]!r})"))
+        if early is not None and early[0] not in merger.opened:
+            early[1].close()   # a numbered file the index does not name: not part of the model
         del first
         for name in dups:
             model.evidence.add("sharded.duplicate_key", f"weight_map names {name!r} twice; the "
@@ -362,6 +402,8 @@ def _from_index(index: str, folder: str, root: str) -> ModelFile:
         return model
     except BaseException:
         merger.close()
+        if early is not None and early[0] not in merger.opened:
+            early[1].close()
         raise
 
 

@@ -192,6 +192,74 @@ def test_index_order_replaces_the_shards_order(indexed, hold):
     assert asyncio.run(run())
 
 
+@pytest.fixture
+def hold_index(monkeypatch):
+    """The index read in the app's opener thread, held until the test sets the event."""
+    release, started = threading.Event(), threading.Event()
+    real = sharded._read_index
+
+    def held(path):
+        if threading.current_thread().name == "tensorscope-open":
+            started.set()
+            assert release.wait(30)
+        return real(path)
+
+    monkeypatch.setattr(sharded, "_read_index", held)
+    yield release, started
+    release.set()
+
+
+def test_first_screen_before_the_index_is_read(indexed, hold_index):
+    """With an index (10^6 names: ~90 MB of JSON), the first numbered shard is shown before the
+    index is read; the index then decides the model and its order."""
+    release, started = hold_index
+    whole = tensorscope.open(indexed)
+    first = tensorscope.open(indexed / f"model-00001-of-{SHARDS:05d}.safetensors")
+
+    async def run():
+        app = make_app(indexed, scan=False)
+        async with app.run_test(size=(120, 40)) as pilot:
+            assert await _wait(lambda: _first_screen(app) and started.is_set(), pilot)
+            screen = app.screen
+            table = screen.query_one("#tensors", VirtualTable)
+            assert not release.is_set()
+            assert [screen.model.tensors[i].name for i in table.keys] == first.names
+            assert "reading shard 2 of 3" in str(screen.query_one("#table-status").content)
+            release.set()
+            assert await _wait(lambda: screen.stream is None and not screen._pending, pilot)
+            assert [screen.model.tensors[i].name for i in table.keys] == whole.names
+            assert screen.model.metadata["index"] == "model.safetensors.index.json"
+        return True
+
+    assert asyncio.run(run())
+
+
+def test_a_numbered_file_the_index_does_not_name(tmp_path):
+    """The shard read before the index is shown, then dropped: the index decides the model."""
+    folder = _write(tmp_path / "stale", index=True)
+    stale = f"model-00001-of-{SHARDS:05d}.safetensors"
+    doc = json.loads((folder / "model.safetensors.index.json").read_text())
+    doc["weight_map"] = {k: v for k, v in doc["weight_map"].items() if v != stale}
+    (folder / "model.safetensors.index.json").write_text(json.dumps(doc))
+    whole = tensorscope.open(folder)
+    assert stale not in {t.file.rsplit("/", 1)[-1] for t in whole.tensors}
+    told = []
+    model = tensorscope.formats.open_model_by_shard(folder, lambda n, sh, k, t: told.append((n, k)))
+    assert told[0] == (stale, 1) and model.names == whole.names
+
+    async def run():
+        app = make_app(folder, scan=False)
+        async with app.run_test(size=(120, 40)) as pilot:
+            assert await _wait(lambda: _first_screen(app) and app.screen.stream is None
+                               and not app.screen._pending, pilot)
+            screen = app.screen
+            table = screen.query_one("#tensors", VirtualTable)
+            assert [screen.model.tensors[i].name for i in table.keys] == whole.names
+        return True
+
+    assert asyncio.run(run())
+
+
 def test_a_later_shard_that_fails_gets_the_error_screen(tmp_path, hold):
     release, started = hold
     folder = _write(tmp_path / "bad", index=False)

@@ -239,6 +239,7 @@ class TensorscopeApp(App):
     def on_shard_loaded(self, message: ShardLoaded) -> None:
         if self._complete:
             return
+        self._stream.total = message.total   # the index's count (the first shard's name gave one)
         wider = self._stream.add(message.shard, message.chunk)
         screen = self._browse
         if screen is not None and screen.is_mounted:
