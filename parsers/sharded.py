@@ -278,9 +278,9 @@ def each_shard(listener: Callable[[str, ModelFile, int, int], None]):
     ``listener(name, shard, k, total)`` (the k-th of ``total`` shards, 1-based, in the order they
     are read: the index's order, else their numbers; with an index, its first numbered shard
     ``<stem>-00001-of-N`` is read and told first, before the index, ``total`` then being that N),
-    before the next shard is read; the open
-    then returns the whole model as it would without the listener. The shard is the parsed file
-    (its own tensors, in its own order); the model's order and checks come at the end."""
+    before the next shard is read; the open then returns the whole model as it would without the
+    listener. The shard is the parsed file (its own tensors, in its own order); the model's order
+    and checks come at the end."""
     token = _ON_SHARD.set(listener)
     try:
         yield
