@@ -32,12 +32,14 @@ Public: ``FORMAT``, ``sniff_dir(path)``, ``open_dir(path)``, ``open_index(path)`
 """
 from __future__ import annotations
 
+import contextvars
 import itertools
 import json
 import operator
 import os
 import re
-from typing import Any
+from contextlib import contextmanager
+from typing import Any, Callable
 
 from tensorscope import remote
 from tensorscope.errors import FormatError
@@ -46,7 +48,8 @@ from tensorscope.remote import is_url
 
 from . import safetensors
 
-__all__ = ["FORMAT", "sniff_dir", "open_dir", "open_index", "is_index_file", "single_file"]
+__all__ = ["FORMAT", "sniff_dir", "open_dir", "open_index", "is_index_file", "single_file",
+           "each_shard"]
 
 FORMAT = "sharded"
 INDEX_MAX = 256 << 20  # 1e6 tensors: ~90 MB (json.dumps defaults), ~110 MB with indent=2
@@ -309,14 +312,38 @@ def _strings(v: Any) -> int:
     return isinstance(v, str)
 
 
+# A listener told of each shard as soon as it is parsed (`each_shard`), for a consumer that shows
+# a model while the rest of it is still being read (the TUI's first screen).
+_ON_SHARD: contextvars.ContextVar[Callable | None] = contextvars.ContextVar("on_shard", default=None)
+
+
+@contextmanager
+def each_shard(listener: Callable[[str, ModelFile, int, int], None]):
+    """Within it, every shard that `open_dir`/`open_index` parses is handed at once to
+    ``listener(name, shard, k, total)`` (the k-th of ``total`` shards, 1-based, in the order they
+    are read: the index's order, else their numbers; with an index, its first numbered shard
+    ``<stem>-00001-of-N`` is read and told first, before the index, ``total`` then being that N),
+    before the next shard is read; the open then returns the whole model as it would without the
+    listener. The shard is the parsed file (its own tensors, in its own order); the model's order
+    and checks come at the end."""
+    token = _ON_SHARD.set(listener)
+    try:
+        yield
+    finally:
+        _ON_SHARD.reset(token)
+
+
 class _Merger:
-    def __init__(self, path: str, origin: str):
+    def __init__(self, path: str, origin: str, total: int = 0):
         self.model = ModelFile(FORMAT, path, files=[])
         self.origin = origin
         self.shards: list[dict] = []
         self.opened: dict[str, ModelFile] = {}
+        self.total = total
+        self.listener = _ON_SHARD.get()
+        self.told = 0   # shards the listener was told of
 
-    def add(self, name: str, sub: ModelFile) -> None:
+    def add(self, name: str, sub: ModelFile, tell: bool = True) -> None:
         self.opened[name] = sub
         m = self.model
         if not is_url(sub.path):
@@ -328,28 +355,68 @@ class _Merger:
         m.extras.setdefault("shards", {})[name] = sub.extras
         self.shards.append({"file": name, "format": sub.format, "tensors": len(sub.tensors),
                             "bytes": sub.total_bytes, "metadata": sub.metadata})
+        if self.listener is not None and tell:
+            self.told += 1
+            self.listener(name, sub, self.told, self.total)
 
     def close(self) -> None:
         for sub in self.opened.values():
             sub.close()
 
 
+def _early_shard(index: str, folder: str, root: str, listener) -> tuple[str, ModelFile] | None:
+    """For a listener (`each_shard`): the index's first numbered shard (``model-00001-of-000NN``
+    beside ``model.safetensors.index.json``), parsed and told before the index is read (a 10^6-
+    tensor index is ~90 MB of JSON). None when there is none, or it does not parse (the index then
+    decides, as without a listener). The index still decides the model: a shard it does not name
+    is closed unused."""
+    if is_url(folder):
+        return None
+    base = os.path.basename(index)[:-len(".index.json")]   # model.safetensors
+    stem, _, ext = base.rpartition(".")
+    for name in _files(folder):
+        m = _SHARD.match(name)
+        if m and m["stem"] == stem and m["ext"] == ext and int(m["i"]) == 1:
+            try:
+                sub = _open_shard(folder, root, name, index, "(the first numbered shard)")
+            except (FormatError, OSError):
+                return None
+            listener(name, sub, 1, int(m["n"]))
+            return name, sub
+    return None
+
+
 def _from_index(index: str, folder: str, root: str) -> ModelFile:
+    listener = _ON_SHARD.get()
+    early = _early_shard(index, folder, root, listener) if listener is not None else None
     # The map as two columns: the names (name -> the same string, in the map's order; the
     # shards' records take these strings instead of their own copies) and each one's shard
     # (one string per shard name: json makes one per value). The map itself, and its 10^5-
     # 10^6 value strings, are dropped before the shards are read.
-    names, shards, imeta, dups = _index_columns(index)
+    try:
+        names, shards, imeta, dups = _index_columns(index)
+    except BaseException:
+        if early is not None:
+            early[1].close()
+        raise
     merger = _Merger(index, index)
     model = merger.model
     model.files.append(index)
+    if early is not None:
+        merger.told = 1
     try:
         order = list(dict.fromkeys(shards))                     # in first-mapped order
+        merger.total = len(order)
         first = dict(zip(reversed(shards), reversed(names)))    # shard -> first tensor mapped
         with safetensors.sharing_names(names):
             for shard in order:
+                if early is not None and shard == early[0]:   # read and told before the index
+                    merger.add(shard, early[1], tell=False)
+                    continue
                 merger.add(shard, _open_shard(folder, root, shard, index,
                                               f"(named by the index for {first[shard]!r})"))
+        if early is not None and early[0] not in merger.opened:
+            early[1].close()   # a numbered file the index does not name: not part of the model
         del first
         for name in dups:
             model.evidence.add("sharded.duplicate_key", f"weight_map names {name!r} twice; the "
@@ -376,6 +443,8 @@ def _from_index(index: str, folder: str, root: str) -> ModelFile:
         return model
     except BaseException:
         merger.close()
+        if early is not None and early[0] not in merger.opened:
+            early[1].close()
         raise
 
 
@@ -446,7 +515,7 @@ def _mapped_slowly(wm: dict, order: list[str], opened: dict[str, ModelFile], evi
 def _from_shards(folder: str, root: str, key: tuple[str, str, str], names: list[str]) -> ModelFile:
     stem, n, ext = key
     count = int(n)
-    merger = _Merger(folder, folder)
+    merger = _Merger(folder, folder, count)
     model = merger.model
     try:
         present = set(names)

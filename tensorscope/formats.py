@@ -22,7 +22,7 @@ from .model import ModelFile
 from .remote import is_url
 from .source import ByteSource
 
-__all__ = ["open_model", "identify", "FILE_PARSERS", "HEAD_BYTES"]
+__all__ = ["open_model", "open_model_by_shard", "identify", "FILE_PARSERS", "HEAD_BYTES"]
 
 HEAD_BYTES = 4096
 
@@ -150,6 +150,17 @@ def open_model(path: str | os.PathLike, *, format: str | None = None,
             return _open_model(path, format)
     except OSError as e:  # missing shard, unreadable file or folder: named, one hierarchy
         raise file_error(e, path) from None
+
+
+def open_model_by_shard(path: str | os.PathLike, on_shard, *, listing: bool | None = None
+                        ) -> ModelFile:
+    """`open_model`, telling ``on_shard(name, shard, k, total)`` of each shard of a sharded
+    checkpoint (folder or ``*.index.json``) as soon as it is parsed, before the next is read: a
+    consumer can show the first shard's tensors while the others are read. The shard is that
+    file's own `ModelFile`; the return value is the whole model, exactly what `open_model`
+    returns (its order, checks and evidence). A model of one file calls ``on_shard`` never."""
+    with _parser("sharded").each_shard(on_shard):
+        return open_model(path, listing=listing)
 
 
 def _listable(folder: str) -> None:

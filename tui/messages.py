@@ -11,7 +11,7 @@ from typing import Any
 
 from textual.message import Message
 
-__all__ = ["ModelsLoaded", "LoadFailed", "ScanFinished", "StatsReady", "StatsFailed",
+__all__ = ["ModelsLoaded", "ShardLoaded", "ModelComplete", "LoadFailed", "ScanFinished", "StatsReady", "StatsFailed",
            "HistogramReady", "DiffReady", "DiffFailed"]
 
 
@@ -21,6 +21,26 @@ class ModelsLoaded(Message):
 
     a: Any
     b: Any = None
+
+
+@dataclass
+class ShardLoaded(Message):
+    """One more shard of the model on screen was parsed (``k`` of ``total``): ``shard`` is its
+    `ModelFile`, ``chunk`` the table's index of its tensors (`model_index.index_chunk`)."""
+
+    shard: Any
+    chunk: Any
+    k: int
+    total: int
+
+
+@dataclass
+class ModelComplete(Message):
+    """Every shard parsed: ``model`` is the whole model (`tensorscope.open`'s); ``index`` its
+    table index when its order differs from the shards' as they were shown, else None."""
+
+    model: Any
+    index: Any = None
 
 
 @dataclass

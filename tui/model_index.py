@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Sequence
 
 __all__ = ["ModuleNode", "build_tree", "build_group_tree", "tensor_path", "select_rows", "SORT_KEYS",
-           "TensorIndex"]
+           "TensorIndex", "index_chunk"]
 
 
 def tensor_path(t) -> tuple[str, ...]:
@@ -273,6 +273,25 @@ def _compile(pattern: str):
     return "glob", re.compile(fnmatch.translate(pat)).match
 
 
+def index_chunk(tensors: Sequence) -> tuple[list, dict]:
+    """What `TensorIndex` keeps per tensor (the lowercase names) and the column widths, for
+    ``tensors``: computed once for a model, or per shard as shards arrive (`TensorIndex.extend`)."""
+    lower = []
+    for t in tensors:
+        name = t.name
+        low = name.lower()
+        lower.append(name if low == name else low)
+    dtypes = {t.dtype for t in tensors}
+    shapes = {t.shape for t in tensors}
+    offsets = [t.byte_offset for t in tensors if t.byte_offset is not None]
+    widths = {
+        "dtype": max((len(d) for d in dtypes), default=5),
+        "shape": max((len("×".join(map(str, s)) or "scalar") for s in shapes), default=5),
+        "offset": len(str(max(offsets))) if offsets else 1,
+    }
+    return lower, widths
+
+
 class TensorIndex:
     """What the table needs per model, computed once: lowercase names, sort orders, column widths.
 
@@ -284,24 +303,26 @@ class TensorIndex:
 
     def __init__(self, tensors: Sequence):
         self.tensors = tensors
-        lower = []
-        for t in tensors:
-            name = t.name
-            low = name.lower()
-            lower.append(name if low == name else low)
-        self.lower = lower
+        self.lower, self.widths = index_chunk(tensors)
         self._orders: dict[str, list[int]] = {}
         self._ranks: dict[str, list[int]] = {}
         self._base: tuple = (None, None)
         self._last: tuple = (None, "", "", None)
-        dtypes = {t.dtype for t in tensors}
-        shapes = {t.shape for t in tensors}
-        offsets = [t.byte_offset for t in tensors if t.byte_offset is not None]
-        self.widths = {
-            "dtype": max((len(d) for d in dtypes), default=5),
-            "shape": max((len("×".join(map(str, s)) or "scalar") for s in shapes), default=5),
-            "offset": len(str(max(offsets))) if offsets else 1,
-        }
+
+    def extend(self, chunk: tuple[list, dict]) -> bool:
+        """Take in the tensors appended to ``tensors`` since (a shard read while the first screen
+        is up): ``chunk`` is `index_chunk` of them, made off the UI thread. True when a column
+        got wider."""
+        lower, widths = chunk
+        self.lower.extend(lower)
+        wider = {k: max(v, self.widths[k]) for k, v in widths.items()}
+        grew = wider != self.widths
+        self.widths = wider
+        self._orders.clear()   # every cached order and selection is over the old rows
+        self._ranks.clear()
+        self._base = (None, None)
+        self._last = (None, "", "", None)
+        return grew
 
     def order(self, sort: str) -> list[int]:
         if sort not in self._orders:

@@ -17,7 +17,8 @@ difference statistics and a histogram of a - b for the highlighted pair. The sta
 runs at startup with the threshold of `tensorscope scan`: a red banner when a file is unsafe to
 load, a yellow one when it needs review (s shows the findings, from any screen). Nothing in the
 files is executed; text from them is shown inert. The files are opened before the UI starts: a
-file that cannot be read is one line on stderr and exit 2, as with every command.
+file that cannot be read is one line on stderr and exit 2, as with every command. A sharded
+checkpoint is shown from its first shard on, the other shards read behind the first screen.
 Keys: ? every key of the screen, ctrl+p command palette, t theme, q quit.
 
 Example:
@@ -44,6 +45,17 @@ def run(args) -> int:
     # unrecognised file fails here with one line and exit 2 (the CLI's boundary), like every
     # other command, instead of an app the user has to quit.
     paths = [args.path] + ([args.other] if args.other is not None else [])
+    if args.other is None:
+        # One model: the app opens it in its own thread, and the CLI waits for what its first
+        # screen needs (a sharded checkpoint's first shard; the rest streams in behind it, and a
+        # later shard that fails to parse gets the app's error screen).
+        from ..tui.app import make_app  # lazy: Textual loads only for this command
+
+        app = make_app(args.path, scan=not args.no_scan)
+        with opening(shown(args.path)):
+            app.wait_opened()
+        app.run()
+        return 0
     models = []
     try:
         # "reading … " while a slow open runs, wiped once it is done: nothing of it is left on

@@ -37,6 +37,7 @@ GROUP_ABOVE = 5_000  # tensors above which the tree opens grouped (layers.#)
 BEHIND_ABOVE = 20_000  # tensors above which the tree is built behind the first screen
 DEBOUNCE_ABOVE = 300_000  # tensors above which filter keystrokes are coalesced
 DEBOUNCE_SECONDS = 0.08
+SHARD_REFRESH = 0.25  # seconds at most between a shard's arrival and its rows on screen
 DETAILS_AFTER = 0.15  # seconds after the last filter keystroke before the details pane follows
 COLUMNS = ("name", "dtype", "shape", "params", "bytes", "offset")
 # When the table is narrow, columns give way in this order: the offset (a detail the pane shows
@@ -79,9 +80,12 @@ class BrowseScreen(Screen):
     ]
 
     def __init__(self, model, *, closable: bool = False, label: str = "", root: ModuleNode | None = None,
-                 index: TensorIndex | None = None, grouped: bool | None = None):
+                 index: TensorIndex | None = None, grouped: bool | None = None, stream=None):
         super().__init__()
         self.model = model
+        # a sharded checkpoint still being read (`tui.streaming.ShardStream`): ``model`` grows
+        # shard by shard, then the whole model replaces it (`model_complete`)
+        self.stream = stream
         self.closable = closable
         self.label = label or basename(model.path)
         self.grouped = len(model.tensors) > GROUP_ABOVE if grouped is None else grouped
@@ -90,7 +94,7 @@ class BrowseScreen(Screen):
             self._trees[self.grouped] = root
         # A large model's tree (seconds at 10^6 tensors) is built behind the first screen: the
         # table lists every tensor in saved order meanwhile, under a placeholder root.
-        self._pending = root is None and len(model.tensors) > BEHIND_ABOVE
+        self._pending = root is None and (len(model.tensors) > BEHIND_ABOVE or stream is not None)
         if self._pending:
             self.root = ModuleNode(self.label, (), count=len(model.tensors))
         else:
@@ -105,6 +109,8 @@ class BrowseScreen(Screen):
         self._expanded: set[int] = set()
         self._filter_timer = None
         self._details_timer = None
+        self._grow_timer = None   # shards that arrived, to be shown (`shard_added`)
+        self._wider = False
 
     def _tree(self, grouped: bool) -> ModuleNode:
         if grouped not in self._trees:
@@ -124,6 +130,10 @@ class BrowseScreen(Screen):
         return title
 
     def _root_label(self) -> Text:
+        if self.stream is not None:  # the progress indicator while shards arrive
+            return Text.assemble((shown(self.label), "bold"),
+                                 (f" reading shard {self.stream.done + 1:,} of {self.stream.total:,} …",
+                                  "dim italic"))
         if self._pending:  # the progress indicator until the tree arrives
             return Text.assemble((shown(self.label), "bold"),
                                  (f" grouping {len(self.model.tensors):,} tensors …", "dim italic"))
@@ -150,8 +160,98 @@ class BrowseScreen(Screen):
         tree.root.expand()
         self.refresh_table()
         self.query_one("#tensors", VirtualTable).focus()
-        if self._pending:
+        if self._pending and self.stream is None:
             self._build_tree(self.grouped)
+        if self.stream is not None:   # the first screen is drawn at the latest this much later
+            self.set_timer(1.0, self._drawn)
+
+    def _drawn(self) -> None:
+        """The first screen is up (its first tensor's statistics shown, or a second passed): a
+        streamed model's next shard is read now (`TensorscopeApp.first_screen_drawn`)."""
+        drawn = getattr(self.app, "first_screen_drawn", None)
+        if drawn is not None:
+            drawn()
+
+    # -- a model still being read -----------------------------------------------------------------
+    def shard_added(self, wider: bool) -> None:
+        """One more shard was appended to the model (and its index): its rows are shown within
+        `SHARD_REFRESH` seconds (shards that come faster are shown together: each repaint takes
+        the GIL from the reader), the cursor kept on the tensor it was on."""
+        self._wider = self._wider or wider
+        if self._grow_timer is None:
+            self._grow_timer = self.set_timer(SHARD_REFRESH, self._grown)
+
+    def _grown(self) -> None:
+        self._grow_timer = None
+        if self.stream is None:
+            return   # the whole model came meanwhile (`model_complete` drew it)
+        self.root.count = len(self.model.tensors)
+        if self._wider:
+            self._wider = False
+            self.query_one("#tensors", VirtualTable).set_columns(table_columns(self.index))
+        self.query_one("#titlebar", Static).update(self._title())
+        self.query_one("#modules", Tree).root.set_label(self._root_label())
+        self._refresh_keeping()
+
+    def model_complete(self, model, index: TensorIndex | None) -> None:
+        """The whole model (every shard read and checked) replaces the growing one; ``index``:
+        its own table index when its order differs from the rows shown, else None. The tree is
+        built next, behind the table."""
+        if self._grow_timer is not None:
+            self._grow_timer.stop()
+            self._grow_timer = None
+        previous = None if index is None or self.current is None else \
+            self.model.tensors[int(self.current)]
+        self.stream = None
+        self.model = model
+        if index is None:
+            self.index.tensors = model.tensors   # the same records in the same order
+        else:
+            self.index = index
+        self.root = ModuleNode(self.label, (), count=len(model.tensors))
+        self.node = self.root
+        self.grouped = len(model.tensors) > GROUP_ABOVE   # decided on the first shard until now
+        if not self.is_mounted:
+            return   # on_mount draws the whole model and starts the tree
+        table = self.query_one("#tensors", VirtualTable)
+        if index is not None or self._wider:
+            self._wider = False
+            table.set_columns(table_columns(self.index))
+        self.query_one("#titlebar", Static).update(self._title())
+        tree = self.query_one("#modules", Tree)
+        tree.reset(self._root_label(), self.root)
+        self._expanded.clear()
+        self._refresh_keeping(previous)
+        self._build_tree(self.grouped)
+
+    def _refresh_keeping(self, previous=None) -> None:
+        """The rows again (a filter or sort over the new ones too), the cursor on the same tensor.
+        ``previous``: that tensor's record when the row numbers changed (a new order)."""
+        table = self.query_one("#tensors", VirtualTable)
+        node = None if self.node is self.root else self.node
+        rows = self.index.select(node, self.pattern, self.sort, self.reverse)
+        cursor = 0
+        want = None if self.current is None else int(self.current)
+        if previous is not None:   # its row number in the new order; shown again (stats too)
+            want = next((i for i, t in enumerate(self.model.tensors) if t is previous), None)
+            self.current = None
+        if want is not None and rows:
+            row = min(table.cursor_row, len(rows) - 1)
+            if rows[row] == want:
+                cursor = row   # the usual case: rows were appended after it
+            else:
+                try:
+                    cursor = rows.index(want)
+                except ValueError:
+                    cursor = 0
+        self.rows = rows
+        table.update_rows(rows, cursor)
+        self._update_status()
+        if rows and str(rows[cursor]) != self.current:
+            self._show_tensor(rows[cursor])
+        elif not rows:
+            self.current = None
+            self.query_one(TensorDetails).clear("no tensors match" if self.pattern else "no tensors here")
 
     # -- tree -------------------------------------------------------------------------------------
     def _populate(self, tnode) -> None:
@@ -262,7 +362,9 @@ class BrowseScreen(Screen):
             bits.append(f"filter {shown(self.pattern)!r}")
         if self.sort != "#":
             bits.append(f"sort {self.sort} {'▼' if self.reverse else '▲'}")
-        if self._pending:
+        if self.stream is not None:
+            bits.append(f"reading shard {self.stream.done + 1:,} of {self.stream.total:,} …")
+        elif self._pending:
             bits.append("building the module tree …")
         elif self.grouped:
             bits.append("grouped tree (g: by module)")
@@ -336,10 +438,14 @@ class BrowseScreen(Screen):
     def on_stats_ready(self, message: StatsReady) -> None:
         if message.key == self.current:
             self.query_one(TensorDetails).show_stats(message.stats)
+            if self.stream is not None:
+                self.call_after_refresh(self._drawn)
 
     def on_stats_failed(self, message: StatsFailed) -> None:
         if message.key == self.current:
             self.query_one(TensorDetails).show_error(message.message)
+            if self.stream is not None:
+                self.call_after_refresh(self._drawn)
 
     def on_histogram_ready(self, message: HistogramReady) -> None:
         if message.key == self.current:

@@ -225,6 +225,20 @@ class VirtualTable(ScrollView, can_focus=True):
         self.cursor_row = 0
         self.refresh()
 
+    def update_rows(self, keys: Sequence, cursor: int = 0) -> None:
+        """Show ``keys`` with the cursor on row ``cursor``, the scroll kept where it shows it
+        (rows that arrive while the model is still being read)."""
+        self.keys = keys
+        self.virtual_size = Size(self._width(), len(keys) + 1)
+        if cursor != self.cursor_row:
+            self.cursor_row = cursor
+        self.refresh()
+
+    def set_columns(self, columns: Sequence[Column]) -> None:
+        self.columns = list(columns)
+        self._layout = []
+        self.refresh()
+
     @property
     def row_count(self) -> int:
         return len(self.keys)
