@@ -311,6 +311,7 @@ class _Walker:
         self.want_norms = False  # also read identical tensors for their norms (grouped views)
         self.sampling = False    # gather the rank test's submatrix of a differing pair (lanes)
         self.sample = None
+        self.sampler: _Sample | None = None   # ... from the pieces the value pass reads
 
     def pieces(self, va, vb, ia: TensorInfo, ib: TensorInfo, chunk_bytes: int, skip: int = 0):
         """Aligned pieces of both views. Progress is reported as pieces are handed out, except for
@@ -372,8 +373,12 @@ class _Walker:
             # the compiled pass takes any length in one call: steps of `RELEASE_BYTES` (or
             # `chunk_bytes`) rather than a call, and a release of its pages, per 8K elements
             step = max(step, min(self.chunk_bytes, RELEASE_BYTES))
+        sampler, at = self.sampler, 0
         for pa, pb in self.pieces(va, vb, ia, ib, step, skip):
             acc.add(pa, pb)
+            if sampler is not None:
+                sampler.take(at, pa, pb)
+                at += pa.size
         return acc.result(va.size, compared_as)
 
     def _parallel(self, va, vb, ia, ib, atol, rtol, skip, cplx) -> _Accumulator:
@@ -389,6 +394,7 @@ class _Walker:
         lock = threading.Lock()
         reported = [0]
         item = fa.itemsize + fb.itemsize
+        sampler = self.sampler
 
         def advance(nbytes: int) -> None:
             if self.progress is None:
@@ -410,6 +416,8 @@ class _Walker:
                 self.rel_a.prefetch_piece(ia.file, fa[nxt])
                 self.rel_b.prefetch_piece(ib.file, fb[nxt])
                 acc.add(sa, sb)   # one compiled call, or numpy passes of `elems`
+                if sampler is not None:   # the rank test's elements, while the pages are in
+                    sampler.take(s, sa, sb)
                 self.rel_a.release_piece(ia.file, sa)
                 self.rel_b.release_piece(ib.file, sb)
                 advance((e - s) * item)
@@ -453,6 +461,43 @@ class _Walker:
             return dequant.iter_decoded(model, t, elems, release=rel.release_range)
         return _released(iter_flat_chunks(model.read(t), elems * dtypes.spec(t.dtype).itemsize),
                          rel, t.file)
+
+
+class _Sample:
+    """The rank test's random submatrix of one C-contiguous pair (`lowrank.sample_positions`),
+    gathered from the pieces the value pass reads, in any order and from any thread (each piece
+    fills its own run of positions): the same elements as `lowrank.gather`, without a second
+    walk over the pair's pages (a gather before the pass faulted in and mapped every page that a
+    sampled row touches, then the pass read them again)."""
+
+    def __init__(self, va: np.ndarray, vb: np.ndarray):
+        self.shape = tuple(va.shape)
+        self.pos = lowrank.sample_positions(self.shape)
+        self.a = np.empty(self.pos.size, va.dtype)
+        self.b = np.empty(self.pos.size, vb.dtype)
+        self.filled = 0
+        self.lock = threading.Lock()
+
+    def take(self, lo: int, pa: np.ndarray, pb: np.ndarray) -> None:
+        """Copy the sampled elements that ``pa``, ``pb`` (elements [lo, lo + size) of the
+        flattened pair) hold."""
+        i, j = (int(x) for x in np.searchsorted(self.pos, (lo, lo + pa.size)))
+        if j > i:
+            idx = self.pos[i:j] - lo
+            np.take(pa, idx, out=self.a[i:j], mode="clip")   # in bounds: clip never clips
+            np.take(pb, idx, out=self.b[i:j], mode="clip")
+            with self.lock:
+                self.filled += j - i
+
+    def result(self) -> tuple[np.ndarray, np.ndarray] | None:
+        """A's and B's submatrices in their own dtypes (the elements `lowrank.gather` copies into
+        float64; `lowrank.rank_of_sample` widens them), or None when some position was not
+        seen."""
+        if self.filled != self.pos.size:
+            return None
+        rows, cols = lowrank.sample_index(self.shape)
+        s, c = rows.size, cols.size
+        return self.a.reshape(s, c), self.b.reshape(s, c)
 
 
 def _sumsq(piece: np.ndarray, x: np.ndarray, scratch: np.ndarray) -> float:
@@ -933,11 +978,21 @@ def _compare(walker: _Walker, ma, ta, mb, tb, atol, rtol) -> ValueDiff | None:
         if not numeric:
             return ValueDiff(ta.numel, False, mismatched=None, compared_as="bytes")
         if walker.sampling and rank_candidate(ta, tb):
-            # the rank test's submatrix now: the value pass then finds its pages in memory,
-            # instead of the verdict faulting them in again after the pass released them
-            walker.sample = lowrank.gather(va, vb)
+            if va.flags.c_contiguous and vb.flags.c_contiguous:
+                # the rank test's submatrix gathered by the value pass from each piece it reads
+                # (its pages mapped, its lines in cache): no page touched twice
+                walker.sampler = _Sample(va, vb)
+            else:
+                walker.sample = lowrank.gather(va, vb)
         # The byte pass stopped at the first difference: report only what it did not reach.
-        return walker.floats(va, vb, ta, tb, atol, rtol, skip=walker.seen)
+        try:
+            return walker.floats(va, vb, ta, tb, atol, rtol, skip=walker.seen)
+        finally:
+            if walker.sampler is not None:
+                sampler, walker.sampler = walker.sampler, None
+                walker.sample = sampler.result()
+                if walker.sample is None:   # not every piece was seen: gather it apart
+                    walker.sample = lowrank.gather(va, vb)
     if decoded:
         return walker.decoded(ma, ta, mb, tb, atol, rtol)
     if not numeric:
