@@ -375,9 +375,10 @@ class _Walker:
             step = max(step, min(self.chunk_bytes, RELEASE_BYTES))
         sampler, at = self.sampler, 0
         for pa, pb in self.pieces(va, vb, ia, ib, step, skip):
-            acc.add(pa, pb)
-            if sampler is not None:
-                sampler.take(at, pa, pb)
+            if sampler is None:
+                acc.add(pa, pb)
+            else:
+                sampler.add(acc, at, pa, pb)
                 at += pa.size
         return acc.result(va.size, compared_as)
 
@@ -415,9 +416,10 @@ class _Walker:
                 nxt = slice(e, min(hi, e + step))
                 self.rel_a.prefetch_piece(ia.file, fa[nxt])
                 self.rel_b.prefetch_piece(ib.file, fb[nxt])
-                acc.add(sa, sb)   # one compiled call, or numpy passes of `elems`
-                if sampler is not None:   # the rank test's elements, while the pages are in
-                    sampler.take(s, sa, sb)
+                if sampler is None:
+                    acc.add(sa, sb)   # one compiled call, or numpy passes of `elems`
+                else:                 # ... that also copies out the rank test's elements
+                    sampler.add(acc, s, sa, sb)
                 self.rel_a.release_piece(ia.file, sa)
                 self.rel_b.release_piece(ib.file, sb)
                 advance((e - s) * item)
@@ -463,6 +465,15 @@ class _Walker:
                          rel, t.file)
 
 
+def take(pa: np.ndarray, pb: np.ndarray, pos: np.ndarray, lo: int, out_a: np.ndarray,
+         out_b: np.ndarray) -> None:
+    """``out_a[k] = pa[pos[k] - lo]`` and ``out_b[k] = pb[pos[k] - lo]``: the numpy twin of the
+    compiled pass's gather (`_diffkernel.c`, ``stats`` with positions)."""
+    idx = pos - lo
+    np.take(pa, idx, out=out_a, mode="clip")   # in bounds: clip never clips, and needs no copy
+    np.take(pb, idx, out=out_b, mode="clip")
+
+
 class _Sample:
     """The rank test's random submatrix of one C-contiguous pair (`lowrank.sample_positions`),
     gathered from the pieces the value pass reads, in any order and from any thread (each piece
@@ -478,16 +489,19 @@ class _Sample:
         self.filled = 0
         self.lock = threading.Lock()
 
-    def take(self, lo: int, pa: np.ndarray, pb: np.ndarray) -> None:
-        """Copy the sampled elements that ``pa``, ``pb`` (elements [lo, lo + size) of the
-        flattened pair) hold."""
+    def add(self, acc: "_Accumulator", lo: int, pa: np.ndarray, pb: np.ndarray) -> None:
+        """``acc.add(pa, pb)`` (elements [lo, lo + size) of the flattened pair), copying out the
+        sampled elements they hold: in the same compiled pass where it runs, each block's while
+        it is in L1, else by numpy's take (the kernel's twin)."""
         i, j = (int(x) for x in np.searchsorted(self.pos, (lo, lo + pa.size)))
-        if j > i:
-            idx = self.pos[i:j] - lo
-            np.take(pa, idx, out=self.a[i:j], mode="clip")   # in bounds: clip never clips
-            np.take(pb, idx, out=self.b[i:j], mode="clip")
-            with self.lock:
-                self.filled += j - i
+        if j == i:
+            acc.add(pa, pb)
+            return
+        run = (self.pos[i:j], lo, self.a[i:j], self.b[i:j])
+        if not acc.add(pa, pb, run):
+            take(pa, pb, *run)
+        with self.lock:
+            self.filled += j - i
 
     def result(self) -> tuple[np.ndarray, np.ndarray] | None:
         """A's and B's submatrices in their own dtypes (the elements `lowrank.gather` copies into
@@ -641,7 +655,7 @@ _F16 = np.dtype(np.float16)
 # The optional compiled pass (tensorscope/_diffkernel.c, built by `pip install` when a C compiler
 # is there; numpy computes the same figures without it). Codes are the kernel's; bfloat16 goes in
 # as its uint16 bits (numpy cannot export ml_dtypes' types through the buffer protocol).
-KERNEL_ABI = 6   # what `_diffkernel.c` must say it is (a stale build is ignored, not called)
+KERNEL_ABI = 7   # what `_diffkernel.c` must say it is (a stale build is ignored, not called)
 _KERNEL = optional_extension("_diffkernel", KERNEL_ABI)
 _KERNEL_CODES = {_F16: "e", np.dtype(np.float32): "f", np.dtype(np.float64): "d",
                  np.dtype(np.int8): "c", np.dtype(np.uint8): "B", np.dtype(np.int16): "h",
@@ -757,16 +771,19 @@ class _Accumulator:
         self.inf += o.inf
         self.zero_ref += o.zero_ref
 
-    def add(self, pa: np.ndarray, pb: np.ndarray) -> None:
+    def add(self, pa: np.ndarray, pb: np.ndarray, gather=None) -> bool:
         """Fold in one pair of pieces: in one compiled call where it applies (any length), else
-        through the numpy passes in pieces of at most ``elems``."""
-        if _KERNEL is not None and self.x.dtype.kind != "c" and self._kernel(pa, pb):
-            return
+        through the numpy passes in pieces of at most ``elems``. ``gather`` (positions, lo,
+        out_a, out_b: `_Sample`) asks the compiled call to copy those elements out too; returns
+        whether it did (else the caller takes them itself)."""
+        if _KERNEL is not None and self.x.dtype.kind != "c" and self._kernel(pa, pb, gather):
+            return gather is not None
         if pa.size <= self.elems:
             self._add_numpy(pa, pb)
-            return
+            return False
         for i in range(0, pa.size, self.elems):
             self._add_numpy(pa[i:i + self.elems], pb[i:i + self.elems])
+        return False
 
     def _add_numpy(self, pa: np.ndarray, pb: np.ndarray) -> None:
         n = pa.size
@@ -828,15 +845,21 @@ class _Accumulator:
                 np.add(t, self.atol, t)
                 self.mismatched += int(np.count_nonzero(np.greater(d, t, flag)))
 
-    def _kernel(self, pa: np.ndarray, pb: np.ndarray) -> bool:
+    def _kernel(self, pa: np.ndarray, pb: np.ndarray, gather=None) -> bool:
         """The same figures as `add`'s finite path in one compiled pass (`_diffkernel.c`, which
         says why); False when the kernel does not take these dtypes or layouts."""
         ca, cb = _kernel_code(pa.dtype), _kernel_code(pb.dtype)
         if ca is None or cb is None or not (pa.flags.c_contiguous and pb.flags.c_contiguous):
             return False
-        got = _KERNEL.stats(pa.view(_KERNEL_VIEW[ca]), ca, pb.view(_KERNEL_VIEW[cb]), cb,
-                            self.atol, self.rtol, _table(pa) if ca == "t" else b"",
-                            _table(pb) if cb == "t" else b"")
+        va, vb = _KERNEL_VIEW[ca], _KERNEL_VIEW[cb]
+        ta = _table(pa) if ca == "t" else b""
+        tb = _table(pb) if cb == "t" else b""
+        if gather is None:
+            got = _KERNEL.stats(pa.view(va), ca, pb.view(vb), cb, self.atol, self.rtol, ta, tb)
+        else:
+            pos, lo, out_a, out_b = gather
+            got = _KERNEL.stats(pa.view(va), ca, pb.view(vb), cb, self.atol, self.rtol, ta, tb,
+                                pos, lo, out_a.view(va), out_b.view(vb))
         if got is None:   # a NaN or an infinity in the piece: the numpy passes' careful path
             return False
         sq, xx, yy, dot, sum_abs, worst, rel, zero_ref, mismatched = got
