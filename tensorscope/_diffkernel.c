@@ -161,14 +161,25 @@ typedef struct {
 
 static inline int64_t load_i64(const char *p) { int64_t v; memcpy(&v, p, sizeof v); return v; }
 
+/* One element of `size` bytes (1, 2, 4 or 8): a memcpy of a constant size, which compiles to one
+ * load and one store (a variable size calls the library's memmove, per element). */
+static inline void copy_item(char *dst, const char *src, Py_ssize_t size) {
+    switch (size) {
+    case 1: memcpy(dst, src, 1); break;
+    case 2: memcpy(dst, src, 2); break;
+    case 4: memcpy(dst, src, 4); break;
+    default: memcpy(dst, src, 8); break;
+    }
+}
+
 /* Copy the sampled elements below element `end` of the piece (a block was just read). */
 static inline void gather_upto(Gather *g, const char *pa, const char *pb, Py_ssize_t end) {
     if (g == NULL) return;
     while (g->k < g->count) {
         int64_t i = load_i64(g->pos + 8 * g->k) - g->lo;
         if (i >= end) break;
-        memcpy(g->oa + g->k * g->sa, pa + (Py_ssize_t)i * g->sa, (size_t)g->sa);
-        memcpy(g->ob + g->k * g->sb, pb + (Py_ssize_t)i * g->sb, (size_t)g->sb);
+        copy_item(g->oa + g->k * g->sa, pa + (Py_ssize_t)i * g->sa, g->sa);
+        copy_item(g->ob + g->k * g->sb, pb + (Py_ssize_t)i * g->sb, g->sb);
         g->k++;
     }
 }

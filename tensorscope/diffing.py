@@ -131,6 +131,7 @@ verdicts in `tensorscope.diff_verdict` and `tensorscope.lowrank`.
 """
 from __future__ import annotations
 
+import bisect
 import functools
 import gc
 import hashlib
@@ -474,6 +475,12 @@ def take(pa: np.ndarray, pb: np.ndarray, pos: np.ndarray, lo: int, out_a: np.nda
     np.take(pb, idx, out=out_b, mode="clip")
 
 
+@functools.lru_cache(maxsize=64)
+def _position_keys(shape: tuple[int, ...]) -> list[int]:
+    """`lowrank.sample_positions` as a list of ints, for `bisect` (cached per shape)."""
+    return lowrank.sample_positions(shape).tolist()
+
+
 class _Sample:
     """The rank test's random submatrix of one C-contiguous pair (`lowrank.sample_positions`),
     gathered from the pieces the value pass reads, in any order and from any thread (each piece
@@ -484,6 +491,7 @@ class _Sample:
     def __init__(self, va: np.ndarray, vb: np.ndarray):
         self.shape = tuple(va.shape)
         self.pos = lowrank.sample_positions(self.shape)
+        self.keys = _position_keys(self.shape)
         self.a = np.empty(self.pos.size, va.dtype)
         self.b = np.empty(self.pos.size, vb.dtype)
         self.filled = 0
@@ -493,7 +501,9 @@ class _Sample:
         """``acc.add(pa, pb)`` (elements [lo, lo + size) of the flattened pair), copying out the
         sampled elements they hold: in the same compiled pass where it runs, each block's while
         it is in L1, else by numpy's take (the kernel's twin)."""
-        i, j = (int(x) for x in np.searchsorted(self.pos, (lo, lo + pa.size)))
+        # bisect on a list (no GIL released and taken back, as numpy's search does, for two
+        # lookups: under the diff's other threads that hand-over cost more than the search)
+        i, j = bisect.bisect_left(self.keys, lo), bisect.bisect_left(self.keys, lo + pa.size)
         if j == i:
             acc.add(pa, pb)
             return
@@ -545,6 +555,9 @@ def _lanes() -> ThreadPoolExecutor:
     """The threads that compare large pairs `LANES` at a time (each hands its slices to `_pool`,
     whose threads never wait on a lane: no deadlock)."""
     global _LANES
+    _openblas()   # found once, here: the threads' initializers then read the cache (reading
+    # /proc/self/maps from two starting threads at once, beside the maps faulting in, took
+    # ~50 ms each, measured)
     with _POOL_LOCK:
         if _LANES is None:
             _LANES = ThreadPoolExecutor(LANES, thread_name_prefix="tensorscope-pair",
@@ -572,6 +585,7 @@ def _pool() -> ThreadPoolExecutor:
     """One pool per process, one thread per core (numpy and BLAS release the GIL in the loops),
     each with BLAS pinned to one thread."""
     global _POOL
+    _openblas()   # (as in `_lanes`)
     with _POOL_LOCK:
         if _POOL is None:
             _POOL = ThreadPoolExecutor(_workers(), thread_name_prefix="tensorscope-diff",
