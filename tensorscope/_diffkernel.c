@@ -14,7 +14,10 @@
  *   max_rel = max ad / ay over ay != 0; zero_ref = #(ay == 0 and ad != 0)
  *   mismatched = #(ad > atol + ay * rtol)            (torch.isclose's order of operations)
  * A NaN or an infinity in either input (or a sum that overflows) returns None: the caller then
- * takes its careful path for that piece. The GIL is released while the loop runs, so pieces run
+ * takes its careful path for that piece. Given the positions of the rank test's sample
+ * (`lowrank.sample_positions`), the pass also copies those elements of both sides out, each
+ * block's right after its loop read it (no page or line of the pair is read twice; numpy's take
+ * is the twin, `diffing.take`). The GIL is released while the loop runs, so pieces run
  * on every core from the diff's thread pool.
  *
  * On x86-64 CPUs with AVX-512 (checked at load time) the statistics run in `run_v4`: both sides

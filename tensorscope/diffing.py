@@ -1027,9 +1027,8 @@ def _compare(walker: _Walker, ma, ta, mb, tb, atol, rtol) -> ValueDiff | None:
         finally:
             if walker.sampler is not None:
                 sampler, walker.sampler = walker.sampler, None
+                # None when some piece was not seen: the verdict then gathers it apart
                 walker.sample = sampler.result()
-                if walker.sample is None:   # not every piece was seen: gather it apart
-                    walker.sample = lowrank.gather(va, vb)
     if decoded:
         return walker.decoded(ma, ta, mb, tb, atol, rtol)
     if not numeric:

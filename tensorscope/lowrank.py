@@ -4,7 +4,8 @@ Two stages, so that a pair of full-rank changes (a fine-tune, where every tensor
 costs almost nothing and only a true candidate pays for a pass over its delta:
 
 1. `sample_rank`: the rank of ΔW restricted to a random submatrix of at most `SAMPLE_ROWS` rows
-   and `SAMPLE_ROWS` + 32 columns, gathered from the zero-copy views (a few pages per row).
+   and `SAMPLE_ROWS` + 32 columns, gathered from the zero-copy views (a few pages per row), or
+   by the diff's value pass from the pieces it reads (`sample_positions`, `rank_of_sample`).
    A submatrix
    of a rank-r matrix has rank at most r, and for a generic rank-r update exactly r, so a
    full-rank sample rejects the tensor at once (the cost of a fine-tune's pair is ~0.1 ms).
