@@ -1,5 +1,5 @@
-"""The rank test's sample gathered by the value pass (issue 26): the compiled pass copies the sampled
-elements out of each block it reads (`_diffkernel.stats` with positions) and numpy's take is its
+"""The rank test's sample gathered by the value pass (issue 26): the compiled pass copies the
+sampled elements out of each block it reads (`_diffkernel.stats` with positions) and numpy's take is its
 twin; both are held to `lowrank.gather` (the sample read apart), at any alignment, over the serial
 and the threaded pass, and the verdicts they lead to are those of the sample read apart."""
 from __future__ import annotations
@@ -164,7 +164,8 @@ def test_sample_from_the_pass_equals_the_sample_read_apart(tmp_path, monkeypatch
         ga, gb = lowrank.gather(ma.read(ta), mb.read(tb))
         sa, sb = w.sample
         assert sa.dtype == np.dtype(dt) and sa.shape == ga.shape
-        assert np.array_equal(sa.astype(np.float64), ga) and np.array_equal(sb.astype(np.float64), gb)
+        assert np.array_equal(sa.astype(np.float64), ga)
+        assert np.array_equal(sb.astype(np.float64), gb)
         unit = lowrank.rounding_unit(tb.dtype)
         assert lowrank.rank_of_sample(ta.shape, unit, w.sample) == \
             lowrank.sample_rank(ma.read(ta), mb.read(tb), unit)
