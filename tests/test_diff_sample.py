@@ -1,7 +1,8 @@
 """The rank test's sample gathered by the value pass (issue 26): the compiled pass copies the
-sampled elements out of each block it reads (`_diffkernel.stats` with positions) and numpy's take is its
-twin; both are held to `lowrank.gather` (the sample read apart), at any alignment, over the serial
-and the threaded pass, and the verdicts they lead to are those of the sample read apart."""
+sampled elements out of each block it reads (`_diffkernel.stats` with positions) and numpy's
+take is its twin; both are held to `lowrank.gather` (the sample read apart), at any alignment,
+over the serial and the threaded pass, and the verdicts they lead to are those of the sample
+read apart."""
 from __future__ import annotations
 
 import ml_dtypes
