@@ -68,7 +68,7 @@ start=$(date +%s)
 run -m pytest -q -x -p no:cacheprovider -o addopts="" --capture=sys \
     tests/test_native_ub.py tests/test_torchstep.py tests/test_zipscan.py \
     tests/test_zip_fast_paths.py tests/test_vm_torch_step.py tests/test_diff_where.py \
-    tests/test_listing_only.py tests/test_stats_kernel.py \
+    tests/test_listing_only.py tests/test_stats_kernel.py tests/test_diff_sample.py \
     tests/test_stheader.py tests/test_jsonrows.py tests/test_groupscan.py \
     --deselect tests/test_torchstep.py::test_attack_corpus_every_way
 # (that one runs the whole attack corpus through three VM modes: 190 s of the job's 5 minutes

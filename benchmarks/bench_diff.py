@@ -28,7 +28,7 @@ Cases (``--cases``, default all):
   loads both with ``torch.load(mmap=True)`` and runs ``torch.equal`` and max |a - b| per key.
 
 ``--baseline DIR`` also runs ``python -m tensorscope`` from another checkout (DIR) on the
-finetune and many cases: the before/after figures of a change.
+finetune, verdicts and many cases: the before/after figures of a change.
 
 Inputs: two ~2 GB float16 state dicts of 500 tensors (480 of 1024x2048 and 20 of 2048) that differ
 in 4 tensors (a slice moved by 1e-3), as ``.pt`` (torch.save) and ``.safetensors``, plus a byte copy
@@ -350,6 +350,9 @@ def issue_cases(args, py: str) -> list[tuple[str, dict]]:
                     "tensorscope diff --json --no-verdicts":
                         (me + ["diff", a, b, "--json", "--no-verdicts"], None),
                     floor_label: (["sh", "-c", f"cat '{a}' '{b}' > /dev/null"], None)}
+            if base:
+                cmds["before (baseline checkout) diff --json"] = (me + ["diff", a, b, "--json"],
+                                                                  base)
             out.append((f"verdicts: {label}", bench_round(cmds, args.runs)))
     if "many" in args.cases:
         a, b = map(str, generate_many(args.cache))

@@ -781,6 +781,31 @@ def _diffkernel_bytes(data: bytes) -> str:
         k.avx512(was)
     assert got == want, ("an unaligned piece gave other figures", ca, cb, off_a, off_b)
     assert k.equal(at(a, off_a), a.tobytes())
+    # The rank test's gather (positions every `step` elements from `first`, the piece at element
+    # `lo` of its tensor), outputs at odd addresses: the figures unchanged, the copies numpy's
+    # take (`diffing.take`, the twin); a position one past the piece is refused.
+    step, first, lo = 1 + (data[2] >> 3), data[1] % max(n, 1), int.from_bytes(data[:3], "little")
+    pos = np.arange(first, n, step, dtype=np.int64) + lo
+    out_a, out_b = bytearray(pos.size * da.itemsize + 1), bytearray(pos.size * db.itemsize + 3)
+    oa, ob = memoryview(out_a)[1:], memoryview(out_b)[3:]
+    was = k.avx512(bool(data[2] & 1))
+    try:
+        gathered = k.stats(at(a, off_a), ca, at(b, off_b), cb, atol, rtol, ta, tb,
+                           at(pos, off_b), lo, oa, ob)
+        try:
+            k.stats(a.tobytes(), ca, b.tobytes(), cb, atol, rtol, ta, tb,
+                    np.array([lo + n], np.int64), lo, bytearray(da.itemsize),
+                    bytearray(db.itemsize))
+            raise AssertionError("a position past the piece was taken")
+        except ValueError:
+            pass
+    finally:
+        k.avx512(was)
+    assert gathered == want, ("the gather changed the figures", ca, cb)
+    if gathered is not None:
+        idx = pos - lo
+        assert bytes(oa) == a.view(np.uint8).reshape(n, da.itemsize)[idx].tobytes(), "gather a"
+        assert bytes(ob) == b.view(np.uint8).reshape(n, db.itemsize)[idx].tobytes(), "gather b"
     if want is None:
         return "ok+"
     with np.errstate(all="ignore"):

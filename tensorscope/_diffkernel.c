@@ -14,7 +14,10 @@
  *   max_rel = max ad / ay over ay != 0; zero_ref = #(ay == 0 and ad != 0)
  *   mismatched = #(ad > atol + ay * rtol)            (torch.isclose's order of operations)
  * A NaN or an infinity in either input (or a sum that overflows) returns None: the caller then
- * takes its careful path for that piece. The GIL is released while the loop runs, so pieces run
+ * takes its careful path for that piece. Given the positions of the rank test's sample
+ * (`lowrank.sample_positions`), the pass also copies those elements of both sides out, each
+ * block's right after its loop read it (no page or line of the pair is read twice; numpy's take
+ * is the twin, `diffing.take`). The GIL is released while the loop runs, so pieces run
  * on every core from the diff's thread pool.
  *
  * On x86-64 CPUs with AVX-512 (checked at load time) the statistics run in `run_v4`: both sides
@@ -145,6 +148,52 @@ typedef struct {
     double sq, xx, yy, xy, sa, mx, mr;
     double zr, mm, nz;   /* counts, exact in float64 up to 2^53 */
 } Sums;
+
+/* The elements of a piece that the rank test samples (`lowrank.sample_positions`), copied out
+ * while the block that holds them is in L1: `pos` holds `count` ascending element indices into
+ * the flattened tensor, less `lo` indices into the piece (checked by `stats` before the pass:
+ * 0 <= pos[k] - lo < n, ascending), `k` the next one to copy;
+ * element pos[k] of a (of b) goes to oa + k·sa (ob + k·sb), through memcpy (any alignment). */
+typedef struct {
+    const char *pos;     /* int64 indices, read through memcpy */
+    int64_t lo;          /* the piece's first element: pos[k] - lo indexes the piece */
+    Py_ssize_t count, k;
+    char *oa, *ob;
+    Py_ssize_t sa, sb;
+} Gather;
+
+static inline int64_t load_i64(const char *p) { int64_t v; memcpy(&v, p, sizeof v); return v; }
+
+/* One element of `size` bytes (1, 2, 4 or 8): a memcpy of a constant size, which compiles to one
+ * load and one store (a variable size calls the library's memmove, per element). */
+static inline void copy_item(char *dst, const char *src, Py_ssize_t size) {
+    switch (size) {
+    case 1: memcpy(dst, src, 1); break;
+    case 2: memcpy(dst, src, 2); break;
+    case 4: memcpy(dst, src, 4); break;
+    default: memcpy(dst, src, 8); break;
+    }
+}
+
+/* Copy the sampled elements below element `end` of the piece (a block was just read). */
+static inline void gather_upto(Gather *g, const char *pa, const char *pb, Py_ssize_t end) {
+    if (g == NULL) return;
+    /* the fields in locals: the copies store through char pointers, which may alias *g, so
+     * g->k kept in memory made each copy wait on the last one's store (5.7 ns a copy, measured) */
+    const char *pos = g->pos;
+    const int64_t lo = g->lo;
+    const Py_ssize_t count = g->count, sa = g->sa, sb = g->sb;
+    char *oa = g->oa, *ob = g->ob;
+    Py_ssize_t k = g->k;
+    while (k < count) {
+        int64_t i = load_i64(pos + 8 * k) - lo;
+        if (i >= end) break;
+        copy_item(oa + k * sa, pa + (Py_ssize_t)i * sa, sa);
+        copy_item(ob + k * sb, pb + (Py_ssize_t)i * sb, sb);
+        k++;
+    }
+    g->k = k;
+}
 
 /* The statistics over n finite pairs. `omp simd` (compiled with -fopenmp-simd: no OpenMP runtime)
  * lets the compiler keep one partial sum per vector lane, the only reordering of the sums; the
@@ -322,7 +371,8 @@ V4 static inline __attribute__((always_inline)) void v4_load(
  * block (`widen`, which flags them: its float16 route makes them finite) and read as float64.
  * Sets s->nz to 1 when some b is non-zero. Returns non-zero when `widen` found an Inf or NaN. */
 V4 static int run_v4(const char *pa, char ca, const double *ta, const char *pb, char cb,
-                      const double *tb, Py_ssize_t n, double atol, double rtol, Sums *s) {
+                      const double *tb, Py_ssize_t n, double atol, double rtol, Sums *s,
+                      Gather *g) {
     const __m512d zero = _mm512_setzero_pd(), sign = _mm512_set1_pd(-0.0);
     const __m512d vatol = _mm512_set1_pd(atol), vrtol = _mm512_set1_pd(rtol);
     const __m512i minus1 = _mm512_set1_epi64(-1);
@@ -365,12 +415,16 @@ V4 static int run_v4(const char *pa, char ca, const double *ta, const char *pb, 
         blocks++;
         if (div) {
             V4_LOOP(1, 1)
+            gather_upto(g, pa, pb, at + m);   /* the block's lines are in L1 now */
             continue;
         } else if (zc) {
             V4_LOOP(1, 0)
         } else {
             V4_LOOP(0, 0)
         }
+        /* after the block's loop, whose loads brought its lines in: copied from L1 (before it,
+         * each sampled line was a cache miss the loop waited on: 11% of the pass, measured) */
+        gather_upto(g, pa, pb, at + m);
         /* t = inf (a float64 ratio that overflowed) would make inf·0 a NaN and hide zeros of b */
         if (flag || !(t <= 1.7976931348623157e308)) {
             if (direct) {
@@ -413,12 +467,13 @@ static Py_ssize_t itemsize(char code) {
 /* Every statistic over n pairs at pa and pb into s (which starts zeroed). Returns non-zero when
  * a value is Inf or NaN: the caller's careful path takes that piece. */
 static int accumulate(const char *pa, char ca, const double *ta, const char *pb, char cb,
-                      const double *tb, Py_ssize_t n, double atol, double rtol, Sums *s) {
+                      const double *tb, Py_ssize_t n, double atol, double rtol, Sums *s,
+                      Gather *g) {
 #ifdef HAVE_V4
     if (use_v4) {
         Sums p;
         memset(&p, 0, sizeof p);
-        int special = run_v4(pa, ca, ta, pb, cb, tb, n, atol, rtol, &p);
+        int special = run_v4(pa, ca, ta, pb, cb, tb, n, atol, rtol, &p, g);
         s->sq += p.sq; s->xx += p.xx; s->yy += p.yy; s->xy += p.xy; s->sa += p.sa;
         s->mx = p.mx > s->mx ? p.mx : s->mx;
         s->mr = p.mr > s->mr ? p.mr : s->mr;
@@ -433,6 +488,7 @@ static int accumulate(const char *pa, char ca, const double *ta, const char *pb,
         Py_ssize_t m = n - at < BLOCK ? n - at : BLOCK;
         special = widen(pa + at * sa, ca, ta, m, xs) | widen(pb + at * sb, cb, tb, m, ys);
         block_stats(xs, ys, m, atol, rtol, s);
+        gather_upto(g, pa, pb, at + m);
     }
     return special || !isfinite(s->sq) || !isfinite(s->xx) || !isfinite(s->yy);
 }
@@ -450,19 +506,27 @@ static int check_codes(char ca, char cb, const Py_buffer *ta, const Py_buffer *t
     return itemsize(ca) && itemsize(cb) && tables_ok;
 }
 
-/* stats(a, code_a, b, code_b, atol, rtol, table_a, table_b) -> (sum_sq, xx, yy, dot, sum_abs,
- * max_abs, max_rel, zero_ref, mismatched) or None when a value is not finite. a and b:
+/* stats(a, code_a, b, code_b, atol, rtol, table_a, table_b[, pos, lo, out_a, out_b]) ->
+ * (sum_sq, xx, yy, dot, sum_abs, max_abs, max_rel, zero_ref, mismatched) or None when a value is
+ * not finite (then out_a and out_b may be partly written: the caller gathers them itself). a and b:
  * C-contiguous buffers of n elements each, codes 'e' float16, 'b' bfloat16 (both as their uint16
  * bits), 'f' float32, 'd' float64, 'c' int8, 'B' uint8, 'h' int16, 'i' int32 (all exact in
  * float64), 'E' float8_e5m2, 'F' float8_e4m3fn (both as their bytes), 't' bytes of another
  * one-byte float indexing the 256-entry float64 table passed after rtol (table_a, then
- * table_b). max_rel is -inf when every element of b is 0. */
+ * table_b). max_rel is -inf when every element of b is 0. With pos (int64 element indices of
+ * the flattened tensor, ascending, each in [lo, lo + n): the piece holds elements lo .. lo + n - 1)
+ * the elements at those indices are also copied, in order, to out_a and out_b (writable buffers
+ * of len(pos) elements of a's and b's itemsize), each block's while it is in L1: the rank test's
+ * sample (`diffing._Sample`; its twin is numpy's take, which the tests hold it to). */
 static PyObject *stats(PyObject *self, PyObject *args) {
-    Py_buffer ba, bb, ta = {0}, tb = {0};
+    Py_buffer ba, bb, ta = {0}, tb = {0}, bp = {0}, oa = {0}, ob = {0};
     int ca, cb;
     double atol, rtol;
-    if (!PyArg_ParseTuple(args, "y*Cy*Cdd|y*y*", &ba, &ca, &bb, &cb, &atol, &rtol, &ta, &tb))
+    long long lo = 0;
+    if (!PyArg_ParseTuple(args, "y*Cy*Cdd|y*y*y*Lw*w*", &ba, &ca, &bb, &cb, &atol, &rtol, &ta,
+                          &tb, &bp, &lo, &oa, &ob))
         return NULL;
+    Gather gather, *g = NULL;
     Py_ssize_t sa = itemsize((char)ca), sb = itemsize((char)cb);
     PyObject *out = NULL;
     /* The buffers may start at any byte and the tables too (a memoryview slice): every element
@@ -474,6 +538,35 @@ static PyObject *stats(PyObject *self, PyObject *args) {
                         "or a missing 256-entry float64 table");
         goto done;
     }
+    Py_ssize_t n = ba.len / sa;
+    if (bp.obj != NULL) {
+        /* every index checked before the pass: within the piece, ascending; the outputs exactly
+         * len(pos) elements (count <= len / 8 and itemsizes <= 8: no product overflows) */
+        Py_ssize_t count = bp.len / 8;
+        int ok = bp.len % 8 == 0 && oa.obj != NULL && ob.obj != NULL && lo >= 0 &&
+                 oa.len == count * sa && ob.len == count * sb;
+        int64_t prev = lo;
+        for (Py_ssize_t k = 0; ok && k < count; k++) {
+            int64_t p = load_i64((const char *)bp.buf + 8 * k);
+            /* p >= prev >= lo >= 0, so p - lo cannot overflow */
+            ok = p >= prev && p - (int64_t)lo < (int64_t)n;
+            prev = p;
+        }
+        if (!ok) {
+            PyErr_SetString(PyExc_ValueError, "stats: sample positions outside the piece or not "
+                            "ascending, or outputs not of their length");
+            goto done;
+        }
+        gather.pos = (const char *)bp.buf;
+        gather.lo = (int64_t)lo;
+        gather.count = count;
+        gather.k = 0;
+        gather.oa = (char *)oa.buf;
+        gather.ob = (char *)ob.buf;
+        gather.sa = sa;
+        gather.sb = sb;
+        g = &gather;
+    }
     if (ca == 't')
         memcpy(table_a, ta.buf, sizeof table_a);
     if (cb == 't')
@@ -483,12 +576,13 @@ static PyObject *stats(PyObject *self, PyObject *args) {
     int special;
     /* n elements of at most 8 bytes: every offset below (at * itemsize, at < n) is within the
      * buffers' lengths, so none of them can overflow */
-    Py_ssize_t n = ba.len / sa;
     Py_BEGIN_ALLOW_THREADS
     special = accumulate((const char *)ba.buf, (char)ca, ca == 't' ? table_a : NULL,
                          (const char *)bb.buf, (char)cb, cb == 't' ? table_b : NULL,
-                         n, atol, rtol, &s);
+                         n, atol, rtol, &s, g);
     Py_END_ALLOW_THREADS
+    if (!special && g != NULL && g->k != g->count)
+        special = 1;   /* (cannot happen: every index is below n) the caller gathers them */
     if (special) {
         out = Py_None;
         Py_INCREF(out);
@@ -500,6 +594,9 @@ done:
     PyBuffer_Release(&bb);
     if (ta.obj) PyBuffer_Release(&ta);
     if (tb.obj) PyBuffer_Release(&tb);
+    if (bp.obj) PyBuffer_Release(&bp);
+    if (oa.obj) PyBuffer_Release(&oa);
+    if (ob.obj) PyBuffer_Release(&ob);
     return out;
 }
 
@@ -546,7 +643,7 @@ static struct PyModuleDef module = {
 
 /* Bumped whenever stats() changes its arguments or results: `diffing` uses a build only when it
  * carries the ABI it was written for (a stale build of an editable install is ignored). */
-#define KERNEL_ABI 6
+#define KERNEL_ABI 7
 
 PyMODINIT_FUNC PyInit__diffkernel(void) {
 #ifdef HAVE_V4

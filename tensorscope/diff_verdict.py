@@ -505,14 +505,19 @@ def rank_candidate(ta, tb) -> bool:
 
 def _low_rank(ma, ta, mb, tb, unit: float, total: float,
               sample=None) -> lowrank.RankEstimate | None:
+    if sample is not None:   # gathered by the value pass: no view, no page, until a sketch
+        s = lowrank.rank_of_sample(ta.shape, unit, sample)
+        if s.rank == 0 or s.rank > lowrank.max_rank(ta.shape) or s.explained < LOW_RANK_SHARE:
+            return s
     va, vb = ma.read(ta), mb.read(tb)
     rel_a, rel_b = PageReleaser(ma), PageReleaser(mb)
     try:
-        s = lowrank.sample_rank(va, vb, unit, sample)
-        if s.rank == 0 or s.rank > lowrank.max_rank(ta.shape):
-            return s
-        if s.explained < LOW_RANK_SHARE:
-            return s
+        if sample is None:
+            s = lowrank.sample_rank(va, vb, unit)
+            if s.rank == 0 or s.rank > lowrank.max_rank(ta.shape):
+                return s
+            if s.explained < LOW_RANK_SHARE:
+                return s
 
         def release(side, piece):
             (rel_a if side == "a" else rel_b).release_piece(ta.file if side == "a" else tb.file,

@@ -131,6 +131,7 @@ verdicts in `tensorscope.diff_verdict` and `tensorscope.lowrank`.
 """
 from __future__ import annotations
 
+import bisect
 import functools
 import gc
 import hashlib
@@ -311,6 +312,7 @@ class _Walker:
         self.want_norms = False  # also read identical tensors for their norms (grouped views)
         self.sampling = False    # gather the rank test's submatrix of a differing pair (lanes)
         self.sample = None
+        self.sampler: _Sample | None = None   # ... from the pieces the value pass reads
 
     def pieces(self, va, vb, ia: TensorInfo, ib: TensorInfo, chunk_bytes: int, skip: int = 0):
         """Aligned pieces of both views. Progress is reported as pieces are handed out, except for
@@ -372,8 +374,13 @@ class _Walker:
             # the compiled pass takes any length in one call: steps of `RELEASE_BYTES` (or
             # `chunk_bytes`) rather than a call, and a release of its pages, per 8K elements
             step = max(step, min(self.chunk_bytes, RELEASE_BYTES))
+        sampler, at = self.sampler, 0
         for pa, pb in self.pieces(va, vb, ia, ib, step, skip):
-            acc.add(pa, pb)
+            if sampler is None:
+                acc.add(pa, pb)
+            else:
+                sampler.add(acc, at, pa, pb)
+                at += pa.size
         return acc.result(va.size, compared_as)
 
     def _parallel(self, va, vb, ia, ib, atol, rtol, skip, cplx) -> _Accumulator:
@@ -389,6 +396,7 @@ class _Walker:
         lock = threading.Lock()
         reported = [0]
         item = fa.itemsize + fb.itemsize
+        sampler = self.sampler
 
         def advance(nbytes: int) -> None:
             if self.progress is None:
@@ -409,7 +417,10 @@ class _Walker:
                 nxt = slice(e, min(hi, e + step))
                 self.rel_a.prefetch_piece(ia.file, fa[nxt])
                 self.rel_b.prefetch_piece(ib.file, fb[nxt])
-                acc.add(sa, sb)   # one compiled call, or numpy passes of `elems`
+                if sampler is None:
+                    acc.add(sa, sb)   # one compiled call, or numpy passes of `elems`
+                else:                 # ... that also copies out the rank test's elements
+                    sampler.add(acc, s, sa, sb)
                 self.rel_a.release_piece(ia.file, sa)
                 self.rel_b.release_piece(ib.file, sb)
                 advance((e - s) * item)
@@ -455,6 +466,64 @@ class _Walker:
                          rel, t.file)
 
 
+def take(pa: np.ndarray, pb: np.ndarray, pos: np.ndarray, lo: int, out_a: np.ndarray,
+         out_b: np.ndarray) -> None:
+    """``out_a[k] = pa[pos[k] - lo]`` and ``out_b[k] = pb[pos[k] - lo]``: the numpy twin of the
+    compiled pass's gather (`_diffkernel.c`, ``stats`` with positions)."""
+    idx = pos - lo
+    np.take(pa, idx, out=out_a, mode="clip")   # in bounds: clip never clips, and needs no copy
+    np.take(pb, idx, out=out_b, mode="clip")
+
+
+@functools.lru_cache(maxsize=64)
+def _position_keys(shape: tuple[int, ...]) -> list[int]:
+    """`lowrank.sample_positions` as a list of ints, for `bisect` (cached per shape)."""
+    return lowrank.sample_positions(shape).tolist()
+
+
+class _Sample:
+    """The rank test's random submatrix of one C-contiguous pair (`lowrank.sample_positions`),
+    gathered from the pieces the value pass reads, in any order and from any thread (each piece
+    fills its own run of positions): the same elements as `lowrank.gather`, without a second
+    walk over the pair's pages (a gather before the pass faulted in and mapped every page that a
+    sampled row touches, then the pass read them again)."""
+
+    def __init__(self, va: np.ndarray, vb: np.ndarray):
+        self.shape = tuple(va.shape)
+        self.pos = lowrank.sample_positions(self.shape)
+        self.keys = _position_keys(self.shape)
+        self.a = np.empty(self.pos.size, va.dtype)
+        self.b = np.empty(self.pos.size, vb.dtype)
+        self.filled = 0
+        self.lock = threading.Lock()
+
+    def add(self, acc: "_Accumulator", lo: int, pa: np.ndarray, pb: np.ndarray) -> None:
+        """``acc.add(pa, pb)`` (elements [lo, lo + size) of the flattened pair), copying out the
+        sampled elements they hold: in the same compiled pass where it runs, each block's while
+        it is in L1, else by numpy's take (the kernel's twin)."""
+        # bisect on a list (no GIL released and taken back, as numpy's search does, for two
+        # lookups: under the diff's other threads that hand-over cost more than the search)
+        i, j = bisect.bisect_left(self.keys, lo), bisect.bisect_left(self.keys, lo + pa.size)
+        if j == i:
+            acc.add(pa, pb)
+            return
+        run = (self.pos[i:j], lo, self.a[i:j], self.b[i:j])
+        if not acc.add(pa, pb, run):
+            take(pa, pb, *run)
+        with self.lock:
+            self.filled += j - i
+
+    def result(self) -> tuple[np.ndarray, np.ndarray] | None:
+        """A's and B's submatrices in their own dtypes (the elements `lowrank.gather` copies into
+        float64; `lowrank.rank_of_sample` widens them), or None when some position was not
+        seen."""
+        if self.filled != self.pos.size:
+            return None
+        rows, cols = lowrank.sample_index(self.shape)
+        s, c = rows.size, cols.size
+        return self.a.reshape(s, c), self.b.reshape(s, c)
+
+
 def _sumsq(piece: np.ndarray, x: np.ndarray, scratch: np.ndarray) -> float:
     """Σ|v|² over the finite values of ``piece``, through ``x`` (float64/complex128, its size)."""
     _to_float(piece, x, scratch)
@@ -486,6 +555,9 @@ def _lanes() -> ThreadPoolExecutor:
     """The threads that compare large pairs `LANES` at a time (each hands its slices to `_pool`,
     whose threads never wait on a lane: no deadlock)."""
     global _LANES
+    _openblas()   # found once, here: the threads' initializers then read the cache (reading
+    # /proc/self/maps from two starting threads at once, beside the maps faulting in, took
+    # ~50 ms each, measured)
     with _POOL_LOCK:
         if _LANES is None:
             _LANES = ThreadPoolExecutor(LANES, thread_name_prefix="tensorscope-pair",
@@ -513,6 +585,7 @@ def _pool() -> ThreadPoolExecutor:
     """One pool per process, one thread per core (numpy and BLAS release the GIL in the loops),
     each with BLAS pinned to one thread."""
     global _POOL
+    _openblas()   # (as in `_lanes`)
     with _POOL_LOCK:
         if _POOL is None:
             _POOL = ThreadPoolExecutor(_workers(), thread_name_prefix="tensorscope-diff",
@@ -596,7 +669,7 @@ _F16 = np.dtype(np.float16)
 # The optional compiled pass (tensorscope/_diffkernel.c, built by `pip install` when a C compiler
 # is there; numpy computes the same figures without it). Codes are the kernel's; bfloat16 goes in
 # as its uint16 bits (numpy cannot export ml_dtypes' types through the buffer protocol).
-KERNEL_ABI = 6   # what `_diffkernel.c` must say it is (a stale build is ignored, not called)
+KERNEL_ABI = 7   # what `_diffkernel.c` must say it is (a stale build is ignored, not called)
 _KERNEL = optional_extension("_diffkernel", KERNEL_ABI)
 _KERNEL_CODES = {_F16: "e", np.dtype(np.float32): "f", np.dtype(np.float64): "d",
                  np.dtype(np.int8): "c", np.dtype(np.uint8): "B", np.dtype(np.int16): "h",
@@ -712,16 +785,19 @@ class _Accumulator:
         self.inf += o.inf
         self.zero_ref += o.zero_ref
 
-    def add(self, pa: np.ndarray, pb: np.ndarray) -> None:
+    def add(self, pa: np.ndarray, pb: np.ndarray, gather=None) -> bool:
         """Fold in one pair of pieces: in one compiled call where it applies (any length), else
-        through the numpy passes in pieces of at most ``elems``."""
-        if _KERNEL is not None and self.x.dtype.kind != "c" and self._kernel(pa, pb):
-            return
+        through the numpy passes in pieces of at most ``elems``. ``gather`` (positions, lo,
+        out_a, out_b: `_Sample`) asks the compiled call to copy those elements out too; returns
+        whether it did (else the caller takes them itself)."""
+        if _KERNEL is not None and self.x.dtype.kind != "c" and self._kernel(pa, pb, gather):
+            return gather is not None
         if pa.size <= self.elems:
             self._add_numpy(pa, pb)
-            return
+            return False
         for i in range(0, pa.size, self.elems):
             self._add_numpy(pa[i:i + self.elems], pb[i:i + self.elems])
+        return False
 
     def _add_numpy(self, pa: np.ndarray, pb: np.ndarray) -> None:
         n = pa.size
@@ -783,15 +859,21 @@ class _Accumulator:
                 np.add(t, self.atol, t)
                 self.mismatched += int(np.count_nonzero(np.greater(d, t, flag)))
 
-    def _kernel(self, pa: np.ndarray, pb: np.ndarray) -> bool:
+    def _kernel(self, pa: np.ndarray, pb: np.ndarray, gather=None) -> bool:
         """The same figures as `add`'s finite path in one compiled pass (`_diffkernel.c`, which
         says why); False when the kernel does not take these dtypes or layouts."""
         ca, cb = _kernel_code(pa.dtype), _kernel_code(pb.dtype)
         if ca is None or cb is None or not (pa.flags.c_contiguous and pb.flags.c_contiguous):
             return False
-        got = _KERNEL.stats(pa.view(_KERNEL_VIEW[ca]), ca, pb.view(_KERNEL_VIEW[cb]), cb,
-                            self.atol, self.rtol, _table(pa) if ca == "t" else b"",
-                            _table(pb) if cb == "t" else b"")
+        va, vb = _KERNEL_VIEW[ca], _KERNEL_VIEW[cb]
+        ta = _table(pa) if ca == "t" else b""
+        tb = _table(pb) if cb == "t" else b""
+        if gather is None:
+            got = _KERNEL.stats(pa.view(va), ca, pb.view(vb), cb, self.atol, self.rtol, ta, tb)
+        else:
+            pos, lo, out_a, out_b = gather
+            got = _KERNEL.stats(pa.view(va), ca, pb.view(vb), cb, self.atol, self.rtol, ta, tb,
+                                pos, lo, out_a.view(va), out_b.view(vb))
         if got is None:   # a NaN or an infinity in the piece: the numpy passes' careful path
             return False
         sq, xx, yy, dot, sum_abs, worst, rel, zero_ref, mismatched = got
@@ -933,11 +1015,20 @@ def _compare(walker: _Walker, ma, ta, mb, tb, atol, rtol) -> ValueDiff | None:
         if not numeric:
             return ValueDiff(ta.numel, False, mismatched=None, compared_as="bytes")
         if walker.sampling and rank_candidate(ta, tb):
-            # the rank test's submatrix now: the value pass then finds its pages in memory,
-            # instead of the verdict faulting them in again after the pass released them
-            walker.sample = lowrank.gather(va, vb)
+            if va.flags.c_contiguous and vb.flags.c_contiguous:
+                # the rank test's submatrix gathered by the value pass from each piece it reads
+                # (its pages mapped, its lines in cache): no page touched twice
+                walker.sampler = _Sample(va, vb)
+            else:
+                walker.sample = lowrank.gather(va, vb)
         # The byte pass stopped at the first difference: report only what it did not reach.
-        return walker.floats(va, vb, ta, tb, atol, rtol, skip=walker.seen)
+        try:
+            return walker.floats(va, vb, ta, tb, atol, rtol, skip=walker.seen)
+        finally:
+            if walker.sampler is not None:
+                sampler, walker.sampler = walker.sampler, None
+                # None when some piece was not seen: the verdict then gathers it apart
+                walker.sample = sampler.result()
     if decoded:
         return walker.decoded(ma, ta, mb, tb, atol, rtol)
     if not numeric:

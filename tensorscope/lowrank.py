@@ -4,7 +4,8 @@ Two stages, so that a pair of full-rank changes (a fine-tune, where every tensor
 costs almost nothing and only a true candidate pays for a pass over its delta:
 
 1. `sample_rank`: the rank of ΔW restricted to a random submatrix of at most `SAMPLE_ROWS` rows
-   and `SAMPLE_ROWS` + 32 columns, gathered from the zero-copy views (a few pages per row).
+   and `SAMPLE_ROWS` + 32 columns, gathered from the zero-copy views (a few pages per row), or
+   by the diff's value pass from the pieces it reads (`sample_positions`, `rank_of_sample`).
    A submatrix
    of a rank-r matrix has rank at most r, and for a generic rank-r update exactly r, so a
    full-rank sample rejects the tensor at once (the cost of a fine-tune's pair is ~0.1 ms).
@@ -25,13 +26,16 @@ No full SVD of a big matrix is ever taken: the decompositions are of the sample 
 """
 from __future__ import annotations
 
+import functools
 import math
+import threading
 from dataclasses import dataclass
 
 import numpy as np
 
-__all__ = ["RankEstimate", "gather", "sample_rank", "sketch_rank", "rounding_unit", "max_rank",
-           "SAMPLE_ROWS", "OVERSAMPLE"]
+__all__ = ["RankEstimate", "gather", "sample_index", "sample_positions", "sample_rank",
+           "rank_of_sample", "sketch_rank", "rounding_unit", "max_rank", "SAMPLE_ROWS",
+           "OVERSAMPLE"]
 
 SAMPLE_ROWS = 160       # rows of the stage-1 sample (columns: 32 more, so that a noise sample's
                         # smallest singular value stays well above the rounding threshold)
@@ -98,6 +102,34 @@ def _float(x: np.ndarray) -> np.ndarray:
     return np.asarray(x).astype(np.float64)
 
 
+@functools.lru_cache(maxsize=64)
+def sample_index(shape: tuple[int, ...]) -> tuple[np.ndarray, np.ndarray]:
+    """Stage 1's rows and columns of a tensor of this shape (as a matrix, `_matrix_shape`):
+    sorted, fixed by `SEED` and the shape (the same positions on both sides and in every run;
+    cached, read-only: a checkpoint has few distinct shapes)."""
+    m, n = _matrix_shape(shape)
+    rng = np.random.default_rng(SEED)
+    s = min(m, SAMPLE_ROWS)
+    c = min(n, SAMPLE_ROWS + 32)
+    rows = np.sort(rng.choice(m, s, replace=False)) if s < m else np.arange(m)
+    cols = np.sort(rng.choice(n, c, replace=False)) if c < n else np.arange(n)
+    rows.flags.writeable = cols.flags.writeable = False
+    return rows, cols
+
+
+@functools.lru_cache(maxsize=64)
+def sample_positions(shape: tuple[int, ...]) -> np.ndarray:
+    """The flat (C-order) element positions of `sample_index`'s submatrix, row by row: ascending,
+    so the elements a piece ``[lo, hi)`` of the flattened tensor holds are one run of them
+    (`np.searchsorted`). The value pass gathers the sample from the pieces it reads
+    (`tensorscope.diffing`), which `gather` of a C-contiguous view equals element for element."""
+    _, n = _matrix_shape(shape)
+    rows, cols = sample_index(tuple(shape))
+    pos = (rows.astype(np.int64)[:, None] * n + cols.astype(np.int64)[None, :]).reshape(-1)
+    pos.flags.writeable = False
+    return pos
+
+
 def gather(va: np.ndarray, vb: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Stage 1's random submatrix of both views (same shape, rank >= 2), as float64 copies: rows
     and columns sorted, fixed by `SEED` and the shape (the same positions on both sides and in
@@ -105,11 +137,8 @@ def gather(va: np.ndarray, vb: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     m, n = _matrix_shape(va.shape)
     a2 = va.reshape(m, n) if va.flags.c_contiguous else None
     b2 = vb.reshape(m, n) if vb.flags.c_contiguous else None
-    rng = np.random.default_rng(SEED)
-    s = min(m, SAMPLE_ROWS)
-    c = min(n, SAMPLE_ROWS + 32)
-    rows = np.sort(rng.choice(m, s, replace=False)) if s < m else np.arange(m)
-    cols = np.sort(rng.choice(n, c, replace=False)) if c < n else np.arange(n)
+    rows, cols = sample_index(tuple(va.shape))
+    s, c = rows.size, cols.size
     if a2 is None or b2 is None:   # strided views: gather rows first (s rows, not the tensor)
         return (_float(np.take(va[rows].reshape(s, n), cols, axis=1)),
                 _float(np.take(vb[rows].reshape(s, n), cols, axis=1)))
@@ -118,21 +147,49 @@ def gather(va: np.ndarray, vb: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
             _float(np.take(np.take(b2, rows, axis=0), cols, axis=1)))
 
 
+_LOCAL = threading.local()
+
+
+def _scratch(s: int, c: int) -> tuple[np.ndarray, ...]:
+    """This thread's buffers for `rank_of_sample` on an s x c sample: A and B in float64, their
+    difference, the Gram matrix and its shifted copy (made once per thread and sample shape)."""
+    got = getattr(_LOCAL, "scratch", None)
+    if got is None or got[0].shape != (s, c):
+        k = min(s, c)
+        got = _LOCAL.scratch = (np.empty((s, c)), np.empty((s, c)), np.empty((s, c)),
+                                np.empty((k, k)), np.empty((k, k)))
+    return got
+
+
 def sample_rank(va: np.ndarray, vb: np.ndarray, unit: float,
                 sample: tuple[np.ndarray, np.ndarray] | None = None) -> RankEstimate:
     """Stage 1 over the views ``va``, ``vb``: the numerical rank of ΔW on the random submatrix
     (`gather`, or ``sample`` when the caller gathered it already: the diff does while the pair's
     pages are in memory)."""
-    m, n = _matrix_shape(va.shape)
-    ra, rb = sample if sample is not None else gather(va, vb)
-    s, c = ra.shape
-    d = rb - ra
+    return rank_of_sample(va.shape, unit, sample if sample is not None else gather(va, vb))
+
+
+def rank_of_sample(shape: tuple[int, ...], unit: float,
+                   sample: tuple[np.ndarray, np.ndarray]) -> RankEstimate:
+    """Stage 1 on a gathered ``sample`` (A's and B's submatrices: `gather`'s float64 copies, or
+    the elements in their own dtype) of a tensor of ``shape``: what `sample_rank` computes,
+    without the views (the diff gathers the sample in its value pass, so a rejected candidate
+    costs no view and no page)."""
+    m, n = _matrix_shape(shape)
+    s, c = sample[0].shape
+    ra, rb, d, gram, shifted = _scratch(s, c)
     with np.errstate(all="ignore"):
+        # float64 copies (exact) of either side, in buffers of this thread: arrays of ~250 KB
+        # made per tensor came from fresh maps, faulted in page by page (measured: most of the
+        # cost of a fine-tune's rejected samples)
+        np.copyto(ra, sample[0], casting="unsafe")
+        np.copyto(rb, sample[1], casting="unsafe")
+        np.subtract(rb, ra, out=d)
         if not np.isfinite(d).all():
             return RankEstimate(min(s, c), 0.0, s, [], "sample")
         # the squared singular values as the eigenvalues of the small Gram matrix (a fifth of
         # an SVD's time; their absolute error, ~1e-16·σ₁², is far below the energies compared)
-        gram = d @ d.T if s <= c else d.T @ d
+        np.matmul(d, d.T, out=gram) if s <= c else np.matmul(d.T, d, out=gram)
         total = float(np.trace(gram))
         floor = unit * unit * float(np.dot(rb.ravel(), rb.ravel()))
         # Every eigenvalue above the noise threshold (a full-rank sample, a fine-tune's case)
@@ -140,8 +197,11 @@ def sample_rank(va: np.ndarray, vb: np.ndarray, unit: float,
         tau = _threshold(float(np.max(np.diag(gram))) if total > 0 else 0.0, floor, d.shape)
         k = gram.shape[0]
         if total > 0 and k > max_rank((m, n)):
+            np.copyto(shifted, gram)   # gram - tau*I: the same values, without a k x k eye
+            diag = shifted.reshape(-1)[::k + 1]
+            np.subtract(diag, tau, out=diag)
             try:
-                np.linalg.cholesky(gram - tau * np.eye(k))
+                np.linalg.cholesky(shifted)
                 return RankEstimate(k, 1.0, s, [], "sample")
             except np.linalg.LinAlgError:
                 pass   # some eigenvalue is at or below tau: count them
