@@ -83,7 +83,7 @@ def _tables(draw):
     return headers, justify, rows, title, fold
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=120, deadline=None)
 @given(table=_tables(), width=st.integers(8, 220))
 def test_a_table_is_written_as_rich_writes_it(table, width):
     headers, justify, rows, title, fold = table
@@ -92,7 +92,7 @@ def test_a_table_is_written_as_rich_writes_it(table, width):
     assert got == want
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=120, deadline=None)
 @given(spans=st.lists(_CELL, max_size=12), width=st.integers(8, 220))
 def test_a_line_is_written_as_rich_writes_it(spans, width):
     want = _rich(width, lambda c: c.print(_rich_text(*spans)))
@@ -102,7 +102,7 @@ def test_a_line_is_written_as_rich_writes_it(spans, width):
 _SGR = re.compile("\x1b\\[[0-9;]*m")
 
 
-@settings(max_examples=100, deadline=None)
+@settings(max_examples=60, deadline=None)
 @given(table=_tables(), width=st.integers(8, 220))
 def test_on_a_terminal_the_text_is_rich_s_and_styled(table, width):
     """FORCE_COLOR: Rich's rules call stdout a terminal; StyledOut then writes through Rich (the
