@@ -15,29 +15,34 @@ from typing import Any, Callable, Iterable, Iterator, Sequence
 from .units import human_bytes, human_count, plural  # noqa: F401  (render's callers use them)
 
 __all__ = ["stdout_console", "stderr_console", "emit_json", "emit_json_stream", "human_bytes",
-           "human_count", "progress", "deferred_progress", "opening", "TextTable",
+           "human_count", "progress", "deferred_progress", "opening", "TextTable", "StyledOut",
            "PROGRESS_MIN_BYTES", "error_line"]
 
 PROGRESS_MIN_BYTES = 256 << 20  # below this a job is quick: no progress bar
 OPENING_NOTICE_AFTER = 0.3      # seconds an open may take before `opening` says what it reads
 
 
+def _piped_width() -> int:
+    """The width of piped output: $COLUMNS, else 200 (not 80: tables stay one row per line)."""
+    try:
+        return int(os.environ.get("COLUMNS", "200"))
+    except ValueError:
+        return 200
+
+
 def stdout_console():
     """Rich console for stdout. Piped output is not squeezed into 80 columns: tables stay one
-    row per line (width from $COLUMNS, else 200) so that grep and less see whole rows."""
+    row per line (width from $COLUMNS, else 200) so that grep and less see whole rows. Emoji
+    codes are not replaced: ``:thumbs_up:`` in a tensor name is text from the file, printed as
+    it is (`tensorscope.safetext.markup` escapes only Rich's brackets)."""
     from rich.console import Console
-    width = None
-    if not sys.stdout.isatty():
-        try:
-            width = int(os.environ.get("COLUMNS", "200"))
-        except ValueError:
-            width = 200
-    return Console(highlight=False, soft_wrap=False, width=width)
+    width = None if sys.stdout.isatty() else _piped_width()
+    return Console(highlight=False, soft_wrap=False, width=width, emoji=False)
 
 
 def stderr_console():
     from rich.console import Console
-    return Console(stderr=True, highlight=False)
+    return Console(stderr=True, highlight=False, emoji=False)
 
 
 def error_line(command: str | None, message: str) -> int:
@@ -250,3 +255,136 @@ class TextTable:
         if lines:
             out.write("\n".join(lines) + "\n")
         return n
+
+
+def _one_cell_each(text: str) -> bool:
+    """Every character of ``text`` takes one terminal cell (Rich's count): its width is its
+    length, and Rich lays it out as it is. Plain ASCII without importing Rich; wide (CJK),
+    zero-width (combining) and control characters are left to Rich."""
+    if text.isascii():
+        return text.isprintable()
+    from rich.cells import get_character_cell_size
+    return all(get_character_cell_size(c) == 1 for c in text)
+
+
+def _rich_styles_pipe() -> bool:
+    """Rich would write escape codes to a stdout that is not a terminal (its own rules:
+    TTY_COMPATIBLE=1, a non-empty FORCE_COLOR)."""
+    env = os.environ
+    if env.get("TTY_COMPATIBLE", "") == "1":
+        return True
+    return env.get("TTY_COMPATIBLE", "") != "0" and bool(env.get("FORCE_COLOR"))
+
+
+class StyledOut:
+    """Human output line by line, each line a sequence of spans ``"text"`` or ``("text",
+    "style")`` (text already safe: `tensorscope.safetext.shown`), and tables laid out as a Rich
+    ``Table(box=None, pad_edge=False)`` lays them out. The bytes are Rich's, without Rich's cost
+    where it adds nothing:
+
+    - stdout not a terminal (a pipe, a file: Rich writes no styles there): a line or a table that
+      fits the width (`stdout_console`'s: $COLUMNS, else 200) is written as plain text, as Rich
+      would write it, without importing Rich; wider ones go through Rich (it wraps and folds).
+    - a terminal: every line through `stdout_console` (styles, the terminal's width); a table that
+      fits is laid out here, line by line, one wider than the terminal is a Rich table (it folds).
+    """
+
+    def __init__(self):
+        self.plain = not sys.stdout.isatty() and not _rich_styles_pipe()
+        self._console = None
+        self._width = _piped_width() if self.plain else None
+
+    @property
+    def console(self):
+        if self._console is None:
+            self._console = stdout_console()
+        return self._console
+
+    @property
+    def width(self) -> int:
+        if self._width is None:
+            self._width = self.console.width
+        return self._width
+
+    def line(self, *spans) -> None:
+        if self.plain:
+            text = "".join(s if isinstance(s, str) else s[0] for s in spans)
+            if len(text) <= self.width and _one_cell_each(text):
+                sys.stdout.write(text + "\n")
+                return
+        self.console.print(_text(spans))
+
+    def table(self, headers: Sequence[str], justify: str, rows: Sequence[Sequence],
+              title: str | None = None, fold: str = "") -> None:
+        """``rows`` of cells (spans: ``"text"`` or ``("text", "style")``) under bold ``headers``;
+        ``justify`` a letter per column (``l``, ``r``); ``title`` above, left (italic on a
+        terminal). ``fold``: the letters of the columns a Rich table folds when the table is
+        wider than the screen (``f``) or cuts with an ellipsis (anything else); unused when it
+        fits."""
+        n = len(headers)
+        texts = [[c if isinstance(c, str) else c[0] for c in r] for r in rows]
+        widths = [len(h) for h in headers]
+        for r in texts:
+            for i in range(n):
+                w = len(r[i])
+                if w > widths[i]:
+                    widths[i] = w
+        if n == 1 and not widths[0]:
+            widths[0] = 1   # Rich gives a column no narrower than one cell, padding included
+        total = sum(widths) + 2 * (n - 1)   # one space of padding each side, none at the edges
+        if (total > self.width or (title is not None and len(title) > total)
+                or not _one_cell_each("".join(headers) + "".join(map("".join, texts))
+                                      + (title or ""))):
+            self._rich_table(headers, justify, rows, title, fold)
+            return
+        lines = []
+        if title is not None:
+            lines.append([(_pad(title, total, "l"), "italic")])
+        lines.append([(_pad(h, widths[i], justify[i]) + ("  " if i < n - 1 else ""), "bold")
+                      for i, h in enumerate(headers)])
+        for row, text in zip(rows, texts):
+            spans = []
+            for i, cell in enumerate(row):
+                t = text[i]
+                if justify[i] == "r" and t[-1:].isspace():   # Rich right-justifies it stripped
+                    t = t.rstrip()
+                    cell = t if isinstance(cell, str) else (t, cell[1])
+                w = widths[i] - len(t)
+                left, right = (w, 0) if justify[i] == "r" else (0, w)
+                if left:
+                    spans.append(" " * left)
+                spans.append(cell)
+                if right or i < n - 1:
+                    spans.append(" " * (right + (2 if i < n - 1 else 0)))
+            lines.append(spans)
+        if self.plain:
+            sys.stdout.write("".join("".join(s if isinstance(s, str) else s[0] for s in spans)
+                                     + "\n" for spans in lines))
+        else:
+            for spans in lines:
+                self.console.print(_text(spans))
+
+    def _rich_table(self, headers, justify, rows, title, fold) -> None:
+        from rich.table import Table
+        from rich.text import Text
+        table = Table(box=None, header_style="bold", pad_edge=False, title_justify="left",
+                      title=None if title is None else Text(title, style="table.title"))
+        for i, h in enumerate(headers):
+            kw = {"overflow": "fold"} if i < len(fold) and fold[i] == "f" else {}
+            table.add_column(Text(h), justify="right" if justify[i] == "r" else "left", **kw)
+        for r in rows:
+            table.add_row(*(_text([c]) for c in r))
+        self.console.print(table)
+
+
+def _pad(text: str, width: int, justify: str) -> str:
+    if justify == "r":
+        text = text.rstrip()
+    gap = " " * (width - len(text))
+    return gap + text if justify == "r" else text + gap
+
+
+def _text(spans):
+    """A Rich Text of spans: their text as it is (never read as markup), their styles applied."""
+    from rich.text import Text
+    return Text.assemble(*((s, "") if isinstance(s, str) else s for s in spans))

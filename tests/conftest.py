@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
+from typing import NamedTuple
 
 import pytest
 
@@ -25,3 +26,17 @@ from helpers import run_cli  # noqa: E402
 def cli(capsys):
     """``cli("inspect", path, "--json") -> (code, out, err)``: the CLI in this process."""
     return lambda *argv: run_cli(capsys, *argv)
+
+
+class AttackCorpus(NamedTuple):
+    root: Path     # the folder it was written in
+    cases: list    # make_attack_corpus.Case, one per file or folder
+
+
+@pytest.fixture(scope="session")
+def attack_corpus(tmp_path_factory) -> AttackCorpus:
+    """The attack corpus (tests/make_attack_corpus.py, ~450 files, ~10 s to write), written once
+    for the run and shared read-only: a test that changes files works on a copy of ``root``."""
+    import make_attack_corpus
+    root = tmp_path_factory.mktemp("attack_corpus")
+    return AttackCorpus(root, make_attack_corpus.build(root))

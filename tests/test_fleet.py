@@ -19,10 +19,10 @@ FIX = os.path.join(os.path.dirname(__file__), "..", "fixtures")
 
 
 @pytest.fixture(scope="module")
-def registry(tmp_path_factory):
+def registry(tmp_path_factory, attack_corpus):
     """A folder of model files: the attack corpus (findings of every kind) and clean fixtures."""
     root = tmp_path_factory.mktemp("registry")
-    make_attack_corpus.build(root / "attacks")
+    shutil.copytree(attack_corpus.root, root / "attacks", symlinks=True)
     for sub in ("torch", "onnx", "formats"):
         shutil.copytree(os.path.join(FIX, sub), root / sub)
     return root

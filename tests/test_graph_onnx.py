@@ -3,9 +3,11 @@ equal onnx.load's, FLOPs equal FlopCounterMode's on the same module and inputs, 
 totals equal sum(p.numel())."""
 from __future__ import annotations
 
+import contextlib
+import io
 import json
-import subprocess
-import sys
+import warnings
+from types import SimpleNamespace
 
 import onnx
 import pytest
@@ -152,8 +154,17 @@ def test_function_calls_carry_their_bodies(exported):
 
 
 def _cli(*args):
-    return subprocess.run([sys.executable, "-m", "tensorscope", "graph", *map(str, args)],
-                          capture_output=True, text=True)
+    """``tensorscope graph ARGS`` in this process (what it prints is tested, not the process): its
+    exit status, stdout, and stderr with any warning raised meanwhile, as a child would print it."""
+    from tensorscope.cli import main
+    out, err = io.StringIO(), io.StringIO()
+    with warnings.catch_warnings(record=True) as seen, contextlib.redirect_stdout(out), \
+            contextlib.redirect_stderr(err):
+        warnings.simplefilter("default")
+        code = main(["graph", *map(str, args)])
+    text = err.getvalue() + "".join(warnings.formatwarning(w.message, w.category, w.filename,
+                                                           w.lineno) for w in seen)
+    return SimpleNamespace(returncode=code, stdout=out.getvalue(), stderr=text)
 
 
 def test_cli_json_schema(exported):

@@ -322,12 +322,11 @@ def _verdicts(report, base):
             for f in report.findings]
 
 
-def test_scan_over_http_gives_the_local_verdicts(tmp_path):
-    import make_attack_corpus
-    cases = make_attack_corpus.build(tmp_path)
-    with Server(tmp_path) as s:
+def test_scan_over_http_gives_the_local_verdicts(attack_corpus):
+    root, cases = attack_corpus
+    with Server(root) as s:
         for case in cases:
-            rel = os.path.relpath(case.path, tmp_path)
+            rel = os.path.relpath(case.path, root)
             if os.path.isdir(case.path):
                 continue
             local = scan_paths(case.path)
@@ -513,16 +512,15 @@ def _open_outcome(path: str, shown: str):
         return "error", type(e).__name__, str(e).replace(shown, "<file>")
 
 
-def test_hostile_files_fail_over_http_as_they_fail_locally(tmp_path):
+def test_hostile_files_fail_over_http_as_they_fail_locally(attack_corpus):
     """The attack corpus (broken zips, lying headers, truncations...): the same listing or the
     same error, place and reason, whether read from disk or by ranges."""
-    import make_attack_corpus
-    cases = make_attack_corpus.build(tmp_path)
-    with Server(tmp_path) as s:
+    root, cases = attack_corpus
+    with Server(root) as s:
         for case in cases:
             if os.path.isdir(case.path):
                 continue
-            rel = os.path.relpath(case.path, tmp_path)
+            rel = os.path.relpath(case.path, root)
             local = _open_outcome(str(case.path), str(case.path))
             far = _open_outcome(s.url(rel), s.url(rel))
             assert far == local, rel

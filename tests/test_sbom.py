@@ -268,15 +268,12 @@ def test_url_components_carry_the_version_not_a_download(farm, tmp_path, capsys)
     assert report["fetched"]["requests"] == plain["fetched"]["requests"]
 
 
-def test_sbom_verdicts_equal_the_plain_scan_on_the_attack_corpus(tmp_path, capsys):
+def test_sbom_verdicts_equal_the_plain_scan_on_the_attack_corpus(tmp_path, capsys,
+                                                                attack_corpus):
     """The same over the attack corpus (tests/make_attack_corpus.py): the one parse shared with
     the inventory judges every hostile file as the plain scan does."""
-    import sys
-    sys.path.insert(0, str(Path(__file__).parent))
-    import make_attack_corpus
-    corpus = tmp_path / "corpus"
-    corpus.mkdir()
-    assert len(make_attack_corpus.build(corpus)) > 250
+    corpus = attack_corpus.root
+    assert len(attack_corpus.cases) > 250
     main(["scan", "--no-config", str(corpus), "--json"])
     plain = json.loads(capsys.readouterr().out)
     main(["scan", "--no-config", str(corpus), "--json", "--sbom", str(tmp_path / "b.json")])

@@ -72,9 +72,8 @@ EXPECTED_ABOVE_INFO = {
 
 
 @pytest.fixture(scope="module")
-def corpus(tmp_path_factory):
-    out = tmp_path_factory.mktemp("attack_corpus")
-    return make_attack_corpus.build(out)
+def corpus(attack_corpus):
+    return attack_corpus.cases
 
 
 def _scan_case(case):

@@ -6,7 +6,6 @@ import ast
 import json
 import pickle
 import re
-import sys
 from pathlib import Path
 
 import pytest
@@ -61,11 +60,9 @@ def test_every_anomaly_kind_in_the_parsers_is_declared():
     assert not undeclared, f"declare these in tensorscope/scanning/rules.py: {undeclared}"
 
 
-def test_every_anomaly_kind_seen_on_fixtures_and_corpus_is_declared(tmp_path):
-    sys.path.insert(0, str(Path(__file__).parent))
-    import make_attack_corpus
+def test_every_anomaly_kind_seen_on_fixtures_and_corpus_is_declared(attack_corpus):
     paths = [p for p in (ROOT / "fixtures").rglob("*") if p.is_file() and p.suffix != ".py"]
-    paths += [c.path for c in make_attack_corpus.build(tmp_path)]
+    paths += [c.path for c in attack_corpus.cases]
     seen = set()
     for p in paths:
         try:

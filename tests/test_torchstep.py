@@ -16,7 +16,6 @@ from __future__ import annotations
 import contextlib
 import io
 import shutil
-import sys
 import zipfile
 from pathlib import Path
 
@@ -31,8 +30,6 @@ from tensorscope.parsers import (pickle_hooks, pickle_torchpath, pickle_vm, torc
 from tensorscope.source import ByteSource
 from torch_oracle import FIXTURES
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import make_attack_corpus  # noqa: E402
 from test_random_checkpoints import state_dicts  # noqa: E402
 from test_vm_torch_step import _shown  # noqa: E402
 
@@ -227,16 +224,15 @@ def test_fixtures_every_way(path, monkeypatch):
 
 
 @pytest.fixture(scope="module")
-def corpus(tmp_path_factory):
-    out = tmp_path_factory.mktemp("attacks")
-    make_attack_corpus.build(out)
-    return sorted(p for p in out.rglob("*") if p.is_file())
+def corpus(attack_corpus):
+    return sorted(p for p in attack_corpus.root.rglob("*") if p.is_file())
 
 
-def test_attack_corpus_every_way(corpus, monkeypatch):
+def test_attack_corpus_every_way(corpus, attack_corpus, monkeypatch):
     zips = 0
+    torch_zips = set(_torch_zips(attack_corpus.root))   # once, not the folder again per file
     for path in corpus:
-        if path in _torch_zips(path.parent) and path.stat().st_size < (8 << 20):
+        if path in torch_zips and path.stat().st_size < (8 << 20):
             zips += 1
             data = path.read_bytes()
             try:

@@ -9,11 +9,9 @@ from __future__ import annotations
 import io
 import shutil
 import struct
-import sys
 import warnings
 import zipfile
 import zlib
-from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -23,8 +21,6 @@ from tensorscope.parsers import zip_reader, zipfmt
 from tensorscope.source import ByteSource
 from torch_oracle import FIXTURES, torch_archive
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import make_attack_corpus  # noqa: E402
 
 needs_scan = pytest.mark.skipif(zipfmt._SCAN is None, reason="the compiled step is not built")
 ZIPS = sorted(p for p in FIXTURES.rglob("*") if p.is_file() and b"PK\x05\x06" in p.read_bytes())
@@ -72,9 +68,8 @@ def test_fixtures_read_the_same(path, monkeypatch):
 
 
 @pytest.fixture(scope="module")
-def corpus_zips(tmp_path_factory):
-    out = tmp_path_factory.mktemp("corpus")
-    make_attack_corpus.build(out)
+def corpus_zips(attack_corpus):
+    out = attack_corpus.root
     files = [p for p in sorted(out.rglob("*")) if p.is_file()]
     return [(str(p.relative_to(out)), p.read_bytes()) for p in files
             if b"PK\x05\x06" in p.read_bytes()]

@@ -8,8 +8,7 @@ from typing import TYPE_CHECKING
 
 from .. import open as open_model
 from ..remote import with_cost
-from ..render import emit_json, opening, progress, stdout_console
-from ..safetext import markup
+from ..render import StyledOut, emit_json, opening, progress
 from ..safetext import shown as shown_text
 
 if TYPE_CHECKING:
@@ -262,62 +261,50 @@ def _bar(frac: float, width: int = 20) -> str:
 
 def _print_human(result: DiffResult, shown: list[TensorDiff], total_rows: int, groups, by,
                  hidden_same: int, verbose: bool) -> None:
-    from rich.table import Table
     from ..diffing import PER_SAVE_KEYS, reason
-    console = stdout_console()
+    out = StyledOut()   # Rich's layout; plain writes where Rich would add nothing (a pipe)
     for side, path, fmt, prefix in (("A", result.a_path, result.a_format, result.prefix_a),
                                     ("B", result.b_path, result.b_format, result.prefix_b)):
-        note = f"   [yellow]wrapper prefix {markup(repr(prefix))} stripped[/]" if prefix else ""
-        console.print(f"[bold]{side}[/] {markup(path)} ({markup(fmt)}){note}")
+        note = ["   ", (f"wrapper prefix {shown_text(repr(prefix))} stripped", "yellow")] if prefix else []
+        out.line((side, "bold"), f" {shown_text(path)} ({shown_text(fmt)})", *note)
     c = result.counts
     pv = result.verdict
     if pv is not None and pv.text:
-        console.print(f"[bold]verdict[/] {markup(pv.text)}")
-    verdict = "[green]same[/]" if result.exit_code == 0 else "[red]different[/]"
+        out.line(("verdict", "bold"), " " + shown_text(pv.text))
+    verdict = ("same", "green") if result.exit_code == 0 else ("different", "red")
     within = sum(1 for e in result.entries if e.status != "same" and e.verdict is not None
                  and not e.verdict.differs)
     share = (f"; {_pct(pv.share_changed)} of {pv.params:,} parameters changed"
              if pv is not None and pv.params else "")
-    console.print(f"{verdict}: {c['same']:,} same, {c['changed']:,} changed"
-                  f"{f' ({within:,} within tolerance)' if within else ''}, {c['added']:,} added, "
-                  f"{c['removed']:,} removed, {c['renamed']:,} renamed{share}"
-                  f"   (atol {result.atol:g}, rtol {result.rtol:g}"
-                  f"{'' if result.values_compared else ', values not compared'})")
+    out.line(verdict, f": {c['same']:,} same, {c['changed']:,} changed"
+                      f"{f' ({within:,} within tolerance)' if within else ''}, {c['added']:,} added, "
+                      f"{c['removed']:,} removed, {c['renamed']:,} renamed{share}"
+                      f"   (atol {result.atol:g}, rtol {result.rtol:g}"
+                      f"{'' if result.values_compared else ', values not compared'})")
     if groups is not None:
-        _print_groups(console, groups, by)
+        _print_groups(out, groups, by)
     if shown and len(shown) > PLAIN_ROWS:
         _print_plain(shown)
     elif shown:
-        table = Table(box=None, header_style="bold", pad_edge=False)
-        table.add_column("status")
-        table.add_column("name", overflow="fold")
-        table.add_column("verdict", overflow="fold")
-        table.add_column("change", overflow="fold")
-        for col in ("rel_change", "max_abs", "max_rel", "cosine"):
-            table.add_column(col, justify="right")
-        for e in shown:
-            table.add_row(f"[{_STYLE[e.status]}]{e.status}[/]", markup(e.name),
-                          markup(_verdict(e)), markup(reason(e)), *_stats(e))
-        console.print(table)
+        out.table(["status", "name", "verdict", "change", "rel_change", "max_abs", "max_rel",
+                   "cosine"], "llllrrrr",
+                  [[(e.status, _STYLE[e.status]), shown_text(e.name), shown_text(_verdict(e)),
+                    shown_text(reason(e)), *_stats(e)] for e in shown], fold="ffff")
     if hidden_same:
-        console.print(f"{hidden_same:,} tensors the same, not listed (--all lists every tensor)")
-        _print_patterns(console, result.entries)
+        out.line(f"{hidden_same:,} tensors the same, not listed (--all lists every tensor)")
+        _print_patterns(out, result.entries)
     if len(shown) < total_rows:
-        console.print(f"… {total_rows - len(shown):,} more tensors (--limit / --top)")
+        out.line(f"… {total_rows - len(shown):,} more tensors (--limit / --top)")
     meta = [m for m in result.metadata if verbose or m[0] not in PER_SAVE_KEYS]
     if meta:
-        console.print("[bold]metadata differences[/] (not counted in the exit status)")
-        table = Table(box=None, header_style="bold", pad_edge=False)
-        table.add_column("key", overflow="fold")
-        table.add_column("A", overflow="fold")
-        table.add_column("B", overflow="fold")
-        for key, va, vb in meta:
-            table.add_row(markup(key), markup(_short(va)), markup(_short(vb)))
-        console.print(table)
+        out.line(("metadata differences", "bold"), " (not counted in the exit status)")
+        out.table(["key", "A", "B"], "lll",
+                  [[shown_text(key), shown_text(_short(va)), shown_text(_short(vb))]
+                   for key, va, vb in meta], fold="fff")
     noise = len(result.metadata) - len(meta)
     if noise:
-        console.print(f"[dim]{noise} per-save metadata key{'s' if noise > 1 else ''} differ "
-                      f"(serialization id, archive name): -v shows them[/]")
+        out.line((f"{noise} per-save metadata key{'s' if noise > 1 else ''} differ "
+                  f"(serialization id, archive name): -v shows them", "dim"))
 
 
 PLAIN_ROWS = 500  # above this, rows are written as plain aligned lines as they come (no table)
@@ -358,30 +345,20 @@ def _print_plain(shown: list[TensorDiff]) -> None:
                   + f"  {shown_text(_verdict(e))}; {shown_text(reason(e))}\n")
 
 
-def _print_groups(console, groups, by: str) -> None:
-    from rich.table import Table
+def _print_groups(out: StyledOut, groups, by: str) -> None:
     top = max((g.rel_change or 0.0 for g in groups), default=0.0)
-    table = Table(box=None, header_style="bold", pad_edge=False,
-                  title=f"relative change ||B-A||/||A|| per {by}", title_justify="left")
-    table.add_column(by, overflow="fold")
-    table.add_column("tensors", justify="right")
-    table.add_column("changed", justify="right")
-    table.add_column("params changed", justify="right")
-    table.add_column("||A||", justify="right")
-    table.add_column("||B-A||", justify="right")
-    table.add_column("rel_change", justify="right")
-    table.add_column("")
+    rows = []
     for g in groups:
         rel = g.rel_change
         note = f" ({g.unknown} not compared)" if g.unknown else ""
-        table.add_row(markup(g.key), f"{g.tensors:,}", f"{g.changed:,}{note}",
-                      _pct(g.share_changed), _g(g.norm_a),
-                      _g(g.norm_diff), _g(rel),
-                      f"[red]{_bar(rel / top if rel is not None and top else 0.0)}[/]")
-    console.print(table)
+        rows.append([shown_text(g.key), f"{g.tensors:,}", f"{g.changed:,}{note}",
+                     _pct(g.share_changed), _g(g.norm_a), _g(g.norm_diff), _g(rel),
+                     (_bar(rel / top if rel is not None and top else 0.0), "red")])
+    out.table([by, "tensors", "changed", "params changed", "||A||", "||B-A||", "rel_change", ""],
+              "lrrrrrrl", rows, title=f"relative change ||B-A||/||A|| per {by}", fold="f")
 
 
-def _print_patterns(console, entries: list[TensorDiff]) -> None:
+def _print_patterns(out: StyledOut, entries: list[TensorDiff]) -> None:
     """One line per name pattern (``model.layers.#.mlp.experts.#.up_proj.weight``): how many
     tensors, how many differ."""
     from ..grouping import group_key
@@ -393,9 +370,9 @@ def _print_patterns(console, entries: list[TensorDiff]) -> None:
         p[0] += 1
         p[1] += e.status != "same"
     for k, (n, changed) in list(pats.items())[:50]:
-        console.print(f"  {markup(k)} ×{n:,}: {changed:,} differ")
+        out.line(f"  {shown_text(k)} ×{n:,}: {changed:,} differ")
     if len(pats) > 50:
-        console.print(f"  … {len(pats) - 50:,} more name patterns")
+        out.line(f"  … {len(pats) - 50:,} more name patterns")
 
 
 def _short(v) -> str:
