@@ -11,7 +11,8 @@
 # off (the interpreter keeps its objects until exit, which ASan would call leaks).
 #
 # Env: SANITIZE_DIR (work folder, default a temporary one), NATIVE_FUZZ_SECONDS (default 60),
-# ATHERIS_SECONDS (per harness, default 8). About 3 minutes on 2 cores.
+# ATHERIS_SECONDS (per harness, default 8), ATHERIS_SEED (libFuzzer's, default 24: a CI failure can be
+# run again; set another to explore). About 3 minutes on 2 cores.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT="$PWD"
@@ -90,7 +91,7 @@ for harness in listing diffkernel zipfmt pickle_vm; do
     mkdir -p "$corpus"
     rc=0
     (cd "$WORK" && "$PY" "$ROOT/fuzz/fuzz_$harness.py" "$corpus" \
-        -max_total_time="${ATHERIS_SECONDS:-8}" -timeout=10 -rss_limit_mb=4096 \
+        -max_total_time="${ATHERIS_SECONDS:-8}" -seed="${ATHERIS_SEED:-24}" -timeout=10 -rss_limit_mb=4096 \
         -print_final_stats=1) > "$WORK/atheris-$harness.log" 2>&1 || rc=$?
     grep -E "stat::number_of_executed_units|stat::average_exec_per_sec|cov: [0-9]+" \
         "$WORK/atheris-$harness.log" | tail -3 | sed "s/^/sanitize: atheris $harness: /"

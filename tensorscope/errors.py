@@ -6,6 +6,7 @@ BINUNICODE wants 91 bytes, 7 remain``. The CLI prints ``str(err)`` on one line a
 from __future__ import annotations
 
 import errno as _errno
+import reprlib
 
 __all__ = ["TensorscopeError", "FormatError", "LimitExceeded", "UnknownFormat", "TensorNotFound",
            "FileAccessError", "FileMissing", "AccessDenied", "file_error", "brief"]
@@ -128,14 +129,32 @@ class TensorNotFound(TensorscopeError, KeyError):
         return self.args[0] if self.args else "tensor not found"
 
 
+class _BriefRepr(reprlib.Repr):
+    """`brief`'s repr: sets in an order that does not depend on hashing. The pickle VM's globals
+    hash by identity, so a set holding one would print its items in an order that changes with
+    memory addresses (and the compiled and Python steps would word one error two ways)."""
+
+    def _ordered(self, x):
+        if len(x) > 1000:   # ordered only where cheap: six items are shown anyway
+            return list(x)
+        return sorted(x, key=lambda v: (type(v).__name__, self.repr1(v, 1)))
+
+    def repr_set(self, x, level):
+        return self._repr_iterable(self._ordered(x), level, "{", "}", self.maxset) if x else "set()"
+
+    def repr_frozenset(self, x, level):
+        if not x:
+            return "frozenset()"
+        return self._repr_iterable(self._ordered(x), level, "frozenset({", "})", self.maxfrozenset)
+
+
 def brief(value, width: int = 60) -> str:
     """A short repr of an untrusted value for a message: bounded in depth, items and length.
 
     Values from a pickle may nest a million levels deep or hold a million items; plain ``repr``
     would then raise RecursionError or build megabytes of text just to be cut to ``width``.
     """
-    import reprlib
-    r = reprlib.Repr()
+    r = _BriefRepr()
     r.maxlevel = 3
     r.maxtuple = r.maxlist = r.maxdict = r.maxset = r.maxfrozenset = r.maxdeque = r.maxarray = 6
     r.maxstring = r.maxother = r.maxlong = max(width, 12)

@@ -187,3 +187,19 @@ def test_deflate_stream_that_makes_no_progress_fails_fast():
         for _ in zip_inflate._decompress(zipfmt.METHOD_DEFLATED, raw, 16777219, None, None):
             pass
     assert time.monotonic() - start < 10
+
+
+def test_brief_prints_a_set_in_an_order_that_does_not_hang_on_hashing():
+    """Globals hash by identity: a persistent id that is a frozenset holding one printed its items
+    in memory-address order, so one error read two ways (found by the listing fuzzer)."""
+    from tensorscope.errors import brief
+    from tensorscope.parsers.pickle_values import Global
+    frozen, plain = set(), set()
+    for _ in range(20):   # new Globals each time: other addresses, other hashes
+        items = [Global("torch", "FloatStorage", 1), 3, "cpu", "1"]
+        frozen.add(brief(frozenset(items), 80))
+        plain.add(brief(set(reversed(items)), 80))
+    assert frozen == {"frozenset({Global(torch.FloatStorage), 3, '1', 'cpu'})"}
+    assert plain == {"{Global(torch.FloatStorage), 3, '1', 'cpu'}"}
+    assert brief(set()) == "set()" and brief(frozenset()) == "frozenset()"
+    assert brief(set(range(5000))).startswith("{")   # large sets: not sorted, still bounded
