@@ -22,19 +22,8 @@ _USER = f"{os.environ.get('CFLAGS', '')} {os.environ.get('CPPFLAGS', '')}"
 _OURS = [("-O3", r"-O\S*"), ("-fopenmp-simd", r"-f(no-)?openmp(-simd)?"),
          ("-fno-trapping-math", r"-f(no-)?trapping-math")]
 FLAGS = [flag for flag, kind in _OURS if not re.search(rf"(?:^|\s){kind}(?:\s|$)", _USER)]
-setup(ext_modules=[
-    Extension("tensorscope._diffkernel", ["tensorscope/_diffkernel.c"], extra_compile_args=FLAGS,
-              optional=True),
-    Extension("tensorscope._zipscan", ["tensorscope/_zipscan.c"], extra_compile_args=FLAGS,
-              optional=True),
-    Extension("tensorscope._torchstep", ["tensorscope/_torchstep.c"], extra_compile_args=FLAGS,
-              optional=True),
-    Extension("tensorscope._statskernel", ["tensorscope/_statskernel.c"], extra_compile_args=FLAGS,
-              optional=True),
-    Extension("tensorscope._stheader", ["tensorscope/_stheader.c"], extra_compile_args=FLAGS,
-              optional=True),
-    Extension("tensorscope._jsonrows", ["tensorscope/_jsonrows.c"], extra_compile_args=FLAGS,
-              optional=True),
-    Extension("tensorscope._groupscan", ["tensorscope/_groupscan.c"], extra_compile_args=FLAGS,
-              optional=True),
-])
+# each held to a Python twin; optional: without a compiler the twins give the same results
+EXTENSIONS = ("_diffkernel", "_zipscan", "_torchstep", "_statskernel", "_stheader", "_jsonrows",
+              "_groupscan")
+setup(ext_modules=[Extension(f"tensorscope.{name}", [f"tensorscope/{name}.c"],
+                             extra_compile_args=FLAGS, optional=True) for name in EXTENSIONS])

@@ -40,3 +40,18 @@ def attack_corpus(tmp_path_factory) -> AttackCorpus:
     import make_attack_corpus
     root = tmp_path_factory.mktemp("attack_corpus")
     return AttackCorpus(root, make_attack_corpus.build(root))
+
+
+@pytest.fixture(params=["avx512", "portable"])
+def kernel_route(request):
+    """Each compiled route of the diff kernel in turn: the AVX-512 pass (where the CPU has it)
+    and the portable loop."""
+    from tensorscope import diffing
+    k = diffing._KERNEL
+    if k is None:
+        pytest.skip("the compiled pass is not built")
+    if request.param == "avx512" and not k.AVX512:
+        pytest.skip("this CPU has no AVX-512")
+    was = k.avx512(request.param == "avx512")
+    yield request.param
+    k.avx512(was)

@@ -37,16 +37,10 @@ def _at_offset(arr: np.ndarray, offset: int) -> np.ndarray:
     return out
 
 
-@pytest.fixture(params=["avx512", "portable"])
-def route(request):
-    k = diffing._KERNEL
-    if k is None:
-        pytest.skip("the compiled pass is not built")
-    if request.param == "avx512" and not k.AVX512:
-        pytest.skip("this CPU has no AVX-512")
-    was = k.avx512(request.param == "avx512")
-    yield request.param
-    k.avx512(was)
+@pytest.fixture
+def route(kernel_route):
+    """Each compiled route in turn (conftest's `kernel_route`)."""
+    return kernel_route
 
 
 @needs_kernel

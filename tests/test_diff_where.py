@@ -188,18 +188,10 @@ def test_the_compiled_pass_is_built_where_a_compiler_is():
                                          "is stale (ABI): run pip install -e . again")
 
 
-@pytest.fixture(params=["avx512", "portable"])
-def kernel_path(request):
-    """Each compiled route in turn: the AVX-512 pass (where the CPU has it) and the portable
-    loop."""
-    k = diffing._KERNEL
-    if k is None:
-        pytest.skip("the compiled pass is not built")
-    if request.param == "avx512" and not k.AVX512:
-        pytest.skip("this CPU has no AVX-512")
-    was = k.avx512(request.param == "avx512")
-    yield request.param
-    k.avx512(was)
+@pytest.fixture
+def kernel_path(kernel_route):
+    """Each compiled route in turn (conftest's `kernel_route`)."""
+    return kernel_route
 
 
 def _both(xa, xb, atol=1e-5, rtol=1.3e-6):
