@@ -9,6 +9,7 @@ Plain helpers live in `helpers.py` (no torch) and `torch_oracle.py` (torch); imp
 """
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 from typing import NamedTuple
@@ -20,6 +21,15 @@ if str(TESTS) not in sys.path:   # helpers, torch_oracle, make_attack_corpus imp
     sys.path.insert(0, str(TESTS))
 
 from helpers import run_cli  # noqa: E402
+
+
+def pytest_configure(config):
+    # pytest-xdist's workers inherit COLUMNS=80 from their launcher, which a plain run (and a
+    # user's pipe) does not have: the CLI's piped tables would wrap at 80 columns instead of 200.
+    # Tests that want a width set it themselves.
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        os.environ.pop("COLUMNS", None)
+        os.environ.pop("LINES", None)
 
 
 @pytest.fixture

@@ -6,6 +6,7 @@ the figures are compared with numpy's own over the same values.
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -217,9 +218,12 @@ def test_scan_jsonl_file_with_table_asked(tmp_path, cli):
     assert err == ""
 
 
-def test_resume_says_what_it_skipped(tmp_path, cli):
-    d = _folder(tmp_path)
-    jsonl = tmp_path / "report.jsonl"
+def test_resume_says_what_it_skipped(tmp_path, cli, monkeypatch):
+    # relative paths: the message is wrapped at the terminal's width, and a long temporary path
+    # (pytest-xdist's workers add a level) would be cut inside the words asserted below
+    monkeypatch.chdir(tmp_path)
+    d = _folder(tmp_path).relative_to(tmp_path)
+    jsonl = Path("report.jsonl")
     cli("scan", d, "--jsonl", jsonl)
     n = len(jsonl.read_text().splitlines())
     (d / "hparams.yaml").write_text("lr: 0.2\n")     # one file changed
