@@ -33,6 +33,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from . import blas
+
 __all__ = ["RankEstimate", "gather", "sample_index", "sample_positions", "sample_rank",
            "rank_of_sample", "sketch_rank", "rounding_unit", "max_rank", "SAMPLE_ROWS",
            "OVERSAMPLE"]
@@ -185,12 +187,12 @@ def rank_of_sample(shape: tuple[int, ...], unit: float,
         np.copyto(ra, sample[0], casting="unsafe")
         np.copyto(rb, sample[1], casting="unsafe")
         np.subtract(rb, ra, out=d)
-        if not np.isfinite(d).all():
-            return RankEstimate(min(s, c), 0.0, s, [], "sample")
         # the squared singular values as the eigenvalues of the small Gram matrix (a fifth of
         # an SVD's time; their absolute error, ~1e-16·σ₁², is far below the energies compared)
         np.matmul(d, d.T, out=gram) if s <= c else np.matmul(d.T, d, out=gram)
         total = float(np.trace(gram))
+        if not math.isfinite(total):   # a NaN or Inf in ΔW (or squares past float64's range)
+            return RankEstimate(min(s, c), 0.0, s, [], "sample")
         floor = unit * unit * float(np.dot(rb.ravel(), rb.ravel()))
         # Every eigenvalue above the noise threshold (a full-rank sample, a fine-tune's case)
         # exactly when Cholesky of gram - tau*I succeeds: a tenth of the eigenvalues' cost
@@ -200,11 +202,9 @@ def rank_of_sample(shape: tuple[int, ...], unit: float,
             np.copyto(shifted, gram)   # gram - tau*I: the same values, without a k x k eye
             diag = shifted.reshape(-1)[::k + 1]
             np.subtract(diag, tau, out=diag)
-            try:
-                np.linalg.cholesky(shifted)
+            if blas.cholesky_succeeds(shifted):
                 return RankEstimate(k, 1.0, s, [], "sample")
-            except np.linalg.LinAlgError:
-                pass   # some eigenvalue is at or below tau: count them
+            # else some eigenvalue is at or below tau: count them
         sq = np.clip(np.linalg.eigvalsh(gram)[::-1], 0.0, None)
     r = _noise_rank(sq, total, floor, d.shape)
     share = float(min(1.0, sq[:r].sum() / total)) if total > 0 else 1.0
