@@ -172,7 +172,7 @@ POOL_ELEMS = 65536       # elements per step on the pool's threads, whose BLAS i
 PARALLEL_ELEMS = 1 << 20  # pairs this large are split across the thread pool
 SLICES_PER_WORKER = 2     # ... in this many slices per pool thread (the lanes keep its queue full;
                           # 4, 2 and 1 measured within noise of each other, 1 the fewest hand-overs)
-RELEASE_BYTES = 4 << 20   # read ahead / release behind in steps of this many stored bytes
+RELEASE_BYTES = 16 << 20  # read ahead / release behind in steps of this many stored bytes
 SMALL_BYTES = 64 << 10    # pairs below this compare as byte strings and release in batches
 PROBE_BYTES = 64 << 10    # the byte comparison looks at this many first bytes before whole pieces
 

@@ -163,6 +163,65 @@ def _scratch(s: int, c: int) -> tuple[np.ndarray, ...]:
     return got
 
 
+def _scratch32(s: int, c: int) -> tuple[np.ndarray, ...]:
+    """This thread's float32 buffers for `_full_rank_f32` (A, B, ΔW, the Gram matrix)."""
+    got = getattr(_LOCAL, "scratch32", None)
+    if got is None or got[0].shape != (s, c):
+        k = min(s, c)
+        got = _LOCAL.scratch32 = (np.empty((s, c), np.float32), np.empty((s, c), np.float32),
+                                  np.empty((s, c), np.float32), np.empty((k, k), np.float32))
+    return got
+
+
+@functools.lru_cache(maxsize=1)
+def _half_table() -> np.ndarray:
+    """float16 bits -> float32 (exact): a lookup is faster than numpy's element-wise cast."""
+    return np.arange(1 << 16, dtype=np.uint32).astype(np.uint16).view(np.float16) \
+        .astype(np.float32)
+
+
+def _to_float32(x: np.ndarray, out: np.ndarray) -> None:
+    if x.dtype == np.float16 and x.flags.c_contiguous:
+        np.take(_half_table(), x.view(np.uint16), out=out)
+    else:
+        np.copyto(out, x, casting="unsafe")
+
+
+def _full_rank_f32(shape: tuple[int, ...], unit: float,
+                   sample: tuple[np.ndarray, np.ndarray]) -> bool:
+    """Whether the sample's ΔW is shown to have full rank (every squared singular value above
+    the noise threshold of `rank_of_sample`) by the same test in float32: the Gram matrix by
+    sgemm, Cholesky by spotrf, about half the float64 test's time. The shift is raised by a
+    bound of float32's own errors (the products' and the factorisation's: ~√n·2⁻²⁴ of the trace,
+    taken 4x), so a sample it calls full rank is one the float64 test calls full rank too; False
+    means "not shown", and the float64 test decides (a low-rank update's case)."""
+    s, c = sample[0].shape
+    k = min(s, c)
+    if k <= max_rank(_matrix_shape(shape)):
+        return False
+    ra, rb, d, gram = _scratch32(s, c)
+    with np.errstate(all="ignore"):
+        if sample[0].dtype == np.float64 or sample[1].dtype == np.float64:
+            wide = np.subtract(sample[1], sample[0], dtype=np.float64)   # ΔW before rounding
+            np.copyto(d, wide, casting="unsafe")
+            np.copyto(rb, sample[1], casting="unsafe")
+        else:   # at most float32's significand: both sides exact in float32, ΔW rounded once
+            _to_float32(sample[0], ra)
+            _to_float32(sample[1], rb)
+            np.subtract(rb, ra, out=d)
+        np.matmul(d, d.T, out=gram) if s <= c else np.matmul(d.T, d, out=gram)
+        diag = gram.reshape(-1)[::k + 1]
+        total = float(np.sum(diag, dtype=np.float64))
+        if not (math.isfinite(total) and total > 0):
+            return False
+        slack = 1.0 + 2.0 ** -10   # float32 sums of the floor and of the largest diagonal entry
+        floor = unit * unit * float(np.dot(rb.ravel(), rb.ravel())) * slack
+        tau = _threshold(float(diag.max()) * slack, floor, (s, c))
+        margin = 4.0 * (math.sqrt(s) + math.sqrt(c)) * 2.0 ** -24 * total
+        np.subtract(diag, np.float32(tau + margin), out=diag)
+        return blas.cholesky_succeeds(gram)
+
+
 def sample_rank(va: np.ndarray, vb: np.ndarray, unit: float,
                 sample: tuple[np.ndarray, np.ndarray] | None = None) -> RankEstimate:
     """Stage 1 over the views ``va``, ``vb``: the numerical rank of ΔW on the random submatrix
@@ -179,6 +238,8 @@ def rank_of_sample(shape: tuple[int, ...], unit: float,
     costs no view and no page)."""
     m, n = _matrix_shape(shape)
     s, c = sample[0].shape
+    if _full_rank_f32(shape, unit, sample):   # a fine-tune's case, decided in float32
+        return RankEstimate(min(s, c), 1.0, s, [], "sample")
     ra, rb, d, gram, shifted = _scratch(s, c)
     with np.errstate(all="ignore"):
         # float64 copies (exact) of either side, in buffers of this thread: arrays of ~250 KB
