@@ -170,8 +170,9 @@ POOL_ELEMS = 65536       # elements per step on the pool's threads, whose BLAS i
                          # 8,192 (and of the GIL hand-overs between the threads); 512 KiB buffers
                          # spill from L2 to L3, which measured cheaper than 8x the calls
 PARALLEL_ELEMS = 1 << 20  # pairs this large are split across the thread pool
-SLICES_PER_WORKER = 2     # ... in this many slices per pool thread (the lanes keep its queue full;
-                          # 4, 2 and 1 measured within noise of each other, 1 the fewest hand-overs)
+SLICES_PER_WORKER = 1     # ... in this many slices per pool thread (the lanes keep its queue full;
+                          # with three lanes and 16 MiB steps, 1 measured 14% faster than 2 on the
+                          # all-changed 2 GB pair: the fewest hand-overs)
 RELEASE_BYTES = 16 << 20  # read ahead / release behind in steps of this many stored bytes
 SMALL_BYTES = 64 << 10    # pairs below this compare as byte strings and release in batches
 PROBE_BYTES = 64 << 10    # the byte comparison looks at this many first bytes before whole pieces
@@ -547,7 +548,8 @@ _POOL: ThreadPoolExecutor | None = None
 _POOL_LOCK = threading.Lock()
 
 
-LANES = 2   # large pairs compared at once (`_diff`)
+LANES = 3   # large pairs compared at once (`_diff`): while two keep the pool busy, the third
+            # sets up its pair or runs its verdict (2 left the pool idle during those)
 _LANES: ThreadPoolExecutor | None = None
 
 
