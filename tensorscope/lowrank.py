@@ -140,7 +140,7 @@ def gather(va: np.ndarray, vb: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     a2 = va.reshape(m, n) if va.flags.c_contiguous else None
     b2 = vb.reshape(m, n) if vb.flags.c_contiguous else None
     rows, cols = sample_index(tuple(va.shape))
-    s, c = rows.size, cols.size
+    s = rows.size
     if a2 is None or b2 is None:   # strided views: gather rows first (s rows, not the tensor)
         return (_float(np.take(va[rows].reshape(s, n), cols, axis=1)),
                 _float(np.take(vb[rows].reshape(s, n), cols, axis=1)))
