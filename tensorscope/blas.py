@@ -4,11 +4,11 @@ Two uses, both optional (where the library or a symbol is missing, callers keep 
 
 - `single_thread()`: pin the calling thread's BLAS to one thread (the diff's pool has a thread per
   core; OpenBLAS threads of its own would fight them).
-- `cholesky_succeeds(m)`: LAPACK ``dpotrf``/``spotrf`` on a symmetric matrix, in place: whether
-  it is positive definite. The rank test asks this once per changed matrix of a diff (a 160 x 160
-  Gram matrix); ``numpy.linalg.cholesky`` takes 0.27 ms for it, of which ``dpotrf`` itself is
-  0.08 ms (the gufunc copies in and out, fills the upper triangle with zeros and raises through an
-  errstate callback: measured on one core), ``spotrf`` 0.06 ms.
+- `cholesky_succeeds(m)`: LAPACK ``dpotrf`` on a symmetric matrix, in place: whether it is
+  positive definite. The rank test asks this once per changed matrix of a diff (a 160 x 160 Gram
+  matrix); ``numpy.linalg.cholesky`` takes 0.27 ms for it, of which ``dpotrf`` itself is 0.08 ms
+  (the gufunc copies in and out, fills the upper triangle with zeros and raises through an errstate
+  callback: measured on one core).
 
 The library is found among those the process has loaded (numpy loaded it); nothing is loaded from
 elsewhere, and no symbol is called whose integer width is not known from its name.
@@ -48,15 +48,15 @@ def single_thread() -> None:
         lib.openblas_set_num_threads_local(1)
 
 
-# ?potrf's names with 64-bit integers: scipy-openblas64 (numpy's wheels) and OpenBLAS built with
+# dpotrf's names with 64-bit integers: scipy-openblas64 (numpy's wheels) and OpenBLAS built with
 # INTERFACE64 and the 64_ suffix. A bare ``dpotrf_`` may take 32- or 64-bit integers: not used.
-_POTRF64 = {"d": ("scipy_dpotrf_64_", "dpotrf_64_"), "s": ("scipy_spotrf_64_", "spotrf_64_")}
+_POTRF64 = ("scipy_dpotrf_64_", "dpotrf_64_")
 
 
-@functools.lru_cache(maxsize=2)
-def _potrf(kind: str):
+@functools.lru_cache(maxsize=1)
+def _potrf():
     lib = openblas()
-    for name in _POTRF64[kind] if lib is not None else ():
+    for name in _POTRF64 if lib is not None else ():
         fn = getattr(lib, name, None)
         if fn is not None:
             fn.restype = None
@@ -67,16 +67,15 @@ def _potrf(kind: str):
 
 
 def cholesky_succeeds(m: np.ndarray) -> bool:
-    """Whether the symmetric float64 or float32 matrix ``m`` (square, C-contiguous, writable,
-    finite) is positive definite, by Cholesky in its own precision: LAPACK ``?potrf`` in place
-    when numpy's OpenBLAS has it (``m`` is overwritten), else ``numpy.linalg.cholesky`` (``m`` is
-    left as it was). Both read one triangle: the same factorisation, so the same answer."""
+    """Whether the symmetric float64 matrix ``m`` (square, C-contiguous, writable, finite) is
+    positive definite, by Cholesky: LAPACK ``dpotrf`` in place when numpy's OpenBLAS has it (``m``
+    is overwritten), else ``numpy.linalg.cholesky`` (``m`` is left as it was). Both read one
+    triangle: the same factorisation, so the same answer."""
     n = m.shape[0]
-    if not (m.ndim == 2 and m.shape == (n, n) and m.dtype in (np.float64, np.float32)
+    if not (m.ndim == 2 and m.shape == (n, n) and m.dtype == np.float64
             and m.flags.c_contiguous and m.flags.writeable):
-        raise ValueError("cholesky_succeeds: a square, C-contiguous, writable float64 or "
-                         "float32 matrix")
-    fn = _potrf("d" if m.dtype == np.float64 else "s")
+        raise ValueError("cholesky_succeeds: a square, C-contiguous, writable float64 matrix")
+    fn = _potrf()
     if fn is None or n == 0:
         try:
             np.linalg.cholesky(m)

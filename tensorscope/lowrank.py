@@ -14,8 +14,12 @@ costs almost nothing and only a true candidate pays for a pass over its delta:
    in blocks of rows, into a range sketch Y = ΔW·Ω (m × k) and a co-range sketch Z = Ψ·ΔW
    (l × n), k = r₀ + `OVERSAMPLE`, l = 2k + 1, with Gaussian Ω and Ψ (a fixed seed: the figures
    do not change between runs). Then Q = qr(Y), X = (ΨQ)⁺Z ≈ QᵀΔW and the singular values of the
-   small X estimate the top k of ΔW: the share of ‖ΔW‖²_F that the top r explain (an estimate,
-   good to ~0.1% of the energy).
+   small X estimate the top k of ΔW: the share of ‖ΔW‖²_F that the top r explain. An estimate:
+   what lies outside the range of Q leaks into X (its energy, times k/(l - k - 1) = 1, spread
+   over X's rows), so its error is of the order of the share of ΔW outside the top r, mostly
+   upward: exact where the remainder is float32 rounding, a few points high where it is a tenth
+   of ΔW (a small update rounded to bfloat16, or an update plus a fine-tune's noise); measured
+   against the exact SVD in tests/test_rank_routes.py.
 
 The rank r is stage 1's: the singular values of the sample that stand above its noise, the
 rounding floor of B's dtype (a merge in bfloat16 adds rounding error of full rank: |e| ≤ u·|b|,
@@ -165,31 +169,12 @@ def _scratch(s: int, c: int) -> tuple[np.ndarray, ...]:
     return got
 
 
-def _scratch32(s: int, c: int) -> tuple[np.ndarray, ...]:
-    """This thread's float32 buffers for `_full_rank_f32` (A, B, ΔW, the Gram matrix)."""
-    got = getattr(_LOCAL, "scratch32", None)
-    if got is None or got[0].shape != (s, c):
-        k = min(s, c)
-        got = _LOCAL.scratch32 = (np.empty((s, c), np.float32), np.empty((s, c), np.float32),
-                                  np.empty((s, c), np.float32), np.empty((k, k), np.float32))
-    return got
-
-
-@functools.lru_cache(maxsize=1)
-def _half_table() -> np.ndarray:
-    """float16 bits -> float32 (exact): a lookup is faster than numpy's element-wise cast."""
-    return np.arange(1 << 16, dtype=np.uint32).astype(np.uint16).view(np.float16) \
-        .astype(np.float32)
-
-
 def _to_float32(x: np.ndarray, out: np.ndarray) -> None:
-    """``out[...] = x`` as float32 (``out`` C-contiguous, x's shape), exactly for float16 and
-    bfloat16, which numpy and ml_dtypes cast element by element (~1.7 ns an element here, most
-    of a sketch pass): float16 through a table, bfloat16 by shifting its bits into float32's
-    upper half."""
-    if x.dtype == np.float16:
-        np.take(_half_table(), x.view(np.uint16), out=out)
-    elif x.dtype.name == "bfloat16" and x.dtype.itemsize == 2:
+    """``out[...] = x`` as float32 (``out`` C-contiguous, x's shape), exactly: bfloat16, which
+    ml_dtypes casts element by element, by shifting its bits into float32's upper half; the rest
+    by numpy's cast (for float16 a 65,536-entry table was faster alone and slower beside the
+    diff's streaming pass, whose traffic evicts it: measured on the LoRA pair)."""
+    if x.dtype.name == "bfloat16" and x.dtype.itemsize == 2:
         np.left_shift(x.view(np.uint16), 16, out=out.view(np.uint32), dtype=np.uint32)
     else:
         np.copyto(out, x, casting="unsafe")
@@ -204,41 +189,6 @@ def _test_matrices(m: int, n: int, k: int, l_: int) -> tuple[np.ndarray, np.ndar
     psi = rng.standard_normal((l_, m)).astype(np.float32)
     omega.flags.writeable = psi.flags.writeable = False
     return omega, psi
-
-
-def _full_rank_f32(shape: tuple[int, ...], unit: float,
-                   sample: tuple[np.ndarray, np.ndarray]) -> bool:
-    """Whether the sample's ΔW is shown to have full rank (every squared singular value above
-    the noise threshold of `rank_of_sample`) by the same test in float32: the Gram matrix by
-    sgemm, Cholesky by spotrf, about half the float64 test's time. The shift is raised by a
-    bound of float32's own errors (the products' and the factorisation's: ~√n·2⁻²⁴ of the trace,
-    taken 4x), so a sample it calls full rank is one the float64 test calls full rank too; False
-    means "not shown", and the float64 test decides (a low-rank update's case)."""
-    s, c = sample[0].shape
-    k = min(s, c)
-    if k <= max_rank(_matrix_shape(shape)):
-        return False
-    ra, rb, d, gram = _scratch32(s, c)
-    with np.errstate(all="ignore"):
-        if sample[0].dtype == np.float64 or sample[1].dtype == np.float64:
-            wide = np.subtract(sample[1], sample[0], dtype=np.float64)   # ΔW before rounding
-            np.copyto(d, wide, casting="unsafe")
-            np.copyto(rb, sample[1], casting="unsafe")
-        else:   # at most float32's significand: both sides exact in float32, ΔW rounded once
-            _to_float32(sample[0], ra)
-            _to_float32(sample[1], rb)
-            np.subtract(rb, ra, out=d)
-        np.matmul(d, d.T, out=gram) if s <= c else np.matmul(d.T, d, out=gram)
-        diag = gram.reshape(-1)[::k + 1]
-        total = float(np.sum(diag, dtype=np.float64))
-        if not (math.isfinite(total) and total > 0):
-            return False
-        slack = 1.0 + 2.0 ** -10   # float32 sums of the floor and of the largest diagonal entry
-        floor = unit * unit * float(np.dot(rb.ravel(), rb.ravel())) * slack
-        tau = _threshold(float(diag.max()) * slack, floor, (s, c))
-        margin = 4.0 * (math.sqrt(s) + math.sqrt(c)) * 2.0 ** -24 * total
-        np.subtract(diag, np.float32(tau + margin), out=diag)
-        return blas.cholesky_succeeds(gram)
 
 
 def sample_rank(va: np.ndarray, vb: np.ndarray, unit: float,
@@ -257,8 +207,6 @@ def rank_of_sample(shape: tuple[int, ...], unit: float,
     costs no view and no page)."""
     m, n = _matrix_shape(shape)
     s, c = sample[0].shape
-    if _full_rank_f32(shape, unit, sample):   # a fine-tune's case, decided in float32
-        return RankEstimate(min(s, c), 1.0, s, [], "sample")
     ra, rb, d, gram, shifted = _scratch(s, c)
     with np.errstate(all="ignore"):
         # float64 copies (exact) of either side, in buffers of this thread: arrays of ~250 KB
@@ -297,8 +245,8 @@ def sketch_rank(va: np.ndarray, vb: np.ndarray, rank: int, total: float,
     `OVERSAMPLE` range columns, reading both views once in blocks of rows: the share of ‖ΔW‖²_F
     (``total``, exact from the value pass) that the top ``rank`` singular
     values explain. The sketches are float32 products (their error, ~√n·2⁻²⁴ relative, is far
-    below the 0.1% the estimate is good to; float16 and bfloat16 differences are exact in
-    float32), into buffers made once. ``release(side, piece)`` is called with each block of rows
+    below the estimate's own; float16 and bfloat16 values are exact in float32), into buffers
+    made once. ``release(side, piece)`` is called with each block of rows
     once it is used (map pages handed back)."""
     m, n = _matrix_shape(va.shape)
     k = max(1, min(rank + OVERSAMPLE, m, n))
