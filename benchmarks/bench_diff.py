@@ -16,9 +16,8 @@ Cases (``--cases``, default all):
 - ``kernel``: in-process, the fused pass's CPU time per element pair per dtype (one thread, pieces
   in memory, the caller's and the pool's piece sizes; the compiled pass's AVX-512 route, where
   the CPU has it, and its portable loop), each numpy call of the float16 pass timed
-  on its own (the per-element cost breakdown), the rank test's stage 1 on one fine-tune sample
-  (the float32 certificate, and the float64 test alone), and ``diff_models`` on the fine-tune pair
-  (wall, CPU of every thread, CPU per element pair);
+  on its own (the per-element cost breakdown), the rank test's stage 1 on one fine-tune sample,
+  and ``diff_models`` on the fine-tune pair (wall, CPU of every thread, CPU per element pair);
 - ``verdicts``: what the verdicts (issue 26) add: ``diff --json`` against ``diff --json
   --no-verdicts`` and the read-once floor, on the all-changed fine-tune pair (every pair a
   low-rank candidate, rejected by the submatrix sample) and on a LoRA pair (A against A plus a
@@ -145,25 +144,20 @@ with np.errstate(all="ignore"):
             cost[name] = min(cost[name], (tick() - t0) / k)
 out["float16_breakdown"] = {name: round(c, 3) for name, c in cost.items()}
 out["float16_breakdown_total"] = round(sum(cost.values()), 3)
-# the rank test's stage 1 on a fine-tune's sample (full rank: rejected), one core, in cache: the
-# float32 certificate (as run) and the float64 test alone (the certificate turned off)
+# the rank test's stage 1 on a fine-tune's sample (full rank: rejected), one core, in cache
 from tensorscope import lowrank
 shape = (LLAMA_INTER, LLAMA_HIDDEN)
 rows, cols = lowrank.sample_index(shape)
 sa = (rng.standard_normal((rows.size, cols.size)) * 0.02).astype(np.float16)
 sb = (sa + rng.standard_normal(sa.shape) * 1e-3).astype(np.float16)
 unit = lowrank.rounding_unit("float16")
-f32 = lowrank._full_rank_f32
-for label, route in (("float32 certificate", f32), ("float64 test", lambda *args: False)):
-    lowrank._full_rank_f32 = route
-    best = math.inf
-    for _ in range(5):
-        t0 = tick()
-        for _ in range(100):
-            lowrank.rank_of_sample(shape, unit, (sa, sb))
-        best = min(best, (tick() - t0) / 100 / 1e6)
-    out.setdefault("rank_test_ms", {})[label] = round(best, 3)
-lowrank._full_rank_f32 = f32
+best = math.inf
+for _ in range(5):
+    t0 = tick()
+    for _ in range(100):
+        lowrank.rank_of_sample(shape, unit, (sa, sb))
+    best = min(best, (tick() - t0) / 100 / 1e6)
+out["rank_test_ms"] = round(best, 3)
 if len(sys.argv) > 2:
     with tensorscope.open(sys.argv[1]) as ma, tensorscope.open(sys.argv[2]) as mb:
         r0, w0 = resource.getrusage(resource.RUSAGE_SELF), time.perf_counter()
@@ -423,9 +417,8 @@ def main(argv=None) -> int:
         for k, v in got["float16_breakdown"].items():
             print(f"  {k:28} {v:6.3f} ns")
         print(f"  {'sum':28} {got['float16_breakdown_total']:6.3f} ns")
-        print("rank test, stage 1 on one fine-tune sample (160 x 192 float16), ms, one core:")
-        for k, v in got["rank_test_ms"].items():
-            print(f"  {k:28} {v:6.3f} ms")
+        print(f"rank test, stage 1 on one fine-tune sample (160 x 192 float16), one core: "
+              f"{got['rank_test_ms']:.3f} ms")
         dm = got.get("diff_models")
         if dm:
             print(f"diff_models in-process on the fine-tune pair: {dm['wall_s']} s wall, "

@@ -143,7 +143,7 @@ from typing import Callable, Iterator, Sequence
 
 import numpy as np
 
-from . import blas, dtypes, lowrank
+from . import dtypes, lowrank
 from .diff_align import (PER_SAVE_KEYS, _keyed, _map, _metadata_diff, _strip_user, _tied,
                          detect_prefixes, unpack_keys)
 from .diff_fused import fused_matches
@@ -601,16 +601,32 @@ def _pool_elems() -> int:
     return min(POOL_ELEMS, 8 * FLOAT_ELEMS) if _openblas() is not None else FLOAT_ELEMS
 
 
+@functools.lru_cache(maxsize=1)
 def _openblas():
-    """numpy's OpenBLAS when it can pin a thread's BLAS calls to one thread (`blas.openblas`)."""
-    return blas.openblas()
+    """numpy's OpenBLAS when it can pin a thread's BLAS calls to one thread
+    (``openblas_set_num_threads_local``, OpenBLAS >= 0.3.27), else None. Found among the libraries
+    the process has loaded (numpy loaded it; nothing is loaded from elsewhere)."""
+    try:
+        import ctypes
+        with open("/proc/self/maps") as f:
+            paths = sorted({line.split(None, 5)[-1].strip() for line in f
+                            if "openblas" in line.lower() and ".so" in line})
+        for path in paths:
+            lib = ctypes.CDLL(path, mode=getattr(os, "RTLD_NOLOAD", 0) | os.RTLD_LOCAL)
+            if hasattr(lib, "openblas_set_num_threads_local"):
+                return lib
+    except (OSError, ValueError, AttributeError):
+        return None  # not Linux, or not OpenBLAS: the pool keeps to pieces below BLAS's threshold
+    return None
 
 
 def _blas_single_thread() -> None:
     """Pin the calling thread's BLAS to one thread (the pool's initializer). Our pool already has
     a thread per core; OpenBLAS threads of its own would fight them, and their spinning triples the
     CPU time of a 32K-element dot product (measured)."""
-    blas.single_thread()
+    lib = _openblas()
+    if lib is not None:
+        lib.openblas_set_num_threads_local(1)
 
 
 # fp8 and other one-byte float dtypes convert through a 256-entry table (ml_dtypes' own casts go

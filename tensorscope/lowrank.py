@@ -37,8 +37,6 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from . import blas
-
 __all__ = ["RankEstimate", "gather", "sample_index", "sample_positions", "sample_rank",
            "rank_of_sample", "sketch_rank", "rounding_unit", "max_rank", "SAMPLE_ROWS",
            "OVERSAMPLE"]
@@ -230,9 +228,11 @@ def rank_of_sample(shape: tuple[int, ...], unit: float,
             np.copyto(shifted, gram)   # gram - tau*I: the same values, without a k x k eye
             diag = shifted.reshape(-1)[::k + 1]
             np.subtract(diag, tau, out=diag)
-            if blas.cholesky_succeeds(shifted):
+            try:
+                np.linalg.cholesky(shifted)
                 return RankEstimate(k, 1.0, s, [], "sample")
-            # else some eigenvalue is at or below tau: count them
+            except np.linalg.LinAlgError:
+                pass   # some eigenvalue is at or below tau: count them
         sq = np.clip(np.linalg.eigvalsh(gram)[::-1], 0.0, None)
     r = _noise_rank(sq, total, floor, d.shape)
     share = float(min(1.0, sq[:r].sum() / total)) if total > 0 else 1.0
