@@ -178,15 +178,27 @@ def _to_float32(x: np.ndarray, out: np.ndarray) -> None:
         np.copyto(out, x, casting="unsafe")
 
 
-@functools.lru_cache(maxsize=16)
+CACHED_TEST_ELEMS = 1 << 20   # test matrices up to this many elements (4 MiB) are kept
+
+
 def _test_matrices(m: int, n: int, k: int, l_: int) -> tuple[np.ndarray, np.ndarray]:
-    """The sketch's Gaussian Ω (n x k) and Ψ (l x m) in float32, fixed by `SEED` (read-only,
-    cached: a checkpoint has few shapes, and drawing them cost ~1 ms a matrix)."""
+    """The sketch's Gaussian Ω (n x k) and Ψ (l x m) in float32, fixed by `SEED` (read-only).
+    Small ones are cached (a checkpoint has few shapes, and drawing them cost ~1 ms a matrix);
+    an embedding's (Ψ is l x vocabulary) are drawn each time, so the cache stays a few MiB."""
+    if n * k + l_ * m <= CACHED_TEST_ELEMS:
+        return _cached_test_matrices(m, n, k, l_)
+    return _draw_test_matrices(m, n, k, l_)
+
+
+def _draw_test_matrices(m: int, n: int, k: int, l_: int) -> tuple[np.ndarray, np.ndarray]:
     rng = np.random.default_rng(SEED)
     omega = rng.standard_normal((n, k)).astype(np.float32)
     psi = rng.standard_normal((l_, m)).astype(np.float32)
     omega.flags.writeable = psi.flags.writeable = False
     return omega, psi
+
+
+_cached_test_matrices = functools.lru_cache(maxsize=8)(_draw_test_matrices)
 
 
 def sample_rank(va: np.ndarray, vb: np.ndarray, unit: float,
