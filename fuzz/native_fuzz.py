@@ -232,7 +232,39 @@ def run_diffkernel(rng: random.Random) -> None:
         return memoryview(raw)[off:off + arr.nbytes]
     with np.errstate(all="ignore"):
         _diff_both_ways(k, np, rng, a, b, code, other, ta, tb, atol, rtol, at, n)
+        if code != "t" and other != "t" and n:
+            _spectrum_twin(k, np, rng, a, b, code, other, at, n)
     assert k.equal(at(a, 3), a.tobytes()) is True
+
+
+def _spectrum_twin(k, np, rng, a, b, code, other, at, n) -> None:
+    """`spectrum` (the rank test's first step in C) on the same bytes cut into an s x c sample,
+    at any alignment: -1 exactly when a value is not finite (or the Gram trace is not),
+    otherwise what numpy computes of the same Gram matrix (its trace, ΣB², its eigenvalues)."""
+    s = rng.choice([d for d in range(1, n + 1) if n % d == 0])
+    c = n // s
+    unit = rng.choice((0.0, 2.0 ** -24, 2.0 ** -8))
+    got = k.spectrum(at(a, rng.randrange(0, 8)), code, at(b, rng.randrange(0, 8)), other, s, c,
+                     unit, rng.random() < 0.5)
+    x, y = a.astype(np.float64).reshape(s, c), b.astype(np.float64).reshape(s, c)
+    d = y - x
+    gram = d @ d.T if s <= c else d.T @ d
+    finite = bool(np.isfinite(x).all() and np.isfinite(y).all())
+    total = float(np.trace(gram)) if finite else float("nan")
+    if got == -1:
+        assert not finite or not np.isfinite(total), ("spectrum -1 on finite values", code, s, c)
+        return
+    assert finite and np.isfinite(total), ("spectrum on values that are not finite", code, s, c)
+    if got == 1:
+        assert total > 0, ("full rank certified of a zero change", code, s, c)
+        return
+    got_total, _, values = got
+    eig = np.frombuffer(values, np.float64)
+    assert eig.size == min(s, c) and np.all(np.diff(eig) >= 0), ("eigenvalues", code, s, c)
+    scale = max(abs(total), 1e-300)
+    assert abs(got_total - total) <= 1e-9 * scale, ("trace", code, s, c)
+    want = np.linalg.eigvalsh(gram)
+    assert np.all(np.abs(eig - want) <= 1e-9 * scale), ("eigenvalues", code, s, c)
 
 
 def _diff_both_ways(k, np, rng, a, b, code, other, ta, tb, atol, rtol, at, n) -> None:

@@ -37,6 +37,7 @@
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#include <float.h>
 #include <math.h>
 #include <stdint.h>
 #include <string.h>
@@ -618,6 +619,264 @@ static PyObject *equal(PyObject *self, PyObject *args) {
     return PyBool_FromLong(same);
 }
 
+/* The rank test's certificate of full rank (`lowrank.rank_of_sample`'s first step, its twin).
+ * Largest sample: SAMPLE_MAX elements a side (the test's is at most 160 x 192). */
+#define SAMPLE_MAX (1 << 22)
+
+/* Σ x[i]·y[i] over n, in four partial sums (the compiler keeps them in vector lanes). */
+VECTOR_CLONES
+static double dot4(const double *restrict x, const double *restrict y, Py_ssize_t n) {
+    double s0 = 0, s1 = 0, s2 = 0, s3 = 0;
+    Py_ssize_t i = 0;
+    for (; i + 4 <= n; i += 4) {
+        s0 += x[i] * y[i];
+        s1 += x[i + 1] * y[i + 1];
+        s2 += x[i + 2] * y[i + 2];
+        s3 += x[i + 3] * y[i + 3];
+    }
+    for (; i < n; i++) s0 += x[i] * y[i];
+    return (s0 + s1) + (s2 + s3);
+}
+
+/* The Gram matrix G of D = B - A (s x c, widened exactly to float64; G = D·Dᵀ when s <= c, else
+ * Dᵀ·D: k x k, k = min(s, c)) into g (full, row-major), its trace into *total and ΣB² into
+ * *sumsq_b. d: s·c doubles of scratch; when s > c, Dᵀ (s·c doubles) is made after G in g.
+ * Returns -1 when a value of A or B is NaN or infinite, else 0. */
+static int gram(const char *pa, char ca, const char *pb, char cb, Py_ssize_t s, Py_ssize_t c,
+                double *d, double *g, double *total, double *sumsq_b) {
+    Py_ssize_t sa = itemsize(ca), sb = itemsize(cb), k = s <= c ? s : c;
+    double sum_b = 0.0, row_b[BLOCK];
+    int special = 0;
+    /* d = B - A row by row, B's squares summed on the way; rows of c elements, in blocks */
+    for (Py_ssize_t r = 0; r < s; r++) {
+        double *dr = d + r * c;
+        for (Py_ssize_t at = 0; at < c; at += BLOCK) {
+            Py_ssize_t m = c - at < BLOCK ? c - at : BLOCK;
+            Py_ssize_t e = r * c + at;   /* < s·c <= SAMPLE_MAX: no overflow */
+            special |= widen(pa + e * sa, ca, NULL, m, dr + at);
+            special |= widen(pb + e * sb, cb, NULL, m, row_b);
+            for (Py_ssize_t i = 0; i < m; i++) {
+                dr[at + i] = row_b[i] - dr[at + i];
+                sum_b += row_b[i] * row_b[i];
+            }
+        }
+    }
+    if (special)
+        return -1;
+    /* the vectors whose dot products G holds: D's rows (s <= c) or its columns, contiguous */
+    const double *rows = d;
+    Py_ssize_t len = c;
+    if (s > c) {
+        double *t = g + k * k;
+        for (Py_ssize_t r = 0; r < s; r++)
+            for (Py_ssize_t j = 0; j < c; j++)
+                t[j * s + r] = d[r * c + j];
+        rows = t;
+        len = s;
+    }
+    double tr = 0.0;
+    for (Py_ssize_t i = 0; i < k; i++) {
+        for (Py_ssize_t j = 0; j <= i; j++)
+            g[i * k + j] = g[j * k + i] = dot4(rows + i * len, rows + j * len, len);
+        tr += g[i * k + i];
+    }
+    *total = tr;
+    *sumsq_b = sum_b;
+    return 0;
+}
+
+/* Whether G - tau·I (k x k) has a Cholesky factor, i.e. every eigenvalue of G is above tau
+ * (LAPACK's dpotrf fails exactly when a pivot is not positive). Works in place on the lower
+ * triangle, row by row (the Cholesky-Banachiewicz order: row i needs rows < i only); the
+ * strict upper triangle is left as it was. */
+static int cholesky_above(double *g, Py_ssize_t k, double tau) {
+    for (Py_ssize_t i = 0; i < k; i++) {
+        double *gi = g + i * k;
+        for (Py_ssize_t j = 0; j < i; j++) {
+            const double *gj = g + j * k;
+            gi[j] = (gi[j] - dot4(gi, gj, j)) / gj[j];
+        }
+        double pivot = gi[i] - tau - dot4(gi, gi, i);
+        if (!(pivot > 0.0))
+            return 0;
+        gi[i] = sqrt(pivot);
+    }
+    return 1;
+}
+
+/* G (k x k, full, symmetric) reduced in place to a tridiagonal T = QᵀGQ with the same
+ * eigenvalues, by Householder reflections (Golub and Van Loan, alg. 8.3.1): its diagonal into
+ * diag, its off-diagonal into off (k - 1 entries). w: 2k doubles of scratch. */
+static void tridiagonalize(double *g, Py_ssize_t k, double *diag, double *off, double *w) {
+    for (Py_ssize_t j = 0; j + 2 < k; j++) {
+        Py_ssize_t n = k - j - 1;              /* the trailing block: rows and columns j+1 .. */
+        double *v = w, *p = w + n;             /* v = G[j+1.., j] - alpha·e1, then p */
+        double norm = 0.0;
+        for (Py_ssize_t i = 0; i < n; i++) {
+            v[i] = g[(j + 1 + i) * k + j];
+            norm += v[i] * v[i];
+        }
+        norm = sqrt(norm);
+        double alpha = v[0] > 0 ? -norm : norm;
+        v[0] -= alpha;
+        double vv = dot4(v, v, n);
+        off[j] = alpha;
+        if (norm == 0.0 || vv == 0.0) {
+            off[j] = g[(j + 1) * k + j];        /* the column is already reduced */
+            continue;
+        }
+        /* p = (2/vv)·B·v (B: the trailing block), q = p - ((vᵀp)/vv)·v, B -= v·qᵀ + q·vᵀ */
+        for (Py_ssize_t i = 0; i < n; i++)
+            p[i] = (2.0 / vv) * dot4(g + (j + 1 + i) * k + j + 1, v, n);
+        double kk = dot4(v, p, n) / vv;
+        for (Py_ssize_t i = 0; i < n; i++) p[i] -= kk * v[i];
+        for (Py_ssize_t i = 0; i < n; i++) {
+            double *row = g + (j + 1 + i) * k + j + 1;
+            for (Py_ssize_t l = 0; l < n; l++)
+                row[l] -= v[i] * p[l] + p[i] * v[l];
+        }
+    }
+    for (Py_ssize_t i = 0; i < k; i++) diag[i] = g[i * k + i];
+    if (k >= 2)
+        off[k - 2] = g[(k - 1) * k + k - 2];
+}
+
+/* How many eigenvalues of the tridiagonal T (diag, off) are below x: the Sturm count of the
+ * pivots of T - x·I (as LAPACK's dlaebz, with its guard pivmin against a zero pivot). */
+static Py_ssize_t below(const double *diag, const double *off, Py_ssize_t k, double x,
+                        double pivmin) {
+    Py_ssize_t count = 0;
+    double q = diag[0] - x;
+    for (Py_ssize_t i = 0;; i++) {
+        if (fabs(q) < pivmin) q = -pivmin;
+        if (q < 0) count++;
+        if (i + 1 >= k) break;
+        q = diag[i + 1] - x - off[i] * off[i] / q;
+    }
+    return count;
+}
+
+/* The eigenvalues of T in ascending order into out, each by bisection of the Sturm count
+ * between Gershgorin's bounds, to float64's resolution (absolute error ~ε·‖T‖, as LAPACK's). */
+static void eigenvalues(const double *diag, const double *off, Py_ssize_t k, double *out) {
+    double lo = INFINITY, hi = -INFINITY, big = 0.0;
+    for (Py_ssize_t i = 0; i < k; i++) {
+        double r = (i > 0 ? fabs(off[i - 1]) : 0.0) + (i + 1 < k ? fabs(off[i]) : 0.0);
+        if (diag[i] - r < lo) lo = diag[i] - r;
+        if (diag[i] + r > hi) hi = diag[i] + r;
+        if (i + 1 < k && off[i] * off[i] > big) big = off[i] * off[i];
+    }
+    double pivmin = DBL_MIN * (big > 1.0 ? big : 1.0);
+    double span = fabs(lo) > fabs(hi) ? fabs(lo) : fabs(hi);
+    lo -= 2 * DBL_EPSILON * span + pivmin;
+    hi += 2 * DBL_EPSILON * span + pivmin;
+    for (Py_ssize_t i = 0; i < k; i++) {
+        /* the (i+1)-th smallest: where the count passes i */
+        double a = lo, b = hi;
+        for (int it = 0; it < 200; it++) {
+            double mid = 0.5 * (a + b);
+            if (mid <= a || mid >= b || b - a <= 2 * DBL_EPSILON * span + pivmin)
+                break;
+            if (below(diag, off, k, mid, pivmin) > i) b = mid; else a = mid;
+        }
+        out[i] = 0.5 * (a + b);
+        if (i > 0 && out[i] < out[i - 1])
+            out[i] = out[i - 1];   /* a cluster, resolved to within the tolerance: kept sorted */
+    }
+}
+
+/* spectrum(a, code_a, b, code_b, s, c, unit, certify) -> the rank test's first step on its sample
+ * (`lowrank.rank_of_sample`, whose numpy route is the twin): a and b are the s x c samples of A
+ * and B in C order, in their stored dtypes (codes as in `stats`, but not 't'), each at most
+ * SAMPLE_MAX elements. Returns -1 when a value is NaN or infinite or G's trace is not finite;
+ * with certify, 1 when every eigenvalue of G stands above the noise threshold tau
+ * (`lowrank._threshold` of G's largest diagonal entry and unit²·ΣB², the same formula): the
+ * Cholesky test; else
+ * (trace, ΣB², the eigenvalues of G ascending as float64 bytes) for the caller to count. The
+ * GIL is released while it runs. */
+static PyObject *spectrum(PyObject *self, PyObject *args) {
+    Py_buffer ba, bb;
+    int ca, cb;
+    Py_ssize_t s, c;
+    double unit;
+    int certify;
+    if (!PyArg_ParseTuple(args, "y*Cy*Cnndp", &ba, &ca, &bb, &cb, &s, &c, &unit, &certify))
+        return NULL;
+    PyObject *out = NULL, *values = NULL;
+    double *d = NULL;
+    Py_ssize_t sa = itemsize((char)ca), sb = itemsize((char)cb);
+    /* s, c <= SAMPLE_MAX and s·c <= SAMPLE_MAX (checked by division: no product overflows) */
+    if (sa == 0 || sb == 0 || ca == 't' || cb == 't' || s <= 0 || c <= 0 || s > SAMPLE_MAX ||
+            c > SAMPLE_MAX / s || ba.len != s * c * sa || bb.len != s * c * sb ||
+            !(unit >= 0.0 && unit < 1.0)) {
+        PyErr_SetString(PyExc_ValueError, "spectrum: unknown dtype code, a sample that is not "
+                        "s x c elements of it, or a unit outside [0, 1)");
+        goto done;
+    }
+    Py_ssize_t k = s <= c ? s : c;
+    values = PyBytes_FromStringAndSize(NULL, k * (Py_ssize_t)sizeof(double));
+    if (values == NULL)
+        goto done;
+    /* D (s·c), G (k·k), Dᵀ when s > c (s·c), T's two diagonals (2k), the reflections' scratch
+     * (2k): at most 3·SAMPLE_MAX + 4k doubles */
+    Py_ssize_t after = s > c ? s * c : 0;
+    d = PyMem_RawMalloc((size_t)(s * c + k * k + after + 4 * k) * sizeof(double));
+    if (d == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    double *g = d + s * c, *diag = g + k * k + after, *off = diag + k, *w = off + k;
+    double *eig = (double *)PyBytes_AS_STRING(values);
+    double total = 0.0, sumsq_b = 0.0;
+    int got;
+    Py_BEGIN_ALLOW_THREADS
+    got = gram((const char *)ba.buf, (char)ca, (const char *)bb.buf, (char)cb, s, c, d, g,
+               &total, &sumsq_b);
+    if (got == 0 && !isfinite(total))
+        got = -1;
+    if (got == 0 && total > 0.0 && certify) {
+        double top = 0.0;
+        for (Py_ssize_t i = 0; i < k; i++) {
+            diag[i] = g[i * k + i];
+            if (diag[i] > top) top = diag[i];
+        }
+        /* Python's max(1e-12·top, noise): the first unless the second is larger (NaN is not) */
+        double root = 1.0 / sqrt((double)s) + 1.0 / sqrt((double)c);
+        double relative = 1e-12 * top, noise = 4.0 * (unit * unit * sumsq_b) * (root * root);
+        if (cholesky_above(g, k, noise > relative ? noise : relative)) {
+            got = 1;
+        } else {   /* G again from its upper triangle and diagonal, which the factor left */
+            for (Py_ssize_t i = 0; i < k; i++) {
+                g[i * k + i] = diag[i];
+                for (Py_ssize_t j = 0; j < i; j++) g[i * k + j] = g[j * k + i];
+            }
+        }
+    }
+    if (got == 0 && total == 0.0) {
+        memset(eig, 0, (size_t)k * sizeof(double));   /* D = 0: so is G, and its eigenvalues */
+    } else if (got == 0) {
+        /* scaled by a power of two (exact) so that G's largest entry is about 1: the reflections'
+         * sums of squares neither overflow nor underflow (LAPACK's dsyev scales likewise) */
+        double top = 0.0;
+        for (Py_ssize_t i = 0; i < k * k; i++)
+            if (fabs(g[i]) > top) top = fabs(g[i]);
+        int e;
+        frexp(top, &e);
+        for (Py_ssize_t i = 0; i < k * k; i++) g[i] = ldexp(g[i], -e);
+        tridiagonalize(g, k, diag, off, w);
+        eigenvalues(diag, off, k, eig);
+        for (Py_ssize_t i = 0; i < k; i++) eig[i] = ldexp(eig[i], e);
+    }
+    Py_END_ALLOW_THREADS
+    out = got != 0 ? PyLong_FromLong(got) : Py_BuildValue("ddO", total, sumsq_b, values);
+done:
+    PyMem_RawFree(d);
+    Py_XDECREF(values);
+    PyBuffer_Release(&ba);
+    PyBuffer_Release(&bb);
+    return out;
+}
+
 /* avx512(on) -> whether the AVX-512 pass was in use; turns it on (where the CPU has it) or off,
  * so that the tests can hold the portable loop and the AVX-512 pass to the same figures. */
 static PyObject *avx512(PyObject *self, PyObject *arg) {
@@ -631,6 +890,8 @@ static PyObject *avx512(PyObject *self, PyObject *arg) {
 static PyMethodDef methods[] = {
     {"stats", stats, METH_VARARGS, "One pass of the diff's statistics over a pair of pieces."},
     {"equal", equal, METH_VARARGS, "Whether two buffers hold the same bytes (memcmp, no GIL)."},
+    {"spectrum", spectrum, METH_VARARGS, "The rank test's first step on its sample: full rank "
+     "certified (1), not finite (-1), or the Gram matrix's trace, ΣB² and eigenvalues."},
     {"avx512", avx512, METH_O, "Use the AVX-512 pass (where the CPU has it) or not; returns the "
      "previous setting."},
     {NULL, NULL, 0, NULL},
@@ -643,7 +904,7 @@ static struct PyModuleDef module = {
 
 /* Bumped whenever stats() changes its arguments or results: `diffing` uses a build only when it
  * carries the ABI it was written for (a stale build of an editable install is ignored). */
-#define KERNEL_ABI 7
+#define KERNEL_ABI 8
 
 PyMODINIT_FUNC PyInit__diffkernel(void) {
 #ifdef HAVE_V4

@@ -41,7 +41,7 @@ FUSED = {
 def _sliceable(t: TensorInfo, model) -> bool:
     s = dtypes.spec(t.dtype)
     return (t.byte_offset is not None and not t.chunks and t.name not in model.custom_readers
-            and s.numpy is not None and not s.packed and s.kind not in ("block", "quantized")
+            and s.numpy_name is not None and not s.packed and s.kind not in ("block", "quantized")
             and len(t.shape) >= 1 and t.stride[0] >= 0)
 
 

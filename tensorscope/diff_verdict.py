@@ -69,10 +69,11 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Iterator, Sequence
 
-import numpy as np
-
 from . import dtypes, lowrank
+from .lazyimport import lazy_module
 from .reader import PageReleaser, iter_flat_chunks
+
+np = lazy_module("numpy")   # imported by the first value that goes through numpy
 
 __all__ = ["Verdict", "PairVerdict", "judge", "judge_all", "rank_candidate", "pair_verdict",
            "aligned_pieces", "KINDS", "UNCHANGED_KINDS", "quant_steps", "STEP_TYPES"]
@@ -154,7 +155,7 @@ def _released(pieces, rel: PageReleaser, file: str):
 
 def _plain_float(t) -> bool:
     s = dtypes.spec(t.dtype)
-    return s.kind == "float" and not s.packed and s.numpy is not None
+    return s.kind == "float" and not s.packed and s.numpy_name is not None
 
 
 def _quantized(t) -> bool:
@@ -293,14 +294,11 @@ def _quant_check(mf, tf, mq, tq) -> dict | None:
 # Casts, zeros
 # ------------------------------------------------------------------------------------------------
 
-_UINT = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}
-
-
 def _cast_check(ma, ta, mb, tb) -> dict:
     """Positions where B differs from A rounded to B's dtype by round-to-nearest-even, and (for
     float32 -> bfloat16) by truncation; NaN equals NaN whatever its payload."""
     va, vb = ma.read(ta), mb.read(tb)
-    ub = _UINT[vb.dtype.itemsize]
+    ub = np.dtype(f"u{vb.dtype.itemsize}")   # B's bits as unsigned integers
     trunc = ta.dtype == "float32" and tb.dtype == "bfloat16"
     rne = cut = 0
     rel_a, rel_b = PageReleaser(ma), PageReleaser(mb)
@@ -457,7 +455,7 @@ def judge(e, ma, mb, *, tolerance_given: bool = False) -> Verdict:
         return verdict("within_tolerance", "same within tolerance")
     numeric = v.norm_a is not None and v.norm_b is not None
     sb = dtypes.spec(tb.dtype)
-    plain_b = sb.kind in ("float", "int", "uint", "bool") and not sb.packed and sb.numpy is not None
+    plain_b = sb.kind in ("float", "int", "uint", "bool") and not sb.packed and sb.numpy_name is not None
     if numeric and plain_b and v.zero_ref > 0 and (
             v.max_rel == 0.0 or (v.max_rel is None and v.norm_b == 0)):
         zeros = _zeros(mb, tb)

@@ -141,8 +141,6 @@ import threading
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from typing import Callable, Iterator, Sequence
 
-import numpy as np
-
 from . import dtypes, lowrank
 from .diff_align import (PER_SAVE_KEYS, _keyed, _map, _metadata_diff, _strip_user, _tied,
                          detect_prefixes, unpack_keys)
@@ -151,9 +149,12 @@ from .diff_result import (GROUP_BY, SCHEMA, STATUSES, DiffResult, GroupChange, T
                           ValueDiff, group_changes, ranked, reason)
 from .diff_verdict import aligned_pieces, judge, judge_all, pair_verdict, rank_candidate
 from .errors import TensorscopeError
+from .lazyimport import lazy_module
 from .model import ModelFile, TensorInfo, contiguous_stride
 from .native import optional_extension
 from .reader import PageReleaser, iter_flat_chunks
+
+np = lazy_module("numpy")   # imported by the first value that goes through numpy
 
 __all__ = ["ValueDiff", "TensorDiff", "DiffResult", "GroupChange", "diff_models", "compare_values",
            "detect_prefixes", "group_changes", "ranked", "reason", "STATUSES", "SCHEMA", "GROUP_BY",
@@ -183,7 +184,7 @@ PROBE_BYTES = 64 << 10    # the byte comparison looks at this many first bytes b
 
 def _numeric(t: TensorInfo) -> bool:
     s = dtypes.spec(t.dtype)
-    return s.kind in _NUMERIC_KINDS and not s.packed and s.numpy is not None
+    return s.kind in _NUMERIC_KINDS and not s.packed and s.numpy_name is not None
 
 
 def _decodable(t: TensorInfo) -> bool:
@@ -244,7 +245,7 @@ class _Pages(PageReleaser):
         got = self._map(file)
         if got is None or length <= 0:
             return
-        raw, _, size = got
+        raw, size = got
         lo = max(0, offset) // mmap.PAGESIZE * mmap.PAGESIZE
         hi = min(size, offset + length)
         if hi > lo:
@@ -258,24 +259,39 @@ class _Pages(PageReleaser):
         got = self._map(file)
         if got is None or piece.size == 0:
             return
-        _, base, size = got
+        raw, size = got
+        base = self._base(file, raw)
         addr = piece.__array_interface__["data"][0]
         if base <= addr < base + size:
             self.prefetch_range(file, addr - base, piece.nbytes)
 
     def stored_bytes(self, info: TensorInfo) -> bytes | None:
-        """The bytes of a small tensor stored plainly (C order, one piece) in a local map, or
-        None when it is stored any other way (then the general path reads it)."""
-        if info.byte_offset is None or info.chunks or info.name in self.model.custom_readers:
+        """The bytes of a small tensor stored plainly (C order, one piece) in a local map (a
+        copy), or None when it is stored any other way (then the general path reads it)."""
+        span = self._stored_span(info)
+        return None if span is None else span[0][span[1]:span[2]]
+
+    def stored_view(self, info: TensorInfo) -> memoryview | None:
+        """`stored_bytes` without the copy: a memoryview of the map, which the caller releases
+        (the map cannot close while it is held)."""
+        span = self._stored_span(info)
+        return None if span is None else memoryview(span[0])[span[1]:span[2]]
+
+    def _stored_span(self, info: TensorInfo) -> tuple[mmap.mmap, int, int] | None:
+        """(map, start, end) of a tensor stored plainly in a local map. Byte-swapped tensors
+        (big-endian GGUF and ``.npy``) have custom readers: the bytes of a span are native."""
+        if info.byte_offset is None or info.chunks or info.name in self.model.custom_readers \
+                or not info.file:
             return None
+        self.model.source(info.file)   # opened as `ModelFile.read` opens it (raising as it does)
         got = self._map(info.file)
         if got is None:
             return None
-        raw, _, size = got
+        raw, size = got
         end = info.byte_offset + info.nbytes
         if end > size or not _plain(info.shape, info.stride):
             return None
-        return raw[info.byte_offset:end]
+        return raw, info.byte_offset, end
 
     def defer(self, info: TensorInfo) -> None:
         """Release a small tensor's pages later, with its neighbours: one ``madvise`` per
@@ -634,6 +650,11 @@ def _blas_single_thread() -> None:
 _TABLES: dict[str, np.ndarray] = {}
 
 
+def _is_half(dt: np.dtype) -> bool:
+    """``dt`` is native float16 (``np.dtype(np.float16)``, told without numpy's scalar types)."""
+    return dt.kind == "f" and dt.itemsize == 2 and dt.isnative
+
+
 def _is_ml(dt: np.dtype, name: str) -> bool:
     """``dt`` is ml_dtypes' ``name`` (bfloat16, float8_*), told by name so that ml_dtypes (~0.5 s
     to import) is imported only by the reader of such values."""
@@ -665,32 +686,44 @@ def _to_float(piece: np.ndarray, out: np.ndarray, scratch: np.ndarray) -> None:
         np.copyto(out, piece, casting="unsafe")
 
 
-_F16 = np.dtype(np.float16)
-
 # The optional compiled pass (tensorscope/_diffkernel.c, built by `pip install` when a C compiler
 # is there; numpy computes the same figures without it). Codes are the kernel's; bfloat16 goes in
 # as its uint16 bits (numpy cannot export ml_dtypes' types through the buffer protocol).
-KERNEL_ABI = 7   # what `_diffkernel.c` must say it is (a stale build is ignored, not called)
+KERNEL_ABI = lowrank.KERNEL_ABI   # what `_diffkernel.c` must say it is (else it is not called)
 _KERNEL = optional_extension("_diffkernel", KERNEL_ABI)
-_KERNEL_CODES = {_F16: "e", np.dtype(np.float32): "f", np.dtype(np.float64): "d",
-                 np.dtype(np.int8): "c", np.dtype(np.uint8): "B", np.dtype(np.int16): "h",
-                 np.dtype(np.int32): "i"}
+# native-order numpy dtypes by (kind, itemsize), told without importing numpy
+_KERNEL_CODES = {("f", 2): "e", ("f", 4): "f", ("f", 8): "d", ("i", 1): "c", ("u", 1): "B",
+                 ("i", 2): "h", ("i", 4): "i"}
 _ML_KERNEL_CODES = {"bfloat16": "b", "float8_e5m2": "E", "float8_e4m3fn": "F"}  # see `_is_ml`
-_KERNEL_VIEW = {"e": np.uint16, "b": np.uint16, "f": np.float32, "d": np.float64, "c": np.int8,
-                "B": np.uint8, "h": np.int16, "i": np.int32, "t": np.uint8, "E": np.uint8,
-                "F": np.uint8}
+
+
+@functools.cache
+def _kernel_views() -> dict:
+    """The numpy type each code's buffer is viewed as (made when numpy is first needed)."""
+    return {"e": np.uint16, "b": np.uint16, "f": np.float32, "d": np.float64, "c": np.int8,
+            "B": np.uint8, "h": np.int16, "i": np.int32, "t": np.uint8, "E": np.uint8,
+            "F": np.uint8}
 
 
 def _kernel_code(dt: np.dtype) -> str | None:
     """The kernel's code for a dtype: float8_e5m2 and float8_e4m3fn by their bits, the other
     one-byte floats through `_table` as in `_to_float`."""
-    code = (_ML_KERNEL_CODES.get(dt.name) if dt.type.__module__ == "ml_dtypes"
-            else _KERNEL_CODES.get(dt))
+    if dt.type.__module__ == "ml_dtypes":
+        code = _ML_KERNEL_CODES.get(dt.name)
+    else:
+        code = _KERNEL_CODES.get((dt.kind, dt.itemsize)) if dt.isnative else None
     if code is None and dt.itemsize == 1 and dt.kind not in "iub":
         return "t"
     return code
-_HALF_SIGN_EXP_MANT = np.int32(-0x70002000)  # 0x8FFFE000: the sign, then float16's 15 low bits
-_TWO_112 = np.float32(2.0 ** 112)             # float32's exponent bias minus float16's
+
+
+@functools.cache
+def _half_constants() -> tuple:
+    """`_half_fast`'s mask (0x8FFFE000: the sign, then float16's 15 low bits) and scale (float32's
+    exponent bias minus float16's), as numpy scalars of the arrays' types."""
+    return np.int32(-0x70002000), np.float32(2.0 ** 112)
+
+
 HALF_OVER = 2.0 ** 32  # a sum of squares of finite float16 values reaching this holds a 65504^2
 
 
@@ -703,11 +736,12 @@ def _half_fast(piece: np.ndarray, out: np.ndarray, scratch: np.ndarray) -> None:
     come out FINITE, at 65536 or more: the caller checks ``x·x >= HALF_OVER`` (which every
     exponent-31 value reaches and no finite float16 below 65504 in magnitude does) and converts
     again with `_to_float`."""
+    mask, scale = _half_constants()
     u = scratch[: piece.size].view(np.int32)
     np.left_shift(piece.view(np.int16), 13, u, dtype=np.int32)
-    np.bitwise_and(u, _HALF_SIGN_EXP_MANT, u)
+    np.bitwise_and(u, mask, u)
     f = u.view(np.float32)
-    np.multiply(f, _TWO_112, f)
+    np.multiply(f, scale, f)
     np.copyto(out, f)
 
 
@@ -733,7 +767,69 @@ def _buffers(elems: int, cplx: bool) -> tuple[np.ndarray, ...]:
     return got
 
 
-class _Accumulator:
+class _Sums:
+    """The diff's running figures of one pair (sums, maxima, counts) and the `ValueDiff` they
+    make: what `_Accumulator` folds its pieces into, and `_direct` one compiled call (no numpy)."""
+
+    def __init__(self, atol: float, rtol: float):
+        self.atol, self.rtol = float(atol), float(rtol)
+        self.max_abs = -math.inf
+        self.max_rel = -math.inf
+        self.sum_abs = self.sum_sq = 0.0
+        self.dot = self.xx = self.yy = 0.0
+        self.count = 0
+        self.mismatched = self.nan = self.inf = self.zero_ref = 0
+
+    def merge(self, o: "_Sums") -> None:
+        """Fold in the sums of another accumulator (a slice of the same tensor, another thread)."""
+        self.max_abs = max(self.max_abs, o.max_abs)
+        self.max_rel = max(self.max_rel, o.max_rel)
+        self.sum_abs += o.sum_abs
+        self.sum_sq += o.sum_sq
+        self.dot += o.dot
+        self.xx += o.xx
+        self.yy += o.yy
+        self.count += o.count
+        self.mismatched += o.mismatched
+        self.nan += o.nan
+        self.inf += o.inf
+        self.zero_ref += o.zero_ref
+
+    def fold(self, got: tuple, n: int) -> None:
+        """Fold in what one compiled ``stats`` call over ``n`` finite pairs returned."""
+        sq, xx, yy, dot, sum_abs, worst, rel, zero_ref, mismatched = got
+        self.sum_sq += sq
+        self.xx += xx
+        self.yy += yy
+        self.dot += dot
+        self.sum_abs += sum_abs
+        self.count += n
+        self.zero_ref += zero_ref
+        self.mismatched += mismatched
+        if worst > self.max_abs:
+            self.max_abs = worst
+        if rel > self.max_rel:   # (-inf when every b of the piece is 0: no ratio)
+            self.max_rel = rel
+
+    def result(self, numel: int, compared_as: str) -> ValueDiff:
+        if self.count == 0:
+            return ValueDiff(numel, False, mismatched=self.mismatched, nan_mismatch=self.nan,
+                             inf_mismatch=self.inf, compared_as=compared_as)
+        cosine = None
+        if self.xx > 0 and self.yy > 0 and math.isfinite(self.xx) and math.isfinite(self.yy):
+            cosine = self.dot / (math.sqrt(self.xx) * math.sqrt(self.yy))
+        return ValueDiff(numel, False, max_abs=self.max_abs,
+                         max_rel=self.max_rel if self.max_rel >= 0 else
+                         (0.0 if self.max_abs == 0 else None),   # no b != 0 anywhere
+                         mean_abs=self.sum_abs / self.count,
+                         rms=math.sqrt(self.sum_sq / self.count), cosine=cosine,
+                         mismatched=self.mismatched, nan_mismatch=self.nan, inf_mismatch=self.inf,
+                         compared_as=compared_as, norm_a=math.sqrt(self.xx),
+                         norm_b=math.sqrt(self.yy), norm_diff=math.sqrt(self.sum_sq),
+                         zero_ref=self.zero_ref)
+
+
+class _Accumulator(_Sums):
     """Running sums for the float statistics, one piece at a time, in reused buffers.
 
     The common case (every value finite, real) is one fused pass per piece: both sides converted
@@ -760,31 +856,10 @@ class _Accumulator:
     """
 
     def __init__(self, atol: float, rtol: float, elems: int, cplx: bool):
-        self.atol, self.rtol = float(atol), float(rtol)
-        self.max_abs = -math.inf
-        self.max_rel = -math.inf
-        self.sum_abs = self.sum_sq = 0.0
-        self.dot = self.xx = self.yy = 0.0
-        self.count = 0
-        self.mismatched = self.nan = self.inf = self.zero_ref = 0
+        super().__init__(atol, rtol)
         self.elems = elems
         self.x, self.y, self.d, self.t, self.flag, self.u = _buffers(elems, cplx)
         self.full = (self.x, self.y, self.d, self.t, self.flag)
-
-    def merge(self, o: "_Accumulator") -> None:
-        """Fold in the sums of another accumulator (a slice of the same tensor, another thread)."""
-        self.max_abs = max(self.max_abs, o.max_abs)
-        self.max_rel = max(self.max_rel, o.max_rel)
-        self.sum_abs += o.sum_abs
-        self.sum_sq += o.sum_sq
-        self.dot += o.dot
-        self.xx += o.xx
-        self.yy += o.yy
-        self.count += o.count
-        self.mismatched += o.mismatched
-        self.nan += o.nan
-        self.inf += o.inf
-        self.zero_ref += o.zero_ref
 
     def add(self, pa: np.ndarray, pb: np.ndarray, gather=None) -> bool:
         """Fold in one pair of pieces: in one compiled call where it applies (any length), else
@@ -806,7 +881,7 @@ class _Accumulator:
             x, y, d, t, flag = self.full
         else:
             x, y, d, t, flag = (b[:n] for b in self.full)
-        half_a, half_b = pa.dtype == _F16, pb.dtype == _F16
+        half_a, half_b = _is_half(pa.dtype), _is_half(pb.dtype)
         (_half_fast if half_a else _to_float)(pa, x, self.u)
         (_half_fast if half_b else _to_float)(pb, y, self.u)
         if x.dtype.kind == "c":
@@ -836,7 +911,8 @@ class _Accumulator:
             if worst > self.max_abs:
                 self.max_abs = worst
             if worst == 0.0:
-                self.max_rel = max(self.max_rel, 0.0)
+                if np.count_nonzero(y):   # a ratio 0 where b != 0 (else none: see `result`)
+                    self.max_rel = max(self.max_rel, 0.0)
                 return
             self.sum_abs += float(np.add.reduce(d))
             np.absolute(y, t)
@@ -866,7 +942,8 @@ class _Accumulator:
         ca, cb = _kernel_code(pa.dtype), _kernel_code(pb.dtype)
         if ca is None or cb is None or not (pa.flags.c_contiguous and pb.flags.c_contiguous):
             return False
-        va, vb = _KERNEL_VIEW[ca], _KERNEL_VIEW[cb]
+        views = _kernel_views()
+        va, vb = views[ca], views[cb]
         ta = _table(pa) if ca == "t" else b""
         tb = _table(pb) if cb == "t" else b""
         if gather is None:
@@ -877,21 +954,7 @@ class _Accumulator:
                                 pos, lo, out_a.view(va), out_b.view(vb))
         if got is None:   # a NaN or an infinity in the piece: the numpy passes' careful path
             return False
-        sq, xx, yy, dot, sum_abs, worst, rel, zero_ref, mismatched = got
-        self.sum_sq += sq
-        self.xx += xx
-        self.yy += yy
-        self.dot += dot
-        self.sum_abs += sum_abs
-        self.count += pa.size
-        self.zero_ref += zero_ref
-        self.mismatched += mismatched
-        if worst > self.max_abs:
-            self.max_abs = worst
-        if worst == 0.0:
-            rel = max(rel, 0.0)   # nothing differs: 0 whatever b is (as `add`)
-        if rel > self.max_rel:
-            self.max_rel = rel
+        self.fold(got, pa.size)
         return True
 
     def _general(self, x: np.ndarray, y: np.ndarray) -> None:
@@ -916,8 +979,6 @@ class _Accumulator:
             self.zero_ref += int(np.count_nonzero(ad[~ref]))
             if ref.any():
                 self.max_rel = max(self.max_rel, float((ad[ref] / ay[ref]).max()))
-            elif not ad.any():
-                self.max_rel = max(self.max_rel, 0.0)  # nothing differs: 0, whatever b is
             self.sum_abs += float(ad.sum())
             self.sum_sq += float((ad * ad).sum())
             if x.dtype.kind == "c":
@@ -928,23 +989,6 @@ class _Accumulator:
                 self.dot += float((x * y).sum())
                 self.xx += float((x * x).sum())
                 self.yy += float((y * y).sum())
-
-    def result(self, numel: int, compared_as: str) -> ValueDiff:
-        if self.count == 0:
-            return ValueDiff(numel, False, mismatched=self.mismatched, nan_mismatch=self.nan,
-                             inf_mismatch=self.inf, compared_as=compared_as)
-        cosine = None
-        if self.xx > 0 and self.yy > 0 and math.isfinite(self.xx) and math.isfinite(self.yy):
-            cosine = self.dot / (math.sqrt(self.xx) * math.sqrt(self.yy))
-        return ValueDiff(numel, False, max_abs=self.max_abs,
-                         max_rel=self.max_rel if self.max_rel >= 0 else None,
-                         mean_abs=self.sum_abs / self.count,
-                         rms=math.sqrt(self.sum_sq / self.count), cosine=cosine,
-                         mismatched=self.mismatched, nan_mismatch=self.nan, inf_mismatch=self.inf,
-                         compared_as=compared_as, norm_a=math.sqrt(self.xx),
-                         norm_b=math.sqrt(self.yy), norm_diff=math.sqrt(self.sum_sq),
-                         zero_ref=self.zero_ref)
-
 
 def _identical(numel: int, norm: float | None = None) -> ValueDiff:
     """Identical values: every difference 0; the norms and cosine when ``norm`` was computed."""
@@ -983,7 +1027,8 @@ def _same_small(walker: _Walker, ta: TensorInfo, tb: TensorInfo) -> ValueDiff | 
     """A small pair whose stored bytes are equal, compared as two byte strings: the per-pair cost
     that dominates a checkpoint of 100,000 small tensors (no views, no chunk walk, no madvise).
     None when the bytes differ or are not stored plainly (the general path decides)."""
-    if ta.dtype != tb.dtype or walker.want_norms or not _same_qparams(ta, tb):
+    if ta.dtype != tb.dtype or walker.want_norms or not _same_qparams(ta, tb) \
+            or ta.nbytes > walker.chunk_bytes:   # (progress: at most a piece at a time)
         return None
     sa = walker.rel_a.stored_bytes(ta)
     if sa is None:
@@ -996,7 +1041,59 @@ def _same_small(walker: _Walker, ta: TensorInfo, tb: TensorInfo) -> ValueDiff | 
     return _identical(ta.numel)
 
 
+def _direct(walker: _Walker, ta: TensorInfo, tb: TensorInfo, atol, rtol) -> ValueDiff | None:
+    """A pair of one dtype whose stored bytes the compiled pass reads as they are
+    (`lowrank.STORED_CODES`), both stored plainly in local maps, under `PARALLEL_ELEMS` elements
+    (larger ones are split over the pool): compared in one compiled call on the stored bytes, no
+    numpy view or import; the rank test's sample is copied out in the same call (a
+    `lowrank.StoredSample`). None when the pair is not such a pair, or holds a NaN or an infinity
+    (the general path then takes it, its pages warm), or larger than a piece."""
+    code = lowrank.STORED_CODES.get(ta.dtype)
+    if (_KERNEL is None or code is None or ta.dtype != tb.dtype or walker.want_norms
+            or ta.numel >= PARALLEL_ELEMS or ta.nbytes > walker.chunk_bytes):
+        return None   # (progress is reported per piece of at most `chunk_bytes`)
+    va = walker.rel_a.stored_view(ta)
+    if va is None:
+        return None
+    vb = walker.rel_b.stored_view(tb)
+    try:
+        if vb is None:
+            return None
+        sums = _Sums(atol, rtol)
+        if _KERNEL.equal(va, vb):
+            vd = _identical(ta.numel)
+        elif walker.sampling and rank_candidate(ta, tb):
+            pos = lowrank.stored_positions(ta.shape)
+            size = len(pos) * dtypes.spec(ta.dtype).itemsize
+            out_a, out_b = bytearray(size), bytearray(size)
+            got = _KERNEL.stats(va, code, vb, code, sums.atol, sums.rtol, b"", b"", pos, 0,
+                                out_a, out_b)
+            if got is None:
+                return None
+            rows, cols = lowrank.sample_shape(ta.shape)
+            walker.sample = lowrank.StoredSample(bytes(out_a), bytes(out_b), ta.dtype, rows,
+                                                 cols)
+            sums.fold(got, ta.numel)
+            vd = sums.result(ta.numel, "float64")
+        else:
+            got = _KERNEL.stats(va, code, vb, code, sums.atol, sums.rtol, b"", b"")
+            if got is None:
+                return None
+            sums.fold(got, ta.numel)
+            vd = sums.result(ta.numel, "float64")
+        if walker.progress is not None:
+            walker.progress(len(va) + len(vb))
+        return vd
+    finally:
+        va.release()
+        if vb is not None:
+            vb.release()
+
+
 def _compare(walker: _Walker, ma, ta, mb, tb, atol, rtol) -> ValueDiff | None:
+    vd = _direct(walker, ta, tb, atol, rtol)
+    if vd is not None:
+        return vd
     numeric = _numeric(ta) and _numeric(tb)
     decoded = (_decodable(ta) or _decodable(tb)) and all(_decodable(t) or _numeric(t)
                                                          for t in (ta, tb))
@@ -1194,15 +1291,25 @@ def _large(ta: TensorInfo, tb: TensorInfo) -> bool:
 
 
 def _lane_pair(ma, ta, mb, tb, walker: _Walker, atol, rtol, nxt, judged) -> TensorDiff:
-    """`_pair` in a lane, which first asks the kernel to read ahead the start of the next large
-    pair (``nxt``, or None), so that its pages come in while this one is compared; then, when
-    ``judged`` is (True, tolerance_given), its verdict, in the lane too (a candidate's extra
-    pass runs beside the other lane's comparison, with this thread's BLAS on one core)."""
+    """`_judged_pair` in a lane, which first asks the kernel to read ahead the start of the next
+    large pair (``nxt``, or None), so that its pages come in while this one is compared (a
+    candidate's extra pass then runs beside the other lane's comparison, with this thread's BLAS
+    on one core)."""
     if nxt is not None and nxt[0].nbytes >= RELEASE_BYTES:
         walker.rel_a.prefetch_tensor(nxt[0])
         walker.rel_b.prefetch_tensor(nxt[1])
-    walker.sampling = judged[0]
-    e = _pair(ma, ta, mb, tb, walker, True, atol, rtol)
+    return _judged_pair(ma, ta, mb, tb, walker, True, atol, rtol, judged)
+
+
+def _judged_pair(ma, ta, mb, tb, walker: _Walker, values, atol, rtol, judged) -> TensorDiff:
+    """`_pair` and, when ``judged`` is (True, tolerance_given), its verdict, right away: the rank
+    test's sample, gathered by the value pass, is used while the pair's pages are warm and
+    never kept."""
+    walker.sampling = judged[0] and values
+    try:
+        e = _pair(ma, ta, mb, tb, walker, values, atol, rtol)
+    finally:
+        walker.sampling = False
     e.sample, walker.sample = walker.sample, None
     if judged[0]:
         e.verdict = judge(e, ma, mb, tolerance_given=judged[1])
@@ -1283,7 +1390,8 @@ def _diff(ma: ModelFile, mb: ModelFile, *, atol, rtol, values, strip, maps, dete
                                          following.get(ta.name), (verdicts, tolerance_given)))
             entries.append(lanes[-1])
         elif tb is not None:
-            entries.append(_pair(ma, ta, mb, tb, walker, values, atol, rtol))
+            entries.append(_judged_pair(ma, ta, mb, tb, walker, values, atol, rtol,
+                                        (verdicts, tolerance_given)))
         elif ta.name in tied_a:
             entries.append(_tied_pair(ma, ta, mb, tied_a[ta.name], walker, values, atol, rtol,
                                       "B"))

@@ -33,11 +33,19 @@ from __future__ import annotations
 import functools
 import math
 import threading
+from array import array
 from dataclasses import dataclass
+from typing import Iterator
 
-import numpy as np
+from . import dtypes
+from .lazyimport import lazy_module
+from .native import optional_extension
 
-__all__ = ["RankEstimate", "gather", "sample_index", "sample_positions", "sample_rank",
+np = lazy_module("numpy")   # imported by the first value that goes through numpy
+
+
+__all__ = ["RankEstimate", "StoredSample", "gather", "sample_index", "sample_shape",
+           "sample_positions", "stored_positions", "sample_rank",
            "rank_of_sample", "sketch_rank", "rounding_unit", "max_rank", "SAMPLE_ROWS",
            "OVERSAMPLE"]
 
@@ -46,6 +54,15 @@ SAMPLE_ROWS = 160       # rows of the stage-1 sample (columns: 32 more, so that 
 OVERSAMPLE = 10         # sketch columns beyond the sample's rank
 BLOCK_ELEMS = 1 << 18   # elements of ΔW per block of rows in the sketch pass (1 MiB buffers)
 SEED = 0x7E5C0
+
+# The compiled pass (`_diffkernel.c`), shared with `tensorscope.diffing`: its ``full_rank`` is the
+# first step of `rank_of_sample` on a `StoredSample`, whose twin is the numpy route below.
+KERNEL_ABI = 8   # what `_diffkernel.c` must say it is (a stale build is ignored, not called)
+_KERNEL = optional_extension("_diffkernel", KERNEL_ABI)
+# the kernel's codes of the dtypes whose stored bytes it reads as they are
+STORED_CODES = {"float16": "e", "bfloat16": "b", "float32": "f", "float64": "d", "int8": "c",
+                "uint8": "B", "int16": "h", "int32": "i", "float8_e5m2": "E",
+                "float8_e4m3fn": "F"}
 
 # float dtypes -> bits of significand (with the implicit bit): the unit roundoff is 2^-p
 _SIGNIFICAND = {"float64": 53, "float32": 24, "float16": 11, "bfloat16": 8, "float8_e4m3fn": 4,
@@ -85,14 +102,22 @@ def _matrix_shape(shape: tuple[int, ...]) -> tuple[int, int]:
     return m, int(math.prod(shape[1:]))
 
 
-def _noise_rank(sq: np.ndarray, total: float, floor: float, shape: tuple[int, int]) -> int:
+def _noise_rank(sq: list[float], total: float, floor: float, shape: tuple[int, int]) -> int:
     """How many squared singular values ``sq`` (descending) of an s × c matrix stand above its
     noise: above what a full-rank rounding error of total energy ``floor`` can reach (the largest
     squared singular value of a random s × c matrix of energy F is about F·(1/√s + 1/√c)², taken
     4x), and above 1e-12 of the largest (float64's own error)."""
-    if total <= 0 or sq.size == 0:
+    if total <= 0 or not sq:
         return 0
-    return int(np.count_nonzero(sq > _threshold(float(sq[0]), floor, shape)))
+    tau = _threshold(sq[0], floor, shape)
+    return sum(1 for x in sq if x > tau)
+
+
+def _counted(sq: list[float], total: float, floor: float, shape: tuple[int, int]) -> RankEstimate:
+    """Stage 1's estimate from the sample's squared singular values ``sq`` (descending, >= 0)."""
+    r = _noise_rank(sq, total, floor, shape)
+    share = min(1.0, sum(sq[:r]) / total) if total > 0 else 1.0
+    return RankEstimate(r, share, shape[0], [math.sqrt(x) for x in sq[:min(r + 4, 12)]], "sample")
 
 
 def _threshold(top: float, floor: float, shape: tuple[int, int]) -> float:
@@ -106,34 +131,100 @@ def _float(x: np.ndarray) -> np.ndarray:
     return np.asarray(x).astype(np.float64)
 
 
+def _splitmix64(state: int) -> Iterator[int]:
+    """The splitmix64 generator (Steele, Lea and Flood 2014): 64-bit words from a 64-bit state."""
+    mask = (1 << 64) - 1
+    while True:
+        state = (state + 0x9E3779B97F4A7C15) & mask
+        z = state
+        z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & mask
+        z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & mask
+        yield z ^ (z >> 31)
+
+
+def _below(words: Iterator[int], bound: int) -> int:
+    """A uniform integer in [0, bound) (bound < 2^64), by rejection: no modulo bias."""
+    limit = (1 << 64) - (1 << 64) % bound
+    while True:
+        w = next(words)
+        if w < limit:
+            return w % bound
+
+
+def _choose(words: Iterator[int], population: int, count: int) -> list[int]:
+    """``count`` distinct integers of [0, population), sorted: Floyd's algorithm (count draws)."""
+    if count >= population:
+        return list(range(population))
+    chosen: set[int] = set()
+    for j in range(population - count, population):
+        t = _below(words, j + 1)
+        chosen.add(j if t in chosen else t)
+    return sorted(chosen)
+
+
+@functools.lru_cache(maxsize=64)
+def _sample_rows_cols(shape: tuple[int, ...]) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """`sample_index` as tuples of ints, drawn in Python (no numpy, so that a diff whose values
+    the compiled pass reads from their stored bytes never imports it): rows, then columns, from
+    one splitmix64 stream seeded by `SEED`."""
+    m, n = _matrix_shape(shape)
+    words = _splitmix64(SEED)
+    s, c = sample_shape(shape)
+    rows, cols = _choose(words, m, s), _choose(words, n, c)
+    return tuple(rows), tuple(cols)
+
+
+def sample_shape(shape: tuple[int, ...]) -> tuple[int, int]:
+    """(rows, columns) of stage 1's submatrix of a tensor of this shape."""
+    m, n = _matrix_shape(shape)
+    return min(m, SAMPLE_ROWS), min(n, SAMPLE_ROWS + 32)
+
+
 @functools.lru_cache(maxsize=64)
 def sample_index(shape: tuple[int, ...]) -> tuple[np.ndarray, np.ndarray]:
     """Stage 1's rows and columns of a tensor of this shape (as a matrix, `_matrix_shape`):
     sorted, fixed by `SEED` and the shape (the same positions on both sides and in every run;
     cached, read-only: a checkpoint has few distinct shapes)."""
-    m, n = _matrix_shape(shape)
-    s = min(m, SAMPLE_ROWS)
-    c = min(n, SAMPLE_ROWS + 32)
-    # the generator only where something is drawn: a matrix within the sample's size is taken
-    # whole, without importing numpy.random (~8 ms of a small diff's start)
-    rng = np.random.default_rng(SEED) if s < m or c < n else None
-    rows = np.sort(rng.choice(m, s, replace=False)) if s < m else np.arange(m)
-    cols = np.sort(rng.choice(n, c, replace=False)) if c < n else np.arange(n)
-    rows.flags.writeable = cols.flags.writeable = False
-    return rows, cols
+    rows, cols = _sample_rows_cols(tuple(shape))
+    r, c = np.array(rows, np.intp), np.array(cols, np.intp)
+    r.flags.writeable = c.flags.writeable = False
+    return r, c
+
+
+@functools.lru_cache(maxsize=64)
+def stored_positions(shape: tuple[int, ...]) -> array:
+    """The flat (C-order) element positions of `sample_index`'s submatrix, row by row, as int64
+    (an ``array``, no numpy): ascending, so the elements a piece ``[lo, hi)`` of the flattened
+    tensor holds are one run of them. The value pass gathers the sample from the pieces it reads
+    (`tensorscope.diffing`), which `gather` of a C-contiguous view equals element for element."""
+    _, n = _matrix_shape(shape)
+    rows, cols = _sample_rows_cols(tuple(shape))
+    return array("q", [r * n + c for r in rows for c in cols])
 
 
 @functools.lru_cache(maxsize=64)
 def sample_positions(shape: tuple[int, ...]) -> np.ndarray:
-    """The flat (C-order) element positions of `sample_index`'s submatrix, row by row: ascending,
-    so the elements a piece ``[lo, hi)`` of the flattened tensor holds are one run of them
-    (`np.searchsorted`). The value pass gathers the sample from the pieces it reads
-    (`tensorscope.diffing`), which `gather` of a C-contiguous view equals element for element."""
-    _, n = _matrix_shape(shape)
-    rows, cols = sample_index(tuple(shape))
-    pos = (rows.astype(np.int64)[:, None] * n + cols.astype(np.int64)[None, :]).reshape(-1)
+    """`stored_positions` as a read-only int64 numpy array (over the same memory)."""
+    pos = np.frombuffer(stored_positions(tuple(shape)), np.int64)
     pos.flags.writeable = False
     return pos
+
+
+@dataclass(frozen=True, slots=True)
+class StoredSample:
+    """Stage 1's submatrix of A and B as the compiled pass copied it out: ``s`` x ``c`` elements
+    of ``dtype`` (our name) a side, their stored bytes in C order (no numpy: `rank_of_sample`
+    certifies a full rank from them in C, and makes arrays only when it must count)."""
+    a: bytes
+    b: bytes
+    dtype: str
+    s: int
+    c: int
+
+    def arrays(self) -> tuple[np.ndarray, np.ndarray]:
+        dt = dtypes.numpy_dtype(self.dtype)
+        return (np.frombuffer(self.a, dt).reshape(self.s, self.c),
+                np.frombuffer(self.b, dt).reshape(self.s, self.c))
 
 
 def gather(va: np.ndarray, vb: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -210,12 +301,30 @@ def sample_rank(va: np.ndarray, vb: np.ndarray, unit: float,
 
 
 def rank_of_sample(shape: tuple[int, ...], unit: float,
-                   sample: tuple[np.ndarray, np.ndarray]) -> RankEstimate:
-    """Stage 1 on a gathered ``sample`` (A's and B's submatrices: `gather`'s float64 copies, or
-    the elements in their own dtype) of a tensor of ``shape``: what `sample_rank` computes,
-    without the views (the diff gathers the sample in its value pass, so a rejected candidate
-    costs no view and no page)."""
+                   sample: tuple[np.ndarray, np.ndarray] | StoredSample) -> RankEstimate:
+    """Stage 1 on a gathered ``sample`` (A's and B's submatrices: `gather`'s float64 copies, the
+    elements in their own dtype, or a `StoredSample`) of a tensor of ``shape``: what
+    `sample_rank` computes, without the views (the diff gathers the sample in its value pass, so
+    a rejected candidate costs no view and no page). A `StoredSample` of full rank is certified
+    by the compiled ``full_rank`` (the Cholesky test below, in C), without numpy."""
     m, n = _matrix_shape(shape)
+    if isinstance(sample, StoredSample):
+        code = STORED_CODES.get(sample.dtype)
+        if _KERNEL is not None and code is not None:
+            # the same steps in C, without numpy (most candidates are a fine-tune's: full rank)
+            s, c = sample.s, sample.c
+            got = _KERNEL.spectrum(sample.a, code, sample.b, code, s, c, unit,
+                                   min(s, c) > max_rank((m, n)))
+            if got == 1:
+                return RankEstimate(min(s, c), 1.0, s, [], "sample")
+            if got == -1:
+                return RankEstimate(min(s, c), 0.0, s, [], "sample")
+            total, sumsq_b, values = got
+            ascending = array("d")
+            ascending.frombytes(values)
+            return _counted([max(0.0, x) for x in reversed(ascending)], total,
+                            unit * unit * sumsq_b, (s, c))
+        sample = sample.arrays()
     s, c = sample[0].shape
     ra, rb, d, gram, shifted = _scratch(s, c)
     with np.errstate(all="ignore"):
@@ -246,9 +355,7 @@ def rank_of_sample(shape: tuple[int, ...], unit: float,
             except np.linalg.LinAlgError:
                 pass   # some eigenvalue is at or below tau: count them
         sq = np.clip(np.linalg.eigvalsh(gram)[::-1], 0.0, None)
-    r = _noise_rank(sq, total, floor, d.shape)
-    share = float(min(1.0, sq[:r].sum() / total)) if total > 0 else 1.0
-    return RankEstimate(r, share, s, [math.sqrt(float(x)) for x in sq[:min(r + 4, 12)]], "sample")
+    return _counted(sq.tolist(), total, floor, (s, c))
 
 
 def sketch_rank(va: np.ndarray, vb: np.ndarray, rank: int, total: float,

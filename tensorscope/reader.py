@@ -13,11 +13,12 @@ import threading
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Iterator
 
-import numpy as np
-
 from . import dtypes
 from .errors import FormatError
+from .lazyimport import lazy_module
 from .valuestats import TensorStats, iter_flat_chunks, summarize  # noqa: F401  (part of reader's API)
+
+np = lazy_module("numpy")   # imported by the first value that goes through numpy
 
 if TYPE_CHECKING:
     from .model import ModelFile, TensorInfo
@@ -143,7 +144,8 @@ class PageReleaser:
 
     def __init__(self, model: "ModelFile"):
         self.model = model
-        self.maps: dict[str, tuple[mmap.mmap, int, int]] = {}  # file -> (map, base address, size)
+        self.maps: dict[str, tuple[mmap.mmap, int]] = {}   # file -> (map, size)
+        self.bases: dict[str, int] = {}                      # file -> the map's base address
         self.pending: dict[str, tuple[int, int, int]] = {}      # file -> (lo, hi, bytes) to release
         self.lock = threading.Lock()
 
@@ -154,15 +156,23 @@ class PageReleaser:
             raw = getattr(src, "raw", None) if src is not None else None
             if not isinstance(raw, mmap.mmap) or not hasattr(raw, "madvise"):
                 return None
-            base = np.frombuffer(raw, dtype=np.uint8, count=1).ctypes.data if len(raw) else 0
-            got = self.maps[file] = (raw, base, len(raw))
+            got = self.maps[file] = (raw, len(raw))
         return got
+
+    def _base(self, file: str, raw: mmap.mmap) -> int:
+        """The address of ``file``'s map, to place a view's pages in it (numpy tells it: only
+        views, which come from numpy, need it)."""
+        base = self.bases.get(file)
+        if base is None:
+            base = self.bases[file] = (np.frombuffer(raw, dtype=np.uint8, count=1).ctypes.data
+                                       if len(raw) else 0)
+        return base
 
     def release_range(self, file: str, offset: int, length: int) -> None:
         got = self._map(file)
         if got is None or length <= 0:
             return
-        raw, _, size = got
+        raw, size = got
         lo = max(0, offset) // _PAGE * _PAGE
         hi = min(size, offset + length)
         if hi <= lo:
@@ -182,7 +192,8 @@ class PageReleaser:
         got = self._map(file)
         if got is None:
             return
-        _, base, size = got
+        raw, size = got
+        base = self._base(file, raw)
         addr = piece.__array_interface__["data"][0]
         if base <= addr < base + size:
             lead = min(behind, addr - base)

@@ -45,9 +45,10 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Callable, Iterable, Iterator
 
-import numpy as np
-
+from .lazyimport import lazy_module
 from .native import optional_extension
+
+np = lazy_module("numpy")   # imported by the first value that goes through numpy
 
 
 def iter_flat_chunks(arr: np.ndarray, chunk_bytes: int = 8 << 20) -> Iterator[np.ndarray]:
@@ -118,17 +119,15 @@ class Cancelled(Exception):
 
 # ml_dtypes is not imported here (0.6 s of start-up, measured): a bfloat16 array exists only
 # where the reader imported it, and is recognised by its type's module and name.
-_CODES = {np.dtype(np.float16): "e", np.dtype(np.int16): "h", np.dtype(np.uint16): "H",
-          np.dtype(np.float32): "f", np.dtype(np.float64): "d", np.dtype(np.int32): "i",
-          np.dtype(np.uint32): "I", np.dtype(np.int64): "q", np.dtype(np.uint64): "Q"}
+# native-order numpy dtypes by (kind, itemsize), told without importing numpy
+_CODES = {("f", 2): "e", ("i", 2): "h", ("u", 2): "H", ("f", 4): "f", ("f", 8): "d", ("i", 4): "i",
+          ("u", 4): "I", ("i", 8): "q", ("u", 8): "Q"}
 
 
 def _code(dt: np.dtype) -> str | None:
-    code = _CODES.get(dt)
-    if code is None and dt.name == "bfloat16" and dt.itemsize == 2 and \
-            dt.type.__module__.startswith("ml_dtypes"):
-        return "b"
-    return code
+    if dt.type.__module__.startswith("ml_dtypes"):
+        return "b" if dt.name == "bfloat16" and dt.itemsize == 2 else None
+    return _CODES.get((dt.kind, dt.itemsize)) if dt.isnative else None
 
 
 @lru_cache(maxsize=64)

@@ -362,3 +362,20 @@ def test_scan_with_an_overflowing_prepended_reads_nothing():
         pos, first, _ = zipfmt._SCAN.scan(data, len(data), data[cd:eocd], cd, 0, members,
                                           prepended, 1000, -1, [])
         assert members == [] and first == -1 and pos == 0
+
+
+@needs_kernel
+@pytest.mark.parametrize("code", sorted(set(_CODES) - {"t"}))
+def test_spectrum_reads_every_code_at_any_address(code):
+    """The rank test's C step (`spectrum`) on samples at odd addresses gives what it gives on
+    aligned copies (under the sanitizer job: no misaligned load, no out-of-bounds read)."""
+    dtype, _ = _CODES[code]
+    k = diffing._KERNEL
+    for s, c in ((1, 1), (3, 7), (17, 5), (40, 60)):
+        a, b = _values(dtype, s * c), _values(dtype, s * c)
+        for certify in (False, True):
+            want = k.spectrum(a.tobytes(), code, b.tobytes(), code, s, c, 2.0 ** -11, certify)
+            for off in (1, 3, 5):
+                got = k.spectrum(_at_offset(a, off), code, _at_offset(b, off + 2), code, s, c,
+                                 2.0 ** -11, certify)
+                assert got == want, (code, s, c, off)
