@@ -623,19 +623,19 @@ static PyObject *equal(PyObject *self, PyObject *args) {
  * Largest sample: SAMPLE_MAX elements a side (the test's is at most 160 x 192). */
 #define SAMPLE_MAX (1 << 22)
 
-/* Σ x[i]·y[i] over n, in four partial sums (the compiler keeps them in vector lanes). */
+/* Σ x[i]·y[i] over n, in sixteen partial sums: the compiler keeps them in vector registers,
+ * several of them, so that the additions' latency is hidden. */
 VECTOR_CLONES
-static double dot4(const double *restrict x, const double *restrict y, Py_ssize_t n) {
-    double s0 = 0, s1 = 0, s2 = 0, s3 = 0;
+static double dot(const double *restrict x, const double *restrict y, Py_ssize_t n) {
+    double acc[16] = {0};
     Py_ssize_t i = 0;
-    for (; i + 4 <= n; i += 4) {
-        s0 += x[i] * y[i];
-        s1 += x[i + 1] * y[i + 1];
-        s2 += x[i + 2] * y[i + 2];
-        s3 += x[i + 3] * y[i + 3];
-    }
-    for (; i < n; i++) s0 += x[i] * y[i];
-    return (s0 + s1) + (s2 + s3);
+    for (; i + 16 <= n; i += 16)
+        for (int j = 0; j < 16; j++)
+            acc[j] += x[i + j] * y[i + j];
+    double sum = 0.0;
+    for (; i < n; i++) sum += x[i] * y[i];
+    for (int j = 0; j < 16; j++) sum += acc[j];
+    return sum;
 }
 
 /* The Gram matrix G of D = B - A (s x c, widened exactly to float64; G = D·Dᵀ when s <= c, else
@@ -677,7 +677,7 @@ static int gram(const char *pa, char ca, const char *pb, char cb, Py_ssize_t s, 
     double tr = 0.0;
     for (Py_ssize_t i = 0; i < k; i++) {
         for (Py_ssize_t j = 0; j <= i; j++)
-            g[i * k + j] = g[j * k + i] = dot4(rows + i * len, rows + j * len, len);
+            g[i * k + j] = g[j * k + i] = dot(rows + i * len, rows + j * len, len);
         tr += g[i * k + i];
     }
     *total = tr;
@@ -694,9 +694,9 @@ static int cholesky_above(double *g, Py_ssize_t k, double tau) {
         double *gi = g + i * k;
         for (Py_ssize_t j = 0; j < i; j++) {
             const double *gj = g + j * k;
-            gi[j] = (gi[j] - dot4(gi, gj, j)) / gj[j];
+            gi[j] = (gi[j] - dot(gi, gj, j)) / gj[j];
         }
-        double pivot = gi[i] - tau - dot4(gi, gi, i);
+        double pivot = gi[i] - tau - dot(gi, gi, i);
         if (!(pivot > 0.0))
             return 0;
         gi[i] = sqrt(pivot);
@@ -707,6 +707,7 @@ static int cholesky_above(double *g, Py_ssize_t k, double tau) {
 /* G (k x k, full, symmetric) reduced in place to a tridiagonal T = QᵀGQ with the same
  * eigenvalues, by Householder reflections (Golub and Van Loan, alg. 8.3.1): its diagonal into
  * diag, its off-diagonal into off (k - 1 entries). w: 2k doubles of scratch. */
+VECTOR_CLONES
 static void tridiagonalize(double *g, Py_ssize_t k, double *diag, double *off, double *w) {
     for (Py_ssize_t j = 0; j + 2 < k; j++) {
         Py_ssize_t n = k - j - 1;              /* the trailing block: rows and columns j+1 .. */
@@ -719,7 +720,7 @@ static void tridiagonalize(double *g, Py_ssize_t k, double *diag, double *off, d
         norm = sqrt(norm);
         double alpha = v[0] > 0 ? -norm : norm;
         v[0] -= alpha;
-        double vv = dot4(v, v, n);
+        double vv = dot(v, v, n);
         off[j] = alpha;
         if (norm == 0.0 || vv == 0.0) {
             off[j] = g[(j + 1) * k + j];        /* the column is already reduced */
@@ -727,8 +728,8 @@ static void tridiagonalize(double *g, Py_ssize_t k, double *diag, double *off, d
         }
         /* p = (2/vv)·B·v (B: the trailing block), q = p - ((vᵀp)/vv)·v, B -= v·qᵀ + q·vᵀ */
         for (Py_ssize_t i = 0; i < n; i++)
-            p[i] = (2.0 / vv) * dot4(g + (j + 1 + i) * k + j + 1, v, n);
-        double kk = dot4(v, p, n) / vv;
+            p[i] = (2.0 / vv) * dot(g + (j + 1 + i) * k + j + 1, v, n);
+        double kk = dot(v, p, n) / vv;
         for (Py_ssize_t i = 0; i < n; i++) p[i] -= kk * v[i];
         for (Py_ssize_t i = 0; i < n; i++) {
             double *row = g + (j + 1 + i) * k + j + 1;
@@ -756,9 +757,9 @@ static Py_ssize_t below(const double *diag, const double *off, Py_ssize_t k, dou
     return count;
 }
 
-/* The eigenvalues of T in ascending order into out, each by bisection of the Sturm count
- * between Gershgorin's bounds, to float64's resolution (absolute error ~ε·‖T‖, as LAPACK's). */
-static void eigenvalues(const double *diag, const double *off, Py_ssize_t k, double *out) {
+/* T's Gershgorin interval [lo, hi] (widened by its resolution) and the Sturm count's pivot
+ * guard (as LAPACK's dstebz) into bounds[0..2]. */
+static void bounds_of(const double *diag, const double *off, Py_ssize_t k, double *bounds) {
     double lo = INFINITY, hi = -INFINITY, big = 0.0;
     for (Py_ssize_t i = 0; i < k; i++) {
         double r = (i > 0 ? fabs(off[i - 1]) : 0.0) + (i + 1 < k ? fabs(off[i]) : 0.0);
@@ -768,21 +769,56 @@ static void eigenvalues(const double *diag, const double *off, Py_ssize_t k, dou
     }
     double pivmin = DBL_MIN * (big > 1.0 ? big : 1.0);
     double span = fabs(lo) > fabs(hi) ? fabs(lo) : fabs(hi);
-    lo -= 2 * DBL_EPSILON * span + pivmin;
-    hi += 2 * DBL_EPSILON * span + pivmin;
-    for (Py_ssize_t i = 0; i < k; i++) {
-        /* the (i+1)-th smallest: where the count passes i */
-        double a = lo, b = hi;
-        for (int it = 0; it < 200; it++) {
-            double mid = 0.5 * (a + b);
-            if (mid <= a || mid >= b || b - a <= 2 * DBL_EPSILON * span + pivmin)
-                break;
-            if (below(diag, off, k, mid, pivmin) > i) b = mid; else a = mid;
-        }
-        out[i] = 0.5 * (a + b);
-        if (i > 0 && out[i] < out[i - 1])
-            out[i] = out[i - 1];   /* a cluster, resolved to within the tolerance: kept sorted */
+    bounds[0] = lo - 2 * DBL_EPSILON * span - pivmin;
+    bounds[1] = hi + 2 * DBL_EPSILON * span + pivmin;
+    bounds[2] = pivmin;
+}
+
+/* The (i+1)-th smallest eigenvalue of T, by bisection of the Sturm count within the bounds, to
+ * float64's resolution (absolute error ~ε·‖T‖, as LAPACK's). */
+static double eigenvalue(const double *diag, const double *off, Py_ssize_t k, Py_ssize_t i,
+                         const double *bounds) {
+    double a = bounds[0], b = bounds[1], pivmin = bounds[2];
+    double span = fabs(a) > fabs(b) ? fabs(a) : fabs(b);
+    for (int it = 0; it < 200; it++) {
+        double mid = 0.5 * (a + b);
+        if (mid <= a || mid >= b || b - a <= 2 * DBL_EPSILON * span + pivmin)
+            break;
+        if (below(diag, off, k, mid, pivmin) > i) b = mid; else a = mid;
     }
+    return 0.5 * (a + b);
+}
+
+/* The count of the rank test (`lowrank._counted`, numpy's twin) from T, the tridiagonal form of
+ * G (both scaled by 2^-e): r = how many eigenvalues stand above tau = max(1e-12·λmax, noise)
+ * (noise unscaled, as the certificate's), *top_sum = the sum of those r (the trace less the
+ * others: whichever side has fewer is bisected), and top[0..m) the m = min(r + 4, 12, k)
+ * largest eigenvalues, clipped at 0, descending; all unscaled. */
+static Py_ssize_t count_rank(const double *diag, const double *off, Py_ssize_t k, int e,
+                             double noise, double *top_sum, double *top, Py_ssize_t *m) {
+    double bounds[3];
+    bounds_of(diag, off, k, bounds);
+    double largest = ldexp(eigenvalue(diag, off, k, k - 1, bounds), e);
+    double relative = 1e-12 * (largest > 0 ? largest : 0.0);
+    double tau = noise > relative ? noise : relative;
+    Py_ssize_t r = k - below(diag, off, k, ldexp(tau, -e), bounds[2]);
+    double sum = 0.0;
+    if (r <= k - r) {
+        for (Py_ssize_t i = k - r; i < k; i++) sum += eigenvalue(diag, off, k, i, bounds);
+    } else {
+        double trace = 0.0, rest = 0.0;
+        for (Py_ssize_t i = 0; i < k; i++) trace += diag[i];
+        for (Py_ssize_t i = 0; i < k - r; i++) rest += eigenvalue(diag, off, k, i, bounds);
+        sum = trace - rest;
+    }
+    *top_sum = ldexp(sum, e);
+    *m = r + 4 < 12 ? r + 4 : 12;
+    if (*m > k) *m = k;
+    for (Py_ssize_t j = 0; j < *m; j++) {
+        double v = j == 0 ? largest : ldexp(eigenvalue(diag, off, k, k - 1 - j, bounds), e);
+        top[j] = v > 0.0 ? v : 0.0;
+    }
+    return r;
 }
 
 /* spectrum(a, code_a, b, code_b, s, c, unit, certify) -> the rank test's first step on its sample
@@ -791,9 +827,9 @@ static void eigenvalues(const double *diag, const double *off, Py_ssize_t k, dou
  * SAMPLE_MAX elements. Returns -1 when a value is NaN or infinite or G's trace is not finite;
  * with certify, 1 when every eigenvalue of G stands above the noise threshold tau
  * (`lowrank._threshold` of G's largest diagonal entry and unit²·ΣB², the same formula): the
- * Cholesky test; else
- * (trace, ΣB², the eigenvalues of G ascending as float64 bytes) for the caller to count. The
- * GIL is released while it runs. */
+ * Cholesky test; else (trace, ΣB², r, the sum of the r largest eigenvalues, the min(r + 4, 12,
+ * k) largest eigenvalues clipped at 0, descending) where r counts the eigenvalues above the
+ * threshold of the largest one (`count_rank`). The GIL is released while it runs. */
 static PyObject *spectrum(PyObject *self, PyObject *args) {
     Py_buffer ba, bb;
     int ca, cb;
@@ -802,7 +838,7 @@ static PyObject *spectrum(PyObject *self, PyObject *args) {
     int certify;
     if (!PyArg_ParseTuple(args, "y*Cy*Cnndp", &ba, &ca, &bb, &cb, &s, &c, &unit, &certify))
         return NULL;
-    PyObject *out = NULL, *values = NULL;
+    PyObject *out = NULL;
     double *d = NULL;
     Py_ssize_t sa = itemsize((char)ca), sb = itemsize((char)cb);
     /* s, c <= SAMPLE_MAX and s·c <= SAMPLE_MAX (checked by division: no product overflows) */
@@ -814,9 +850,6 @@ static PyObject *spectrum(PyObject *self, PyObject *args) {
         goto done;
     }
     Py_ssize_t k = s <= c ? s : c;
-    values = PyBytes_FromStringAndSize(NULL, k * (Py_ssize_t)sizeof(double));
-    if (values == NULL)
-        goto done;
     /* D (s·c), G (k·k), Dᵀ when s > c (s·c), T's two diagonals (2k), the reflections' scratch
      * (2k): at most 3·SAMPLE_MAX + 4k doubles */
     Py_ssize_t after = s > c ? s * c : 0;
@@ -826,23 +859,25 @@ static PyObject *spectrum(PyObject *self, PyObject *args) {
         goto done;
     }
     double *g = d + s * c, *diag = g + k * k + after, *off = diag + k, *w = off + k;
-    double *eig = (double *)PyBytes_AS_STRING(values);
-    double total = 0.0, sumsq_b = 0.0;
+    double total = 0.0, sumsq_b = 0.0, top_sum = 0.0, top[12] = {0};
+    Py_ssize_t r = 0, m = 0;
     int got;
     Py_BEGIN_ALLOW_THREADS
     got = gram((const char *)ba.buf, (char)ca, (const char *)bb.buf, (char)cb, s, c, d, g,
                &total, &sumsq_b);
     if (got == 0 && !isfinite(total))
         got = -1;
+    /* the noise threshold's rounding term, as `lowrank._threshold` has it */
+    double root = 1.0 / sqrt((double)s) + 1.0 / sqrt((double)c);
+    double noise = 4.0 * (unit * unit * sumsq_b) * (root * root);
     if (got == 0 && total > 0.0 && certify) {
-        double top = 0.0;
+        double most = 0.0;
         for (Py_ssize_t i = 0; i < k; i++) {
             diag[i] = g[i * k + i];
-            if (diag[i] > top) top = diag[i];
+            if (diag[i] > most) most = diag[i];
         }
         /* Python's max(1e-12·top, noise): the first unless the second is larger (NaN is not) */
-        double root = 1.0 / sqrt((double)s) + 1.0 / sqrt((double)c);
-        double relative = 1e-12 * top, noise = 4.0 * (unit * unit * sumsq_b) * (root * root);
+        double relative = 1e-12 * most;
         if (cholesky_above(g, k, noise > relative ? noise : relative)) {
             got = 1;
         } else {   /* G again from its upper triangle and diagonal, which the factor left */
@@ -853,25 +888,37 @@ static PyObject *spectrum(PyObject *self, PyObject *args) {
         }
     }
     if (got == 0 && total == 0.0) {
-        memset(eig, 0, (size_t)k * sizeof(double));   /* D = 0: so is G, and its eigenvalues */
+        m = k < 4 ? k : 4;   /* D = 0: so is G; no rank, its eigenvalues 0 */
     } else if (got == 0) {
         /* scaled by a power of two (exact) so that G's largest entry is about 1: the reflections'
          * sums of squares neither overflow nor underflow (LAPACK's dsyev scales likewise) */
-        double top = 0.0;
+        double most = 0.0;
         for (Py_ssize_t i = 0; i < k * k; i++)
-            if (fabs(g[i]) > top) top = fabs(g[i]);
+            if (fabs(g[i]) > most) most = fabs(g[i]);
         int e;
-        frexp(top, &e);
+        frexp(most, &e);
         for (Py_ssize_t i = 0; i < k * k; i++) g[i] = ldexp(g[i], -e);
         tridiagonalize(g, k, diag, off, w);
-        eigenvalues(diag, off, k, eig);
-        for (Py_ssize_t i = 0; i < k; i++) eig[i] = ldexp(eig[i], e);
+        r = count_rank(diag, off, k, e, noise, &top_sum, top, &m);
     }
     Py_END_ALLOW_THREADS
-    out = got != 0 ? PyLong_FromLong(got) : Py_BuildValue("ddO", total, sumsq_b, values);
+    if (got != 0) {
+        out = PyLong_FromLong(got);
+    } else {
+        PyObject *values = PyTuple_New(m);
+        for (Py_ssize_t j = 0; values != NULL && j < m; j++) {
+            PyObject *v = PyFloat_FromDouble(top[j]);
+            if (v == NULL) {
+                Py_CLEAR(values);
+                break;
+            }
+            PyTuple_SET_ITEM(values, j, v);
+        }
+        if (values != NULL)
+            out = Py_BuildValue("ddndN", total, sumsq_b, r, top_sum, values);
+    }
 done:
     PyMem_RawFree(d);
-    Py_XDECREF(values);
     PyBuffer_Release(&ba);
     PyBuffer_Release(&bb);
     return out;
@@ -891,7 +938,7 @@ static PyMethodDef methods[] = {
     {"stats", stats, METH_VARARGS, "One pass of the diff's statistics over a pair of pieces."},
     {"equal", equal, METH_VARARGS, "Whether two buffers hold the same bytes (memcmp, no GIL)."},
     {"spectrum", spectrum, METH_VARARGS, "The rank test's first step on its sample: full rank "
-     "certified (1), not finite (-1), or the Gram matrix's trace, ΣB² and eigenvalues."},
+     "certified (1), not finite (-1), or its count (trace, ΣB², rank, top sum, top values)."},
     {"avx512", avx512, METH_O, "Use the AVX-512 pass (where the CPU has it) or not; returns the "
      "previous setting."},
     {NULL, NULL, 0, NULL},

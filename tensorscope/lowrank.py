@@ -319,11 +319,9 @@ def rank_of_sample(shape: tuple[int, ...], unit: float,
                 return RankEstimate(min(s, c), 1.0, s, [], "sample")
             if got == -1:
                 return RankEstimate(min(s, c), 0.0, s, [], "sample")
-            total, sumsq_b, values = got
-            ascending = array("d")
-            ascending.frombytes(values)
-            return _counted([max(0.0, x) for x in reversed(ascending)], total,
-                            unit * unit * sumsq_b, (s, c))
+            total, _, r, top_sum, top = got   # `_counted`'s figures, counted in C
+            share = min(1.0, top_sum / total) if total > 0 else 1.0
+            return RankEstimate(r, share, s, [math.sqrt(x) for x in top], "sample")
         sample = sample.arrays()
     s, c = sample[0].shape
     ra, rb, d, gram, shifted = _scratch(s, c)

@@ -159,27 +159,35 @@ def test_compiled_stage_one_is_the_numpy_route(name, kind, shape):
 
 
 @needs_kernel
-@pytest.mark.parametrize("shape", [(50, 80), (90, 40), (1, 7), (7, 1), (2, 2)])
-def test_compiled_eigenvalues_are_lapacks(shape):
-    """The spectrum's eigenvalues (ascending), for a Gram matrix the certificate rejects, equal
-    LAPACK's eigvalsh to float64's resolution (ε·λmax)."""
+@pytest.mark.parametrize("shape", [(50, 80), (90, 40), (1, 7), (7, 1), (2, 2), (160, 192)])
+@pytest.mark.parametrize("scale", [1.0, 1e-150, 1e150], ids=["unit", "tiny", "huge"])
+def test_compiled_count_is_lapacks(shape, scale):
+    """For a Gram matrix the certificate rejects, the C count (Householder tridiagonalisation,
+    eigenvalues by Sturm bisection, scaled by a power of two) gives the rank, the largest
+    eigenvalues and their sum that LAPACK's eigvalsh gives, to float64's resolution (ε·λmax),
+    whatever the magnitude of the values."""
     rng = np.random.default_rng(shape[0] * 100 + shape[1])
     s, c = shape
-    a = rng.standard_normal((s, c))
-    b = a + rng.standard_normal((s, 3)) @ rng.standard_normal((3, c))   # rank <= 3: rejected
-    got = lowrank._KERNEL.spectrum(a.tobytes(), "d", b.tobytes(), "d", s, c, 2.0 ** -53, True)
+    a = rng.standard_normal((s, c)) * scale
+    b = a + rng.standard_normal((s, 3)) @ rng.standard_normal((3, c)) * scale   # rank <= 3
+    unit = 2.0 ** -53
+    got = lowrank._KERNEL.spectrum(a.tobytes(), "d", b.tobytes(), "d", s, c, unit, True)
     d = b - a
     gram = d @ d.T if s <= c else d.T @ d
-    want = np.linalg.eigvalsh(gram)
+    sq = np.clip(np.linalg.eigvalsh(gram)[::-1], 0.0, None)
     if not isinstance(got, tuple):   # full rank of a 1 x n or n x 1 sample: certified
         assert got == 1 and min(s, c) <= 3
         return
-    total, sumsq_b, values = got
+    total, sumsq_b, r, top_sum, top = got
     assert total == pytest.approx(np.trace(gram), rel=1e-12)
     assert sumsq_b == pytest.approx(float(np.sum(b * b)), rel=1e-12)
-    eig = np.frombuffer(values, np.float64)
-    assert np.all(np.diff(eig) >= 0)
-    np.testing.assert_allclose(eig, want, rtol=0, atol=64 * np.finfo(float).eps * want[-1])
+    floor = unit * unit * float(np.sum(b * b))
+    assert r == lowrank._noise_rank(sq.tolist(), float(np.trace(gram)), floor, (s, c)) == \
+        min(3, s, c)
+    resolution = 64 * np.finfo(float).eps * sq[0]
+    assert top_sum == pytest.approx(float(sq[:r].sum()), abs=resolution)
+    assert len(top) == min(r + 4, 12, s, c)
+    np.testing.assert_allclose(top, sq[:len(top)], rtol=0, atol=resolution)
 
 
 @needs_kernel
