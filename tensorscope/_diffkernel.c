@@ -774,48 +774,96 @@ static void bounds_of(const double *diag, const double *off, Py_ssize_t k, doubl
     bounds[2] = pivmin;
 }
 
-/* The (i+1)-th smallest eigenvalue of T, by bisection of the Sturm count within the bounds, to
- * float64's resolution (absolute error ~ε·‖T‖, as LAPACK's). */
-static double eigenvalue(const double *diag, const double *off, Py_ssize_t k, Py_ssize_t i,
-                         const double *bounds) {
-    double a = bounds[0], b = bounds[1], pivmin = bounds[2];
-    double span = fabs(a) > fabs(b) ? fabs(a) : fabs(b);
-    for (int it = 0; it < 200; it++) {
-        double mid = 0.5 * (a + b);
-        if (mid <= a || mid >= b || b - a <= 2 * DBL_EPSILON * span + pivmin)
-            break;
-        if (below(diag, off, k, mid, pivmin) > i) b = mid; else a = mid;
+/* Eigenvalues of T by index (out[j]: the (index[j]+1)-th smallest), by bisection of the Sturm
+ * count within the bounds, to float64's resolution (absolute error ~ε·‖T‖, as LAPACK's). LANES
+ * bisections advance together, so that their Sturm recurrences (a division each step: its
+ * latency, not its throughput, bounds one alone) overlap; each lane's steps are those it would
+ * take alone. */
+#define LANES 4
+static void eigenvalues_at(const double *diag, const double *off, Py_ssize_t k,
+                           const Py_ssize_t *index, Py_ssize_t count, const double *bounds,
+                           double *out) {
+    double pivmin = bounds[2];
+    double span = fabs(bounds[0]) > fabs(bounds[1]) ? fabs(bounds[0]) : fabs(bounds[1]);
+    double tol = 2 * DBL_EPSILON * span + pivmin;
+    for (Py_ssize_t g0 = 0; g0 < count; g0 += LANES) {
+        Py_ssize_t lanes = count - g0 < LANES ? count - g0 : LANES;
+        double a[LANES], b[LANES], x[LANES], q[LANES];
+        Py_ssize_t want[LANES], below_x[LANES];
+        int open[LANES];
+        for (int l = 0; l < LANES; l++) {
+            a[l] = bounds[0];
+            b[l] = bounds[1];
+            want[l] = index[g0 + (l < lanes ? l : lanes - 1)];   /* spare lanes repeat one */
+        }
+        for (int it = 0; it < 200; it++) {
+            int any = 0;
+            for (int l = 0; l < LANES; l++) {
+                x[l] = 0.5 * (a[l] + b[l]);
+                open[l] = !(x[l] <= a[l] || x[l] >= b[l] || b[l] - a[l] <= tol);
+                any |= open[l];
+            }
+            if (!any)
+                break;
+            /* the Sturm counts at the LANES midpoints, in one walk over T */
+            for (int l = 0; l < LANES; l++) {
+                q[l] = diag[0] - x[l];
+                below_x[l] = 0;
+            }
+            for (Py_ssize_t i = 0;; i++) {
+                for (int l = 0; l < LANES; l++) {
+                    if (fabs(q[l]) < pivmin) q[l] = -pivmin;
+                    below_x[l] += q[l] < 0;
+                }
+                if (i + 1 >= k) break;
+                double e2 = off[i] * off[i];
+                for (int l = 0; l < LANES; l++)
+                    q[l] = diag[i + 1] - x[l] - e2 / q[l];
+            }
+            for (int l = 0; l < LANES; l++) {
+                if (!open[l]) continue;
+                if (below_x[l] > want[l]) b[l] = x[l]; else a[l] = x[l];
+            }
+        }
+        for (Py_ssize_t l = 0; l < lanes; l++) out[g0 + l] = 0.5 * (a[l] + b[l]);
     }
-    return 0.5 * (a + b);
 }
 
 /* The count of the rank test (`lowrank._counted`, numpy's twin) from T, the tridiagonal form of
  * G (both scaled by 2^-e): r = how many eigenvalues stand above tau = max(1e-12·λmax, noise)
  * (noise unscaled, as the certificate's), *top_sum = the sum of those r (the trace less the
  * others: whichever side has fewer is bisected), and top[0..m) the m = min(r + 4, 12, k)
- * largest eigenvalues, clipped at 0, descending; all unscaled. */
+ * largest eigenvalues, clipped at 0, descending; all unscaled. index and values: k + 12 each of
+ * scratch. */
 static Py_ssize_t count_rank(const double *diag, const double *off, Py_ssize_t k, int e,
-                             double noise, double *top_sum, double *top, Py_ssize_t *m) {
+                             double noise, double *top_sum, double *top, Py_ssize_t *m,
+                             Py_ssize_t *index, double *values) {
     double bounds[3];
     bounds_of(diag, off, k, bounds);
-    double largest = ldexp(eigenvalue(diag, off, k, k - 1, bounds), e);
+    Py_ssize_t last = k - 1;
+    double largest;
+    eigenvalues_at(diag, off, k, &last, 1, bounds, &largest);
+    largest = ldexp(largest, e);
     double relative = 1e-12 * (largest > 0 ? largest : 0.0);
     double tau = noise > relative ? noise : relative;
     Py_ssize_t r = k - below(diag, off, k, ldexp(tau, -e), bounds[2]);
-    double sum = 0.0;
-    if (r <= k - r) {
-        for (Py_ssize_t i = k - r; i < k; i++) sum += eigenvalue(diag, off, k, i, bounds);
-    } else {
-        double trace = 0.0, rest = 0.0;
-        for (Py_ssize_t i = 0; i < k; i++) trace += diag[i];
-        for (Py_ssize_t i = 0; i < k - r; i++) rest += eigenvalue(diag, off, k, i, bounds);
-        sum = trace - rest;
-    }
-    *top_sum = ldexp(sum, e);
     *m = r + 4 < 12 ? r + 4 : 12;
     if (*m > k) *m = k;
+    /* the side of the count to sum (the fewer), then the top m but the largest, in one batch */
+    Py_ssize_t n = 0, lo = r <= k - r ? k - r : 0, hi = r <= k - r ? k : k - r;
+    for (Py_ssize_t i = lo; i < hi; i++) index[n++] = i;
+    for (Py_ssize_t j = 1; j < *m; j++) index[n++] = k - 1 - j;
+    eigenvalues_at(diag, off, k, index, n, bounds, values);
+    double sum = 0.0;
+    for (Py_ssize_t i = 0; i < hi - lo; i++) sum += values[i];
+    if (r > k - r) {
+        double trace = 0.0;
+        for (Py_ssize_t i = 0; i < k; i++) trace += diag[i];
+        sum = trace - sum;
+    }
+    *top_sum = ldexp(sum, e);
     for (Py_ssize_t j = 0; j < *m; j++) {
-        double v = j == 0 ? largest : ldexp(eigenvalue(diag, off, k, k - 1 - j, bounds), e);
+        double v = j == 0 ? largest : ldexp(values[hi - lo + j - 1], e);
         top[j] = v > 0.0 ? v : 0.0;
     }
     return r;
@@ -851,14 +899,16 @@ static PyObject *spectrum(PyObject *self, PyObject *args) {
     }
     Py_ssize_t k = s <= c ? s : c;
     /* D (s·c), G (k·k), Dᵀ when s > c (s·c), T's two diagonals (2k), the reflections' scratch
-     * (2k): at most 3·SAMPLE_MAX + 4k doubles */
+     * (2k), the count's indices and values (2k + 24): at most 3·SAMPLE_MAX + 6k + 24 doubles */
     Py_ssize_t after = s > c ? s * c : 0;
-    d = PyMem_RawMalloc((size_t)(s * c + k * k + after + 4 * k) * sizeof(double));
+    d = PyMem_RawMalloc((size_t)(s * c + k * k + after + 6 * k + 24) * sizeof(double));
     if (d == NULL) {
         PyErr_NoMemory();
         goto done;
     }
     double *g = d + s * c, *diag = g + k * k + after, *off = diag + k, *w = off + k;
+    double *values = w + 2 * k;
+    Py_ssize_t *index = (Py_ssize_t *)(values + k + 12);   /* (no wider than a double) */
     double total = 0.0, sumsq_b = 0.0, top_sum = 0.0, top[12] = {0};
     Py_ssize_t r = 0, m = 0;
     int got;
@@ -899,7 +949,7 @@ static PyObject *spectrum(PyObject *self, PyObject *args) {
         frexp(most, &e);
         for (Py_ssize_t i = 0; i < k * k; i++) g[i] = ldexp(g[i], -e);
         tridiagonalize(g, k, diag, off, w);
-        r = count_rank(diag, off, k, e, noise, &top_sum, top, &m);
+        r = count_rank(diag, off, k, e, noise, &top_sum, top, &m, index, values);
     }
     Py_END_ALLOW_THREADS
     if (got != 0) {
