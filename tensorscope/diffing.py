@@ -102,7 +102,11 @@ system time on the 2 x 2 GB pair, against 0.27 s for faulting the pages in, many
 mappings, and releasing them). Small pairs (under `SMALL_BYTES`) whose stored bytes are plain
 are compared as two byte strings with their pages released in batches: the per-pair cost that
 dominates checkpoints of 100,000 small expert tensors. With ``norms=True`` an identical pair's
-‖A‖ is summed during its byte comparison, so it is read once.
+‖A‖ is summed during its byte comparison, so it is read once. A pair of one dtype the compiled
+pass reads as stored, stored plainly in local maps and under `PARALLEL_ELEMS` elements, is
+compared in one compiled call on the map's bytes, its rank sample copied out in the same call
+(`_direct`): no numpy view, copy or import. numpy (~50 ms to import, more than the rest of a small
+diff) is imported by the first pair that needs it (`tensorscope.lazyimport`).
 
 Where it changed (`group_changes`): entries grouped by `tensorscope.grouping.layer_key`
 (``model.layers.3``) or `module_key` (``self_attn.q_proj``), norms added as sums of squares over

@@ -5,10 +5,12 @@ costs almost nothing and only a true candidate pays for a pass over its delta:
 
 1. `sample_rank`: the rank of ΔW restricted to a random submatrix of at most `SAMPLE_ROWS` rows
    and `SAMPLE_ROWS` + 32 columns, gathered from the zero-copy views (a few pages per row), or
-   by the diff's value pass from the pieces it reads (`sample_positions`, `rank_of_sample`).
-   A submatrix
-   of a rank-r matrix has rank at most r, and for a generic rank-r update exactly r, so a
-   full-rank sample rejects the tensor at once (the cost of a fine-tune's pair is ~0.1 ms).
+   by the diff's value pass from the pieces it reads (`sample_positions`, `rank_of_sample`);
+   its rows and columns are drawn by a splitmix64 stream seeded by `SEED`. A submatrix of a
+   rank-r matrix has rank at most r, and for a generic rank-r update exactly r, so a full-rank
+   sample rejects the tensor at once (the cost of a fine-tune's pair is ~0.1 ms). A sample the
+   compiled pass copied from stored bytes (`StoredSample`) is judged in C (`_diffkernel.c`,
+   ``spectrum``), without numpy; the numpy route is its twin.
 2. `sketch_rank`: the single-pass randomized SVD of Tropp, Yurtsever, Udell and Cevher (2017,
    "Practical sketching algorithms for low-rank matrix approximation", alg. 7): ΔW is read ONCE,
    in blocks of rows, into a range sketch Y = ΔW·Ω (m × k) and a co-range sketch Z = Ψ·ΔW

@@ -7,11 +7,9 @@ the whole tensor.
 """
 from __future__ import annotations
 
-import math
 import mmap
 import threading
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Iterator
+from typing import TYPE_CHECKING
 
 from . import dtypes
 from .errors import FormatError
