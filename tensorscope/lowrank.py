@@ -57,8 +57,8 @@ OVERSAMPLE = 10         # sketch columns beyond the sample's rank
 BLOCK_ELEMS = 1 << 18   # elements of ΔW per block of rows in the sketch pass (1 MiB buffers)
 SEED = 0x7E5C0
 
-# The compiled pass (`_diffkernel.c`), shared with `tensorscope.diffing`: its ``full_rank`` is the
-# first step of `rank_of_sample` on a `StoredSample`, whose twin is the numpy route below.
+# The compiled pass (`_diffkernel.c`), shared with `tensorscope.diffing`: its ``spectrum`` is stage
+# 1 (`rank_of_sample`) on a `StoredSample`, whose twin is the numpy route below.
 KERNEL_ABI = 8   # what `_diffkernel.c` must say it is (a stale build is ignored, not called)
 _KERNEL = optional_extension("_diffkernel", KERNEL_ABI)
 # the kernel's codes of the dtypes whose stored bytes it reads as they are
@@ -216,7 +216,7 @@ def sample_positions(shape: tuple[int, ...]) -> np.ndarray:
 class StoredSample:
     """Stage 1's submatrix of A and B as the compiled pass copied it out: ``s`` x ``c`` elements
     of ``dtype`` (our name) a side, their stored bytes in C order (no numpy: `rank_of_sample`
-    certifies a full rank from them in C, and makes arrays only when it must count)."""
+    judges them in C, and makes arrays of them only where the compiled pass is not built)."""
     a: bytes
     b: bytes
     dtype: str
@@ -307,8 +307,9 @@ def rank_of_sample(shape: tuple[int, ...], unit: float,
     """Stage 1 on a gathered ``sample`` (A's and B's submatrices: `gather`'s float64 copies, the
     elements in their own dtype, or a `StoredSample`) of a tensor of ``shape``: what
     `sample_rank` computes, without the views (the diff gathers the sample in its value pass, so
-    a rejected candidate costs no view and no page). A `StoredSample` of full rank is certified
-    by the compiled ``full_rank`` (the Cholesky test below, in C), without numpy."""
+    a rejected candidate costs no view and no page). A `StoredSample` is judged by the compiled
+    ``spectrum``: the same Cholesky test in C and, when it fails, the same count, from the
+    eigenvalues it needs (`_counted`'s figures), without numpy."""
     m, n = _matrix_shape(shape)
     if isinstance(sample, StoredSample):
         code = STORED_CODES.get(sample.dtype)
