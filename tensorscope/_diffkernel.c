@@ -34,6 +34,10 @@
  * measured on Zen 4: 0.45 ns per pair in cache (0.97 for the portable loop) and 0.62 streaming
  * from memory (0.74 without the software prefetch). `avx512(False)` turns the route off (the
  * tests run both).
+ *
+ * `spectrum` is the rank test's first step on the sample the pass copied out (Gram matrix,
+ * Cholesky certificate, else the count from its eigenvalues), so that a diff whose pairs this
+ * module reads from their stored bytes never needs numpy.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -619,7 +623,7 @@ static PyObject *equal(PyObject *self, PyObject *args) {
     return PyBool_FromLong(same);
 }
 
-/* The rank test's certificate of full rank (`lowrank.rank_of_sample`'s first step, its twin).
+/* Stage 1 of the rank test (`spectrum`; `lowrank.rank_of_sample`'s numpy route is its twin).
  * Largest sample: SAMPLE_MAX elements a side (the test's is at most 160 x 192). */
 #define SAMPLE_MAX (1 << 22)
 
