@@ -709,7 +709,7 @@ def _listing_bytes(data: bytes) -> str:
     return "error" if isinstance(got, str) else "ok"
 
 
-# the kernel's codes and the dtypes they read (diffing._KERNEL_CODES; 't': through a table)
+# the kernel's codes and the dtypes they read (lowrank.STORED_CODES; 't': through a table)
 _KERNEL_DTYPES = {"e": "float16", "b": "bfloat16", "f": "float32", "d": "float64", "c": "int8",
                   "B": "uint8", "h": "int16", "i": "int32", "E": "float8_e5m2",
                   "F": "float8_e4m3fn", "t": "float8_e4m3fnuz"}

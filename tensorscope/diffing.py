@@ -695,10 +695,6 @@ def _to_float(piece: np.ndarray, out: np.ndarray, scratch: np.ndarray) -> None:
 # as its uint16 bits (numpy cannot export ml_dtypes' types through the buffer protocol).
 KERNEL_ABI = lowrank.KERNEL_ABI   # what `_diffkernel.c` must say it is (else it is not called)
 _KERNEL = optional_extension("_diffkernel", KERNEL_ABI)
-# native-order numpy dtypes by (kind, itemsize), told without importing numpy
-_KERNEL_CODES = {("f", 2): "e", ("f", 4): "f", ("f", 8): "d", ("i", 1): "c", ("u", 1): "B",
-                 ("i", 2): "h", ("i", 4): "i"}
-_ML_KERNEL_CODES = {"bfloat16": "b", "float8_e5m2": "E", "float8_e4m3fn": "F"}  # see `_is_ml`
 
 
 @functools.cache
@@ -710,12 +706,9 @@ def _kernel_views() -> dict:
 
 
 def _kernel_code(dt: np.dtype) -> str | None:
-    """The kernel's code for a dtype: float8_e5m2 and float8_e4m3fn by their bits, the other
-    one-byte floats through `_table` as in `_to_float`."""
-    if dt.type.__module__ == "ml_dtypes":
-        code = _ML_KERNEL_CODES.get(dt.name)
-    else:
-        code = _KERNEL_CODES.get((dt.kind, dt.itemsize)) if dt.isnative else None
+    """The kernel's code for a native-order dtype, by its name (numpy's and ml_dtypes' names are
+    ours: `lowrank.STORED_CODES`); the other one-byte floats through `_table` as in `_to_float`."""
+    code = lowrank.STORED_CODES.get(dt.name) if dt.isnative else None
     if code is None and dt.itemsize == 1 and dt.kind not in "iub":
         return "t"
     return code
@@ -1063,26 +1056,20 @@ def _direct(walker: _Walker, ta: TensorInfo, tb: TensorInfo, atol, rtol) -> Valu
     try:
         if vb is None:
             return None
-        sums = _Sums(atol, rtol)
         if _KERNEL.equal(va, vb):
             vd = _identical(ta.numel)
-        elif walker.sampling and rank_candidate(ta, tb):
-            pos = lowrank.stored_positions(ta.shape)
-            size = len(pos) * dtypes.spec(ta.dtype).itemsize
-            out_a, out_b = bytearray(size), bytearray(size)
-            got = _KERNEL.stats(va, code, vb, code, sums.atol, sums.rtol, b"", b"", pos, 0,
-                                out_a, out_b)
-            if got is None:
-                return None
-            rows, cols = lowrank.sample_shape(ta.shape)
-            walker.sample = lowrank.StoredSample(bytes(out_a), bytes(out_b), ta.dtype, rows,
-                                                 cols)
-            sums.fold(got, ta.numel)
-            vd = sums.result(ta.numel, "float64")
         else:
-            got = _KERNEL.stats(va, code, vb, code, sums.atol, sums.rtol, b"", b"")
+            sums, gather = _Sums(atol, rtol), ()
+            if walker.sampling and rank_candidate(ta, tb):
+                pos = lowrank.stored_positions(ta.shape)
+                size = len(pos) * dtypes.spec(ta.dtype).itemsize
+                gather = (pos, 0, bytearray(size), bytearray(size))
+            got = _KERNEL.stats(va, code, vb, code, sums.atol, sums.rtol, b"", b"", *gather)
             if got is None:
                 return None
+            if gather:
+                walker.sample = lowrank.StoredSample(bytes(gather[2]), bytes(gather[3]),
+                                                     ta.dtype, *lowrank.sample_shape(ta.shape))
             sums.fold(got, ta.numel)
             vd = sums.result(ta.numel, "float64")
         if walker.progress is not None:
